@@ -1,0 +1,16 @@
+/* pytorch_exec public version header. */
+#ifndef PYTORCH_EXEC_VERSION_H
+#define PYTORCH_EXEC_VERSION_H
+
+#define PYTORCH_EXEC_VERSION_MAJOR 0
+#define PYTORCH_EXEC_VERSION_MINOR 1
+#define PYTORCH_EXEC_VERSION_PATCH 0
+#define PYTORCH_EXEC_VERSION_STRING "0.1.0"
+
+/* Set in the environment of every worker that pytorch_exec starts. */
+#define PYTORCH_EXEC_ENV_JOBID "PYTORCH_EXEC_JOBID"
+#define PYTORCH_EXEC_ENV_GENERATION "PYTORCH_EXEC_GENERATION"
+#define PYTORCH_EXEC_ENV_NODEID "PYTORCH_EXEC_NODEID"
+#define PYTORCH_EXEC_ENV_DOMAIN "PYTORCH_EXEC_DOMAIN"
+
+#endif
