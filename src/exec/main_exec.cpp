@@ -1,1 +1,62 @@
-int main() { return 0; }
+// pytorch_exec: the front end.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include <pytorch_exec/version.h>
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/net.hpp"
+#include "exec/cli.hpp"
+#include "exec/job.hpp"
+
+extern char** environ;
+
+namespace {
+
+int fail(const std::string& msg, int status) {
+  std::fprintf(stderr, "pytorch_exec: %s\n", msg.c_str());
+  return status;
+}
+
+int real_main(int argc, char** argv) {
+  pe::RawOptions raw = pe::parse_command_line(argc, argv);
+  if (raw.help) {
+    std::cout << pe::help_text();
+    return 0;
+  }
+  if (raw.version) {
+    std::cout << "pytorch_exec " << PYTORCH_EXEC_VERSION_STRING << "\n";
+    return 0;
+  }
+  pe::ValidationContext ctx;
+  ctx.env = pe::environment_from(environ);
+  long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
+  ctx.default_np = ncpu > 0 ? static_cast<int>(ncpu) : 1;
+  pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
+  auto path = ctx.env.count("PATH") ? ctx.env["PATH"] : std::string("/usr/bin:/bin");
+  cfg.program = pe::resolve_program(cfg.program_arg0, cfg.wdir, path);
+  std::string host = pe::local_hostname();
+  const char* spec = std::getenv("PYTORCH_EXEC_LOG");
+  pe::init_logging(cfg.verbosity, spec ? spec : "", host);
+  pe::JobController job(std::move(cfg), std::move(ctx.env), host);
+  return job.run();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return real_main(argc, argv);
+  } catch (const pe::UsageError& e) {
+    return fail(std::string(e.what()) + " (see pytorch_exec --help)", 2);
+  } catch (const pe::ProgramError& e) {
+    return fail(e.what(), e.exit_status());
+  } catch (const std::exception& e) {
+    return fail(e.what(), 1);
+  } catch (...) {
+    return fail("unexpected internal error", 1);
+  }
+}

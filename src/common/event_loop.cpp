@@ -1,0 +1,97 @@
+#include "common/event_loop.hpp"
+
+#include <event2/event.h>
+
+#include <cmath>
+
+#include "common/error.hpp"
+
+namespace pe {
+
+struct Event::Callback {
+  std::function<void()> fn;
+  static void trampoline(evutil_socket_t, short, void* arg) {
+    // Copy: the callback may destroy the Event that owns it.
+    auto fn = static_cast<Callback*>(arg)->fn;
+    fn();
+  }
+};
+
+Event::Event() = default;
+
+Event::Event(Event&& o) noexcept : ev_(o.ev_), cb_(std::move(o.cb_)) { o.ev_ = nullptr; }
+
+Event& Event::operator=(Event&& o) noexcept {
+  if (this != &o) {
+    if (ev_) event_free(ev_);
+    ev_ = o.ev_;
+    cb_ = std::move(o.cb_);
+    o.ev_ = nullptr;
+  }
+  return *this;
+}
+
+Event::~Event() {
+  if (ev_) event_free(ev_);
+}
+
+void Event::arm(double seconds) {
+  if (!ev_) return;
+  struct timeval tv;
+  double whole = std::floor(seconds);
+  tv.tv_sec = static_cast<time_t>(whole);
+  tv.tv_usec = static_cast<suseconds_t>((seconds - whole) * 1e6);
+  event_add(ev_, &tv);
+}
+
+void Event::disarm() {
+  if (ev_) event_del(ev_);
+}
+
+bool Event::pending() const {
+  return ev_ && event_pending(ev_, EV_TIMEOUT | EV_READ | EV_WRITE | EV_SIGNAL, nullptr);
+}
+
+EventLoop::EventLoop() {
+  base_ = event_base_new();
+  if (!base_) throw Error("cannot create the event loop (event_base_new failed)");
+}
+
+EventLoop::~EventLoop() { event_base_free(base_); }
+
+void EventLoop::run() {
+  if (event_base_dispatch(base_) < 0) throw Error("event loop failed (event_base_dispatch)");
+}
+
+void EventLoop::stop() { event_base_loopbreak(base_); }
+
+Event EventLoop::make(int fd, short what, std::function<void()> cb) {
+  Event e;
+  e.cb_ = std::make_unique<Event::Callback>();
+  e.cb_->fn = std::move(cb);
+  e.ev_ = event_new(base_, fd, what, &Event::Callback::trampoline, e.cb_.get());
+  if (!e.ev_) throw Error("cannot create an event (event_new failed)");
+  return e;
+}
+
+Event EventLoop::watch_readable(int fd, std::function<void()> cb) {
+  Event e = make(fd, EV_READ | EV_PERSIST, std::move(cb));
+  if (event_add(e.ev_, nullptr) != 0) throw Error("cannot watch fd " + std::to_string(fd));
+  return e;
+}
+
+Event EventLoop::watch_writable(int fd, std::function<void()> cb) {
+  Event e = make(fd, EV_WRITE | EV_PERSIST, std::move(cb));
+  if (event_add(e.ev_, nullptr) != 0) throw Error("cannot watch fd " + std::to_string(fd));
+  return e;
+}
+
+Event EventLoop::watch_signal(int signo, std::function<void()> cb) {
+  Event e = make(signo, EV_SIGNAL | EV_PERSIST, std::move(cb));
+  if (event_add(e.ev_, nullptr) != 0) throw Error("cannot watch signal " + std::to_string(signo));
+  return e;
+}
+
+Event EventLoop::timer(std::function<void()> cb) { return make(-1, 0, std::move(cb)); }
+
+}  // namespace pe

@@ -1,0 +1,67 @@
+// The event loop of every pytorch_exec process: a thin RAII layer over libevent.
+//
+// Threading: an EventLoop and its Events are used from the thread that calls run(), only.
+// (Work from other threads, such as PMIx upcalls, will be handed over with post().)
+#pragma once
+
+#include <functional>
+#include <memory>
+
+struct event_base;
+struct event;
+
+namespace pe {
+
+class EventLoop;
+
+// One registration: a readable fd, a signal or a timer.  Move-only; destroying it unregisters.
+class Event {
+ public:
+  Event();
+  Event(Event&&) noexcept;
+  Event& operator=(Event&&) noexcept;
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  ~Event();
+
+  // Timers only: (re)arm to fire once after `seconds`.
+  void arm(double seconds);
+  void disarm();
+  bool pending() const;
+  explicit operator bool() const { return ev_ != nullptr; }
+
+ private:
+  friend class EventLoop;
+  struct Callback;
+  struct event* ev_ = nullptr;
+  std::unique_ptr<Callback> cb_;
+};
+
+class EventLoop {
+ public:
+  EventLoop();
+  ~EventLoop();
+  EventLoop(const EventLoop&) = delete;
+  EventLoop& operator=(const EventLoop&) = delete;
+
+  // Runs until stop() or until nothing is registered.
+  void run();
+  void stop();
+
+  // Persistent watch for readability (or EOF/error) on fd.
+  Event watch_readable(int fd, std::function<void()> cb);
+  // Persistent watch for writability on fd.
+  Event watch_writable(int fd, std::function<void()> cb);
+  // Persistent signal handler (runs in the loop, not in signal context).
+  Event watch_signal(int signo, std::function<void()> cb);
+  // A timer; call arm() to start it.
+  Event timer(std::function<void()> cb);
+
+  event_base* base() { return base_; }
+
+ private:
+  Event make(int fd, short what, std::function<void()> cb);
+  event_base* base_ = nullptr;
+};
+
+}  // namespace pe

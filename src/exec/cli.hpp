@@ -1,0 +1,58 @@
+// The pytorch_exec command line: Boost.Program_options describes and stores the options;
+// validation is a separate pure step (validate_options) so it is unit-tested without processes.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "exec/launch_config.hpp"
+
+namespace pe {
+
+// The options as typed, before validation.  Everything is a string so that validation can say
+// exactly what was wrong with it.
+struct RawOptions {
+  bool help = false;
+  bool version = false;
+  int verbosity = 0;
+  std::optional<std::string> np;
+  std::optional<std::string> nproc_per_node;
+  std::optional<std::string> wdir;
+  std::vector<std::string> exports;
+  bool tag_output = false;
+  bool timestamp_output = false;
+  std::optional<std::string> output_filename;
+  std::optional<std::string> stdin_target;
+  std::optional<std::string> kill_grace;
+  std::optional<std::string> max_restarts;
+  std::optional<std::string> run_id;
+  std::vector<std::string> command;  // PROGRAM ARGS...
+};
+
+// Parses argv (argv[0] is pytorch_exec itself).  Throws UsageError for unknown options, missing
+// values and the like.  Options end at the first word that is not an option or an option's value,
+// or after "--"; everything from there on is the program and its arguments.
+RawOptions parse_command_line(int argc, const char* const* argv);
+
+// The --help text, grouped.
+std::string help_text();
+
+// What validation needs to know about the world, so the function stays pure.
+struct ValidationContext {
+  std::map<std::string, std::string> env;   // the launching environment (for -x VAR)
+  int default_np = 1;                       // -n when not given
+};
+
+// Checks every value and fills a LaunchConfig; throws UsageError with one sentence naming the
+// option and the bad value.  The program is not resolved here (see resolve_program).
+LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ctx);
+
+// Finds the program as execvp would (PATH search for a bare name, relative to `wdir` for a
+// relative path) and checks it can be executed.  Throws ProgramError (127 not found,
+// 126 not executable) or UsageError (missing --wdir).
+std::string resolve_program(const std::string& program, const std::string& wdir,
+                            const std::string& path_env);
+
+}  // namespace pe

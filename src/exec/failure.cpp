@@ -1,0 +1,36 @@
+#include "exec/failure.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+#include "exec/child_process.hpp"
+
+namespace pe {
+
+bool is_failure(int wait_status, int exec_errno) {
+  return exec_errno != 0 || exit_code_of(wait_status) != 0;
+}
+
+int failure_exit_code(const Failure& f) {
+  if (f.exec_errno) return f.exec_errno == ENOENT ? 127 : 126;
+  return exit_code_of(f.status);
+}
+
+std::string describe_failure(const Failure& f) {
+  std::string who = "rank " + std::to_string(f.rank) + " (pid " + std::to_string(f.pid) +
+                    " on " + f.host + ")";
+  if (f.exec_errno)
+    return who + " could not execute " + f.program + ": " + std::strerror(f.exec_errno);
+  return who + " " + describe_wait_status(f.status);
+}
+
+std::string failure_report(const Failure& f, const std::vector<std::string>& stderr_tail) {
+  std::string out = "pytorch_exec: " + describe_failure(f) + "\n";
+  if (!stderr_tail.empty()) {
+    out += "pytorch_exec: last lines of rank " + std::to_string(f.rank) + "'s stderr:\n";
+    for (const auto& l : stderr_tail) out += "    " + l + "\n";
+  }
+  return out;
+}
+
+}  // namespace pe

@@ -1,0 +1,31 @@
+// What a worker's exit means and how it is reported.  Pure functions.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace pe {
+
+struct Failure {
+  int rank = 0;
+  pid_t pid = -1;
+  std::string host;
+  int status = 0;      // wait status
+  int exec_errno = 0;  // execve failed in the child
+  std::string program;
+};
+
+// A worker exit counts as a failure unless it exited with status 0.
+bool is_failure(int wait_status, int exec_errno);
+// The job's exit status for this failure: the exit code, 128+signal, or 126/127 when the
+// program could not be executed.
+int failure_exit_code(const Failure& f);
+// "rank 1 (pid 42 on node1) exited with status 3"
+std::string describe_failure(const Failure& f);
+// The report printed when the job ends because of `f`: the line above, then the tail of its
+// stderr, indented.
+std::string failure_report(const Failure& f, const std::vector<std::string>& stderr_tail);
+
+}  // namespace pe

@@ -1,0 +1,40 @@
+// The plain description of one launch, produced by the command line (cli.hpp) and read by the
+// job controller.  No behaviour here.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace pe {
+
+enum class StdinMode { None, OneRank, All };
+
+struct LaunchConfig {
+  int np = 1;                        // total number of ranks
+  std::string program;               // resolved path of the program
+  std::string program_arg0;          // the program as the user typed it (argv[0] of workers)
+  std::vector<std::string> args;     // arguments after the program
+  std::string wdir;                  // empty: the current directory
+  // -x: variables to set in (or, for multi-node launches, carry to) every worker.
+  std::vector<std::pair<std::string, std::string>> exports;
+
+  // Output.
+  bool tag_output = false;
+  bool timestamp_output = false;
+  std::string output_dir;            // --output-filename DIR; empty: none
+  bool output_copy = true;           // false with DIR:nocopy
+
+  // Input.
+  StdinMode stdin_mode = StdinMode::OneRank;
+  int stdin_rank = 0;
+
+  // Failure handling.
+  double kill_grace = 5.0;           // seconds between SIGTERM and SIGKILL
+  int max_restarts = 0;
+
+  std::string run_id;                // TORCHELASTIC_RUN_ID; empty: the job id
+  int verbosity = 0;
+};
+
+}  // namespace pe

@@ -1,0 +1,158 @@
+#include "exec/node_agent.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "common/log.hpp"
+
+namespace pe {
+
+struct NodeAgent::Worker {
+  int rank = 0;
+  int generation = 0;
+  ChildProcess proc;
+  LineBuffer out_buf, err_buf;
+  Event out_ev, err_ev, in_ev;
+  std::string in_pending;
+  bool in_closing = false;
+};
+
+NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener)
+    : loop_(loop), listener_(listener) {
+  sigchld_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
+}
+
+NodeAgent::~NodeAgent() {
+  for (auto& [pid, w] : workers_) ::kill(-pid, SIGKILL);
+  for (auto& [pid, w] : workers_) ::waitpid(pid, nullptr, 0);
+}
+
+void NodeAgent::start(int generation, std::vector<WorkerSpec> specs) {
+  auto log = logger("agent");
+  for (auto& spec : specs) {
+    auto w = std::make_unique<Worker>();
+    w->rank = spec.rank;
+    w->generation = generation;
+    w->proc = spawn_child(spec.spawn);
+    Worker* wp = w.get();
+    w->out_ev = loop_.watch_readable(w->proc.stdout_r.get(), [this, wp] { on_readable(*wp, Stream::Out); });
+    w->err_ev = loop_.watch_readable(w->proc.stderr_r.get(), [this, wp] { on_readable(*wp, Stream::Err); });
+    log->debug("generation {} rank {} started as pid {}", generation, w->rank, w->proc.pid);
+    workers_.emplace(w->proc.pid, std::move(w));
+  }
+}
+
+void NodeAgent::signal_all(int sig) {
+  for (auto& [pid, w] : workers_) {
+    logger("agent")->debug("signal {} to process group {} (rank {})", sig, pid, w->rank);
+    ::kill(-pid, sig);
+  }
+}
+
+void NodeAgent::on_readable(Worker& w, Stream s) {
+  char buf[65536];
+  int fd = (s == Stream::Out ? w.proc.stdout_r : w.proc.stderr_r).get();
+  ssize_t n = ::read(fd, buf, sizeof buf);
+  if (n > 0) {
+    std::string_view lines = (s == Stream::Out ? w.out_buf : w.err_buf).append(buf, static_cast<size_t>(n));
+    if (!lines.empty()) listener_.on_output(w.generation, w.rank, s, lines);
+    return;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+  // EOF (or an error): the stream is done even if the process is not.
+  (s == Stream::Out ? w.out_ev : w.err_ev) = Event();
+}
+
+void NodeAgent::on_sigchld() {
+  for (;;) {
+    siginfo_t info{};
+    // Peek first: while the zombie exists its pid (= its process group id) cannot be reused,
+    // so killing what it left in its group is safe.
+    if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
+    pid_t pid = info.si_pid;
+    if (workers_.count(pid)) ::kill(-pid, SIGKILL);  // stragglers in the rank's group
+    int status = 0;
+    if (::waitpid(pid, &status, 0) != pid) continue;
+    if (workers_.count(pid)) finish(pid, status);
+  }
+}
+
+void NodeAgent::finish(pid_t pid, int status) {
+  auto node = workers_.extract(pid);
+  Worker& w = *node.mapped();
+  // Drain what the worker wrote before it exited, then flush a partial last line.
+  for (Stream s : {Stream::Out, Stream::Err}) {
+    int fd = (s == Stream::Out ? w.proc.stdout_r : w.proc.stderr_r).get();
+    LineBuffer& lb = s == Stream::Out ? w.out_buf : w.err_buf;
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) {
+      std::string_view lines = lb.append(buf, static_cast<size_t>(n));
+      if (!lines.empty()) listener_.on_output(w.generation, w.rank, s, lines);
+    }
+    std::string rest = lb.take_rest();
+    if (!rest.empty()) listener_.on_output(w.generation, w.rank, s, rest + "\n");
+  }
+  drop_stdin(w);
+  WorkerExit e;
+  e.rank = w.rank;
+  e.pid = pid;
+  e.generation = w.generation;
+  e.status = status;
+  e.exec_errno = read_exec_error(w.proc);
+  logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
+  listener_.on_exit(e);
+}
+
+void NodeAgent::stdin_write(int rank, std::string_view data) {
+  for (auto& [pid, w] : workers_) {
+    if (w->rank != rank || !w->proc.stdin_w.valid() || w->in_closing) continue;
+    w->in_pending.append(data);
+    stdin_backlog_ += data.size();
+    flush_stdin(*w);
+  }
+}
+
+void NodeAgent::stdin_close_all() {
+  for (auto& [pid, w] : workers_) {
+    w->in_closing = true;
+    if (w->in_pending.empty()) drop_stdin(*w);
+  }
+}
+
+void NodeAgent::flush_stdin(Worker& w) {
+  while (!w.in_pending.empty()) {
+    ssize_t n = ::write(w.proc.stdin_w.get(), w.in_pending.data(), w.in_pending.size());
+    if (n > 0) {
+      w.in_pending.erase(0, static_cast<size_t>(n));
+      stdin_backlog_ -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) {
+      if (!w.in_ev) w.in_ev = loop_.watch_writable(w.proc.stdin_w.get(), [this, &w] { on_stdin_writable(w); });
+      return;
+    }
+    drop_stdin(w);  // EPIPE: the worker closed its stdin
+    return;
+  }
+  w.in_ev = Event();
+  if (w.in_closing) drop_stdin(w);
+  if (stdin_backlog_ == 0) listener_.on_stdin_drained();
+}
+
+void NodeAgent::on_stdin_writable(Worker& w) { flush_stdin(w); }
+
+void NodeAgent::drop_stdin(Worker& w) {
+  bool had = !w.in_pending.empty();
+  stdin_backlog_ -= w.in_pending.size();
+  w.in_pending.clear();
+  w.in_ev = Event();
+  w.proc.stdin_w.reset();
+  if (had && stdin_backlog_ == 0) listener_.on_stdin_drained();
+}
+
+}  // namespace pe

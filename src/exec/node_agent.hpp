@@ -1,0 +1,85 @@
+// The node agent: starts the workers of one node, watches them (SIGCHLD, no polling), reads
+// their stdout/stderr into whole lines, feeds their stdin, and signals or kills their process
+// groups on command.  In single-node mode it runs inside pytorch_exec; pytorch_execd hosts it
+// on every node of a multi-node job.
+//
+// Threading: everything runs on the event-loop thread; listener callbacks are made from there.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/event_loop.hpp"
+#include "common/line_buffer.hpp"
+#include "exec/child_process.hpp"
+#include "exec/stdio.hpp"
+
+namespace pe {
+
+struct WorkerSpec {
+  int rank = 0;
+  SpawnSpec spawn;
+};
+
+struct WorkerExit {
+  int rank = 0;
+  pid_t pid = -1;
+  int generation = 0;
+  int status = 0;      // wait status
+  int exec_errno = 0;  // non-zero when execve failed in the child
+};
+
+class AgentListener {
+ public:
+  virtual ~AgentListener() = default;
+  // Whole lines ending in '\n' (a partial last line gets one at exit).
+  virtual void on_output(int generation, int rank, Stream s, std::string_view lines) = 0;
+  // After the worker's output has been drained.
+  virtual void on_exit(const WorkerExit& e) = 0;
+  // The stdin backlog fell to zero.
+  virtual void on_stdin_drained() {}
+};
+
+class NodeAgent {
+ public:
+  NodeAgent(EventLoop& loop, AgentListener& listener);
+  // Kills whatever is still running (so an exception can never leave workers behind).
+  ~NodeAgent();
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  // Starts one generation.  Throws SystemError if a fork or pipe fails; workers already
+  // started stay registered and are reported as usual.
+  void start(int generation, std::vector<WorkerSpec> specs);
+  // Sends sig to the process group of every live worker.
+  void signal_all(int sig);
+  size_t live() const { return workers_.size(); }
+
+  // Standard input for `rank` (a worker started with stdin_pipe).  Data for a rank that is not
+  // running, or has closed its stdin, is dropped.
+  void stdin_write(int rank, std::string_view data);
+  void stdin_close_all();
+  size_t stdin_backlog() const { return stdin_backlog_; }
+
+ private:
+  struct Worker;
+  void on_sigchld();
+  void on_readable(Worker& w, Stream s);
+  void on_stdin_writable(Worker& w);
+  void flush_stdin(Worker& w);
+  void drop_stdin(Worker& w);
+  void finish(pid_t pid, int status);
+
+  EventLoop& loop_;
+  AgentListener& listener_;
+  Event sigchld_;
+  std::map<pid_t, std::unique_ptr<Worker>> workers_;
+  size_t stdin_backlog_ = 0;
+};
+
+}  // namespace pe

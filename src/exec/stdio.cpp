@@ -1,0 +1,134 @@
+#include "exec/stdio.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdio>
+
+#include "common/error.hpp"
+
+namespace pe {
+
+std::string format_timestamp(const struct timespec& ts) {
+  struct tm tm;
+  localtime_r(&ts.tv_sec, &tm);
+  char buf[64];
+  size_t n = std::strftime(buf, sizeof buf, "[%Y-%m-%dT%H:%M:%S", &tm);
+  std::snprintf(buf + n, sizeof buf - n, ".%06ld]", static_cast<long>(ts.tv_nsec / 1000));
+  return buf;
+}
+
+std::string line_prefix(const OutputOptions& o, int generation, int rank, Stream s,
+                        const std::string& timestamp) {
+  std::string p;
+  if (o.timestamp) p = timestamp;
+  if (o.tag) {
+    p += "[" + std::to_string(generation + 1) + "," + std::to_string(rank) + "]";
+    p += s == Stream::Out ? "<stdout>:" : "<stderr>:";
+  } else if (o.timestamp) {
+    p += ' ';
+  }
+  return p;
+}
+
+std::string prefix_lines(std::string_view lines, const std::string& prefix) {
+  std::string out;
+  out.reserve(lines.size() + prefix.size() * 8);
+  size_t start = 0;
+  while (start < lines.size()) {
+    size_t nl = lines.find('\n', start);
+    size_t end = nl == std::string_view::npos ? lines.size() : nl + 1;
+    out += prefix;
+    out.append(lines.substr(start, end - start));
+    start = end;
+  }
+  return out;
+}
+
+std::vector<std::string> last_lines(std::string_view text, size_t max_lines) {
+  std::vector<std::string> out;
+  if (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  while (!text.empty() && out.size() < max_lines) {
+    size_t nl = text.rfind('\n');
+    size_t start = nl == std::string_view::npos ? 0 : nl + 1;
+    out.insert(out.begin(), std::string(text.substr(start)));
+    if (nl == std::string_view::npos) break;
+    text = text.substr(0, nl);
+  }
+  return out;
+}
+
+OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
+    : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd),
+      tails_(static_cast<size_t>(nranks)) {}
+
+void OutputSink::open_files() {
+  if (opts_.dir.empty()) return;
+  auto mkdir_p = [](const std::string& d) {
+    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST)
+      throw SystemError("--output-filename: cannot create " + d, errno);
+  };
+  std::string dir = opts_.dir;
+  for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
+    mkdir_p(dir.substr(0, pos));
+  mkdir_p(dir);
+  for (size_t r = 0; r < tails_.size(); ++r) {
+    std::string rd = dir + "/rank." + std::to_string(r);
+    mkdir_p(rd);
+    for (const char* name : {"stdout", "stderr"}) {
+      std::string path = rd + "/" + name;
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (fd < 0) throw SystemError("--output-filename: cannot open " + path, errno);
+      (name[3] == 'o' ? files_out_ : files_err_).emplace_back(fd);
+    }
+  }
+}
+
+void OutputSink::write(int generation, int rank, Stream s, std::string_view lines) {
+  if (lines.empty()) return;
+  size_t r = static_cast<size_t>(rank);
+  if (s == Stream::Err && r < tails_.size()) {
+    std::string& t = tails_[r];
+    t.append(lines);
+    if (t.size() > 2 * kTailBytes) t.erase(0, t.size() - kTailBytes);
+  }
+  std::string ts;
+  if (opts_.timestamp) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    ts = format_timestamp(now);
+  }
+  if (!opts_.dir.empty() && r < files_out_.size()) {
+    int fd = (s == Stream::Out ? files_out_ : files_err_)[r].get();
+    if (opts_.timestamp) {
+      std::string text = prefix_lines(lines, ts + " ");
+      write_all(fd, text.data(), text.size());
+    } else {
+      write_all(fd, lines.data(), lines.size());
+    }
+    if (!opts_.copy) return;
+  }
+  bool& broken = s == Stream::Out ? out_broken_ : err_broken_;
+  if (broken) return;
+  int fd = s == Stream::Out ? out_fd_ : err_fd_;
+  bool ok;
+  if (opts_.tag || opts_.timestamp) {
+    std::string text = prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts));
+    ok = write_all(fd, text.data(), text.size());
+  } else {
+    ok = write_all(fd, lines.data(), lines.size());
+  }
+  if (!ok) broken = true;  // e.g. EPIPE: the reader went away; the job goes on
+}
+
+std::vector<std::string> OutputSink::stderr_tail(int rank, size_t max_lines) const {
+  if (rank < 0 || static_cast<size_t>(rank) >= tails_.size()) return {};
+  return last_lines(tails_[static_cast<size_t>(rank)], max_lines);
+}
+
+void OutputSink::clear_tails() {
+  for (auto& t : tails_) t.clear();
+}
+
+}  // namespace pe

@@ -1,0 +1,57 @@
+// Output of the ranks as the user sees it: prefixes (--tag-output, --timestamp-output), the
+// terminal, per-rank files (--output-filename), and the tail of each rank's stderr for the
+// failure report.  The formatting functions are pure.
+//
+// Threading: used from the event-loop thread only.
+#pragma once
+
+#include <ctime>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/unique_fd.hpp"
+
+namespace pe {
+
+enum class Stream { Out, Err };
+
+struct OutputOptions {
+  bool tag = false;
+  bool timestamp = false;
+  std::string dir;      // per-rank files; empty: none
+  bool copy = true;     // also to the terminal when dir is set
+};
+
+// "[2026-11-22T10:00:00.123456]" in local time.
+std::string format_timestamp(const struct timespec& ts);
+// The prefix of each line: "[ts]" and/or "[G,RANK]<stdout>:"; when only a timestamp is asked
+// for, it is followed by a space.
+std::string line_prefix(const OutputOptions& o, int generation, int rank, Stream s,
+                        const std::string& timestamp);
+// Puts `prefix` before every line of `lines` (which end with '\n').
+std::string prefix_lines(std::string_view lines, const std::string& prefix);
+// The last `max_lines` lines of `text`.
+std::vector<std::string> last_lines(std::string_view text, size_t max_lines);
+
+class OutputSink {
+ public:
+  OutputSink(OutputOptions o, int nranks, int out_fd = 1, int err_fd = 2);
+  // Creates DIR/rank.N/{stdout,stderr}; throws SystemError with the path.
+  void open_files();
+  // `lines` are whole lines ending with '\n'.
+  void write(int generation, int rank, Stream s, std::string_view lines);
+  std::vector<std::string> stderr_tail(int rank, size_t max_lines) const;
+  // At a group restart: the tails start again with the new generation.
+  void clear_tails();
+
+ private:
+  static constexpr size_t kTailBytes = 8192;
+  OutputOptions opts_;
+  int out_fd_, err_fd_;
+  bool out_broken_ = false, err_broken_ = false;
+  std::vector<UniqueFd> files_out_, files_err_;
+  std::vector<std::string> tails_;
+};
+
+}  // namespace pe

@@ -1,0 +1,70 @@
+#include "exec/worker_env.hpp"
+
+#include <pytorch_exec/version.h>
+
+#include <cstring>
+
+namespace pe {
+
+EnvMap environment_from(char** envp) {
+  EnvMap env;
+  for (char** e = envp; e && *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (!eq) continue;
+    env.emplace(std::string(*e, static_cast<size_t>(eq - *e)), std::string(eq + 1));
+  }
+  return env;
+}
+
+EnvMap worker_environment(const EnvMap& base,
+                          const std::vector<std::pair<std::string, std::string>>& exports,
+                          const JobMap& map, int rank, const GenerationInfo& gen) {
+  EnvMap env = base;
+  for (const auto& [k, v] : exports) env[k] = v;
+  const RankLocation& loc = map.ranks.at(static_cast<size_t>(rank));
+  const NodeMap& node = map.nodes.at(static_cast<size_t>(loc.node));
+  auto set = [&env](const char* k, const std::string& v) { env[k] = v; };
+  auto seti = [&env](const char* k, long v) { env[k] = std::to_string(v); };
+  const long local_size = static_cast<long>(node.ranks.size());
+  const long nnodes = static_cast<long>(map.nodes.size());
+
+  // torchrun.
+  seti("RANK", rank);
+  seti("WORLD_SIZE", map.world_size);
+  seti("LOCAL_RANK", loc.local_rank);
+  seti("LOCAL_WORLD_SIZE", local_size);
+  seti("GROUP_RANK", node.node_rank);
+  seti("GROUP_WORLD_SIZE", nnodes);
+  set("ROLE_NAME", gen.role_name);
+  seti("ROLE_RANK", rank);
+  seti("ROLE_WORLD_SIZE", map.world_size);
+  set("MASTER_ADDR", gen.master_addr);
+  seti("MASTER_PORT", gen.master_port);
+  seti("TORCHELASTIC_RESTART_COUNT", gen.restart_count);
+  seti("TORCHELASTIC_MAX_RESTARTS", gen.max_restarts);
+  set("TORCHELASTIC_RUN_ID", gen.run_id.empty() ? gen.job_id : gen.run_id);
+  if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+
+  // Open MPI's names.
+  seti("OMPI_COMM_WORLD_RANK", rank);
+  seti("OMPI_COMM_WORLD_SIZE", map.world_size);
+  seti("OMPI_COMM_WORLD_LOCAL_RANK", loc.local_rank);
+  seti("OMPI_COMM_WORLD_LOCAL_SIZE", local_size);
+  seti("OMPI_COMM_WORLD_NODE_RANK", node.node_rank);
+
+  // Ours.
+  set(PYTORCH_EXEC_ENV_JOBID, gen.job_id);
+  seti(PYTORCH_EXEC_ENV_GENERATION, gen.generation);
+  seti(PYTORCH_EXEC_ENV_NODEID, node.node_rank);
+  set(PYTORCH_EXEC_ENV_DOMAIN, "0");  // one locality domain until topology mapping assigns them
+  return env;
+}
+
+std::vector<std::string> to_envp(const EnvMap& env) {
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace pe

@@ -1,0 +1,41 @@
+// The environment of every worker (see DESIGN.md, "The worker environment"): the torchrun
+// names, the Open MPI names and PYTORCH_EXEC_*.  A pure function of the launching environment,
+// the job map and the generation.
+#pragma once
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/job_map.hpp"
+
+namespace pe {
+
+using EnvMap = std::map<std::string, std::string>;
+
+// Per-generation facts shared by every rank.
+struct GenerationInfo {
+  std::string job_id;
+  std::string run_id;
+  int generation = 0;        // PYTORCH_EXEC_GENERATION
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
+  int max_restarts = 0;
+  std::string master_addr;
+  int master_port = 0;
+  std::string role_name = "default";
+};
+
+EnvMap environment_from(char** envp);
+
+// The environment of global rank `rank`: `base` (the launching environment), then `exports`
+// (-x), then the variables pytorch_exec owns.  OMP_NUM_THREADS is set to 1 unless `base` or
+// `exports` set it.
+EnvMap worker_environment(const EnvMap& base,
+                          const std::vector<std::pair<std::string, std::string>>& exports,
+                          const JobMap& map, int rank, const GenerationInfo& gen);
+
+// "NAME=VALUE" strings for execve.
+std::vector<std::string> to_envp(const EnvMap& env);
+
+}  // namespace pe
