@@ -1,7 +1,9 @@
 #include "exec/child_process.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +16,10 @@
 namespace pe {
 namespace {
 
+// Signals whose disposition the launcher changes; the child puts them back to default before it
+// unblocks signals (a caught signal must never run the launcher's handler in the child).
+constexpr int kLauncherSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGCHLD, SIGPIPE};
+
 std::vector<char*> c_strings(const std::vector<std::string>& v) {
   std::vector<char*> out;
   out.reserve(v.size() + 1);
@@ -22,36 +28,57 @@ std::vector<char*> c_strings(const std::vector<std::string>& v) {
   return out;
 }
 
-[[noreturn]] void child_fail(int err_fd, int err) {
-  ssize_t ignored = ::write(err_fd, &err, sizeof err);
-  (void)ignored;
-  ::_exit(127);
-}
+struct ChildArgs {
+  const SpawnSpec* spec;
+  pid_t parent;
+  int in_fd, out_fd, err_fd;
+  char** argv;
+  char** envp;
+  sigset_t mask;          // the launcher's mask before spawning, restored in the child (minus
+                          // everything: the worker starts with no signal blocked)
+  volatile int exec_errno;  // written by the child (shared memory), read after clone returns
+};
 
-// Runs in the child between fork and exec: system calls only.
-[[noreturn]] void child_main(const SpawnSpec& spec, pid_t parent, int in_fd, int out_fd,
-                             int err_fd, int exec_err_fd, char** argv, char** envp) {
+// Runs in the child, on its own stack, in the launcher's memory: system calls only.
+int child_main(void* p) {
+  auto* a = static_cast<ChildArgs*>(p);
+  auto fail = [a](int err) {
+    a->exec_errno = err;
+    ::_exit(127);
+  };
   ::setpgid(0, 0);
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(127);  // the launcher died before prctl took effect
-  // Signals: default dispositions and an empty mask (ignored signals survive execve otherwise).
-  for (int s = 1; s < NSIG; ++s)
-    if (s != SIGKILL && s != SIGSTOP) ::signal(s, SIG_DFL);
+  if (::getppid() != a->parent) ::_exit(127);  // the launcher died before prctl took effect
+  for (int s : kLauncherSignals) ::signal(s, SIG_DFL);
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (::dup2(in_fd, 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(err_fd, 2) < 0)
-    child_fail(exec_err_fd, errno);
-  if (!spec.wdir.empty() && ::chdir(spec.wdir.c_str()) != 0) child_fail(exec_err_fd, errno);
-  ::execve(spec.path.c_str(), argv, envp);
-  child_fail(exec_err_fd, errno);
+  if (::dup2(a->in_fd, 0) < 0 || ::dup2(a->out_fd, 1) < 0 || ::dup2(a->err_fd, 2) < 0)
+    fail(errno);
+  if (!a->spec->wdir.empty() && ::chdir(a->spec->wdir.c_str()) != 0) fail(errno);
+  ::execve(a->spec->path.c_str(), a->argv, a->envp);
+  fail(errno);
+  return 127;
+}
+
+// One stack for every child: CLONE_VFORK suspends us until the child has exec'd or exited.
+char* child_stack_top() {
+  static constexpr size_t kSize = 256 * 1024;
+  static char* top = nullptr;
+  if (!top) {
+    void* s = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+    PE_CHECK_ERRNO(s != MAP_FAILED, "mmap (child stack)");
+    top = static_cast<char*>(s) + kSize;
+  }
+  return top;
 }
 
 }  // namespace
 
 ChildProcess spawn_child(const SpawnSpec& spec) {
   ChildProcess c;
-  Pipe out = make_pipe(), err = make_pipe(), ex = make_pipe();
+  Pipe out = make_pipe(), err = make_pipe();
   Pipe in;
   UniqueFd devnull;
   int child_in = spec.stdin_fd;
@@ -65,31 +92,26 @@ ChildProcess spawn_child(const SpawnSpec& spec) {
   }
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.envp);
-  pid_t parent = ::getpid();
-  pid_t pid = ::fork();
-  PE_CHECK_ERRNO(pid >= 0, "fork");
-  if (pid == 0)
-    child_main(spec, parent, child_in, out.write.get(), err.write.get(), ex.write.get(),
-               argv.data(), envp.data());
+  ChildArgs args{&spec, ::getpid(), child_in, out.write.get(), err.write.get(),
+                 argv.data(), envp.data(), {}, 0};
+  sigset_t all;
+  sigfillset(&all);
+  ::pthread_sigmask(SIG_SETMASK, &all, &args.mask);
+  pid_t pid = ::clone(child_main, child_stack_top(), CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+  int clone_errno = errno;
+  ::pthread_sigmask(SIG_SETMASK, &args.mask, nullptr);
+  if (pid < 0) throw SystemError("clone (starting " + spec.path + ")", clone_errno);
   // Also in the parent, so a signal to the group cannot race the child's own setpgid.
   ::setpgid(pid, pid);
   c.pid = pid;
+  c.exec_errno = args.exec_errno;
   c.stdout_r = std::move(out.read);
   c.stderr_r = std::move(err.read);
-  c.exec_err_r = std::move(ex.read);
   if (spec.stdin_pipe) c.stdin_w = std::move(in.write);
   set_nonblocking(c.stdout_r.get());
   set_nonblocking(c.stderr_r.get());
-  set_nonblocking(c.exec_err_r.get());
   if (c.stdin_w.valid()) set_nonblocking(c.stdin_w.get());
   return c;
-}
-
-int read_exec_error(const ChildProcess& c) {
-  int err = 0;
-  if (!c.exec_err_r.valid()) return 0;
-  ssize_t n = ::read(c.exec_err_r.get(), &err, sizeof err);
-  return n == static_cast<ssize_t>(sizeof err) ? err : 0;
 }
 
 std::string describe_wait_status(int status) {

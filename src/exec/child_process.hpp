@@ -1,6 +1,8 @@
-// Starting one worker: fork, own process group, PR_SET_PDEATHSIG, stdio pipes, working
-// directory, execve.  Everything the child needs is prepared before fork(), so the child only
-// makes system calls.
+// Starting one worker: own process group, PR_SET_PDEATHSIG, stdio pipes, working directory,
+// execve.  The child is created as posix_spawn does it, with clone(CLONE_VM | CLONE_VFORK) on a
+// stack of its own: the launcher's memory is not copied, and the launcher resumes once the child
+// has exec'd (or failed to, in which case the child stores errno in the launcher's memory).
+// Everything the child needs is prepared before the clone, so the child only makes system calls.
 #pragma once
 
 #include <sys/types.h>
@@ -29,14 +31,11 @@ struct ChildProcess {
   UniqueFd stdin_w;     // parent's write end, if stdin_pipe
   UniqueFd stdout_r;
   UniqueFd stderr_r;
-  UniqueFd exec_err_r;  // receives errno if execve fails; EOF when exec succeeded
+  int exec_errno = 0;   // non-zero: the child could not exec (it exits with 127)
 };
 
-// Throws SystemError if fork or a pipe fails.
+// Throws SystemError if clone or a pipe fails.
 ChildProcess spawn_child(const SpawnSpec& spec);
-
-// After the child was reaped: the execve errno it reported, or 0.
-int read_exec_error(const ChildProcess& c);
 
 // "exited with status 3", "killed by signal 9 (Killed)".
 std::string describe_wait_status(int status);

@@ -275,7 +275,7 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
   if (raw.output_filename) {
     std::string dir = *raw.output_filename;
     const std::string nocopy = ":nocopy";
-    if (dir.size() > nocopy.size() && dir.compare(dir.size() - nocopy.size(), nocopy.size(), nocopy) == 0) {
+    if (dir.size() >= nocopy.size() && dir.compare(dir.size() - nocopy.size(), nocopy.size(), nocopy) == 0) {
       dir.resize(dir.size() - nocopy.size());
       c.output_copy = false;
     }

@@ -17,6 +17,7 @@
 #include "common/event_loop.hpp"
 #include "common/line_buffer.hpp"
 #include "exec/child_process.hpp"
+#include "exec/orphan_guard.hpp"
 #include "exec/stdio.hpp"
 
 namespace pe {
@@ -75,6 +76,7 @@ class NodeAgent {
   void drop_stdin(Worker& w);
   void finish(pid_t pid, int status);
 
+  OrphanGuard guard_;  // first member: outlives the workers' cleanup in ~NodeAgent
   EventLoop& loop_;
   AgentListener& listener_;
   Event sigchld_;

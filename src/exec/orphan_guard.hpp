@@ -1,0 +1,31 @@
+// Orphan guard: a small process forked at start-up that outlives pytorch_exec by a moment.
+// pytorch_exec tells it every worker process group it creates; if pytorch_exec dies without
+// saying goodbye (even by SIGKILL), the guard sees its pipe close and SIGKILLs those process
+// groups.  PR_SET_PDEATHSIG alone only reaches each worker's leader, not what it started.
+#pragma once
+
+#include <sys/types.h>
+
+#include "common/unique_fd.hpp"
+
+namespace pe {
+
+class OrphanGuard {
+ public:
+  // Forks the guard.  Throws SystemError if it cannot.
+  OrphanGuard();
+  // Tells the guard the job ended normally: it exits without killing anything.
+  ~OrphanGuard();
+  OrphanGuard(const OrphanGuard&) = delete;
+  OrphanGuard& operator=(const OrphanGuard&) = delete;
+
+  void watch(pid_t pgid);
+  // The group's leader was reaped: forget it (its id may be reused).
+  void forget(pid_t pgid);
+
+ private:
+  UniqueFd pipe_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace pe

@@ -1,0 +1,134 @@
+"""Shared helpers for the integration tests: run the built pytorch_exec against real programs.
+
+Each test is a script run by `make check` (automake's test driver): exit 0 passes, 77 skips
+(with the reason printed), anything else fails.  Every child run has a timeout.
+"""
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+EXEC = os.environ.get("PYTORCH_EXEC", "pytorch_exec")
+SRCDIR = os.environ.get("PE_SRCDIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+SYSTEM_PYTHON = "/usr/bin/python3"
+SKIP = 77
+
+
+class TestFailure(Exception):
+    pass
+
+
+def check(cond, msg):
+    if not cond:
+        raise TestFailure(msg)
+
+
+def skip(reason):
+    print(f"SKIP: {reason}")
+    sys.exit(SKIP)
+
+
+def need_torch():
+    r = subprocess.run([SYSTEM_PYTHON, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        skip(f"{SYSTEM_PYTHON} has no torch with gloo ({r.stderr.strip().splitlines()[-1:]})")
+
+
+def marker_env(extra=None):
+    """An environment carrying a unique marker, so leftover processes can be found."""
+    env = dict(os.environ)
+    env["PE_TEST_MARKER"] = uuid.uuid4().hex
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run(args, timeout=120, env=None, stdin=subprocess.DEVNULL, input=None, cwd=None):
+    """Runs pytorch_exec ARGS; returns CompletedProcess with text stdout/stderr."""
+    kw = dict(capture_output=True, env=env, cwd=cwd, timeout=timeout)
+    if input is not None:
+        kw["input"] = input.encode() if isinstance(input, str) else input
+    else:
+        kw["stdin"] = stdin
+    try:
+        r = subprocess.run([EXEC] + list(args), **kw)
+    except subprocess.TimeoutExpired as e:
+        raise TestFailure(f"pytorch_exec {' '.join(args)} did not finish within {timeout} s") from e
+    r.stdout = r.stdout.decode(errors="replace")
+    r.stderr = r.stderr.decode(errors="replace")
+    return r
+
+
+def start(args, env=None, **kw):
+    return subprocess.Popen([EXEC] + list(args), env=env, **kw)
+
+
+def processes_with_marker(marker):
+    """PIDs of live (non-zombie) processes whose environment holds PE_TEST_MARKER=marker."""
+    found = []
+    needle = f"PE_TEST_MARKER={marker}".encode()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{d}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue
+            found.append(int(d))
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    return found
+
+
+def wait_until(pred, timeout, step=0.01):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def assert_no_leftovers(marker, timeout=2.0):
+    ok = wait_until(lambda: not processes_with_marker(marker), timeout)
+    left = processes_with_marker(marker)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    check(ok, f"processes left behind: {left}")
+
+
+def tmpdir():
+    return tempfile.mkdtemp(prefix="pe_test_")
+
+
+def script(body, suffix=".sh"):
+    """Writes an executable script into a temporary file; returns its path."""
+    fd, path = tempfile.mkstemp(prefix="pe_test_", suffix=suffix)
+    with os.fdopen(fd, "w") as f:
+        f.write(body)
+    os.chmod(path, 0o755)
+    return path
+
+
+def main(tests):
+    """Runs the test functions in order; prints one line each."""
+    failed = 0
+    for t in tests:
+        t0 = time.monotonic()
+        try:
+            t()
+            print(f"ok   {t.__name__} ({time.monotonic() - t0:.2f} s)", flush=True)
+        except TestFailure as e:
+            failed += 1
+            print(f"FAIL {t.__name__}: {e}", flush=True)
+    sys.exit(1 if failed else 0)

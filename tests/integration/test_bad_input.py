@@ -1,0 +1,64 @@
+"""Every user mistake: one line naming the problem, a non-zero status, no crash, no hang."""
+import os
+
+from harness import check, main, run, script, tmpdir
+
+NOT_EXEC = script("#!/bin/sh\necho hi\n")
+os.chmod(NOT_EXEC, 0o644)
+
+CASES = [
+    # (arguments, expected status, text the one line must contain)
+    (["--frobnicate", "true"], 2, "unknown option --frobnicate"),
+    (["-q", "true"], 2, "unknown option -q"),
+    (["-n", "0", "true"], 2, "-n: expected a positive integer, got '0'"),
+    (["-n", "-3", "true"], 2, "got '-3'"),
+    (["-np", "abc", "true"], 2, "got 'abc'"),
+    (["-n", "1.5", "true"], 2, "got '1.5'"),
+    (["-n", "99999999999", "true"], 2, "-n: expected a positive integer"),
+    (["--nproc-per-node", "0", "true"], 2, "--nproc-per-node"),
+    (["-n"], 2, "option -n needs a value"),
+    ([], 2, "no program given"),
+    (["-n", "2"], 2, "no program given"),
+    (["-n", "2", "no-such-program-anywhere"], 127, "not found in PATH"),
+    (["./no/such/path"], 127, "not found"),
+    ([NOT_EXEC], 126, "is not executable"),
+    (["/tmp"], 126, "is a directory"),
+    (["--wdir", "/no/such/dir", "true"], 2, "--wdir: directory '/no/such/dir' does not exist"),
+    (["--wdir", "/etc/hostname", "true"], 2, "is not a directory"),
+    (["-x", "=1", "true"], 2, "is not a valid environment variable name"),
+    (["-x", "9X=1", "true"], 2, "'9X'"),
+    (["-x", "PE_SURELY_UNSET_VAR", "true"], 2, "PE_SURELY_UNSET_VAR is not set here"),
+    (["--stdin", "sometimes", "true"], 2, "--stdin"),
+    (["-n", "2", "--stdin", "5", "true"], 2, "rank 5 does not exist"),
+    (["--kill-grace", "soon", "true"], 2, "--kill-grace"),
+    (["--max-restarts", "-1", "true"], 2, "--max-restarts"),
+    (["--tag-output=1", "true"], 2, "takes no value"),
+]
+
+
+def test_every_mistake_gets_one_line_and_a_status():
+    for args, status, text in CASES:
+        r = run(args, timeout=20)
+        lines = r.stderr.splitlines()
+        check(r.returncode == status, f"{args}: exit {r.returncode}, expected {status} ({r.stderr!r})")
+        check(len(lines) == 1, f"{args}: {len(lines)} lines on stderr: {r.stderr!r}")
+        check(lines[0].startswith("pytorch_exec: ") and text in lines[0],
+              f"{args}: {lines[0]!r} does not say {text!r}")
+        check(r.stdout == "", f"{args}: printed {r.stdout!r}")
+
+
+def test_bad_log_spec():
+    r = run(["true"], env=dict(os.environ, PYTORCH_EXEC_LOG="loud"))
+    check(r.returncode == 2 and "PYTORCH_EXEC_LOG" in r.stderr, f"{r.returncode} {r.stderr!r}")
+
+
+def test_help_and_version():
+    r = run(["--help"])
+    check(r.returncode == 0 and "Usage: pytorch_exec" in r.stdout and "--max-restarts" in r.stdout,
+          "help")
+    r = run(["--version"])
+    check(r.returncode == 0 and r.stdout.startswith("pytorch_exec "), r.stdout)
+
+
+if __name__ == "__main__":
+    main([test_every_mistake_gets_one_line_and_a_status, test_bad_log_spec, test_help_and_version])

@@ -1,0 +1,121 @@
+"""stdout/stderr: volume, line integrity, tags, timestamps, per-rank files, partial last lines."""
+import os
+import re
+
+from harness import SYSTEM_PYTHON, check, main, run, script, tmpdir
+
+MB = 1 << 20
+
+WRITER = script("""#!/usr/bin/python3
+import os, sys
+rank = int(os.environ["RANK"])
+out_bytes, err_bytes = int(sys.argv[1]), int(sys.argv[2])
+# Lines of varying length, numbered, so loss, duplication and interleaving are all visible.
+def emit(stream, total, tag):
+    n, written, chunk = 0, 0, []
+    while written < total:
+        line = f"{tag} r{rank} n{n} " + "x" * (n % 200) + "\\n"
+        chunk.append(line); written += len(line); n += 1
+        if len(chunk) == 500:
+            stream.write("".join(chunk)); chunk = []
+    stream.write("".join(chunk)); stream.flush()
+    return n
+no = emit(sys.stdout, out_bytes, "OUT")
+ne = emit(sys.stderr, err_bytes, "ERR")
+sys.stdout.write(f"END r{rank} {no} {ne}\\n")
+sys.stdout.write(f"partial-last-line-r{rank}")   # no newline, then exit at once
+sys.stdout.flush()
+os._exit(0)
+""", ".py")
+
+LINE = re.compile(r"^(\[1,(\d)\]<std(?:out|err)>:)?(OUT|ERR) r(\d) n(\d+) (x*)$")
+
+
+def check_stream(text, stream_tag, nranks, tagged):
+    seen = {r: 0 for r in range(nranks)}
+    ends = {}
+    partial = set()
+    for line in text.split("\n")[:-1]:
+        body = line
+        if tagged:
+            m = re.match(r"^\[1,(\d)\]<(stdout|stderr)>:(.*)$", line)
+            check(m, f"untagged line: {line[:80]!r}")
+            body = m.group(3)
+            check((m.group(2) == "stdout") == (stream_tag == "OUT"), "wrong stream tag")
+        if body.startswith("END "):
+            _, r, no, ne = body.split()
+            ends[int(r[1:])] = (int(no), int(ne))
+            continue
+        if body.startswith("partial-last-line-r"):
+            partial.add(int(body[-1]))
+            continue
+        m = LINE.match(body)
+        check(m and m.group(3) == stream_tag, f"mangled line: {line[:100]!r}")
+        r, n = int(m.group(4)), int(m.group(5))
+        if tagged:
+            check(line.startswith(f"[1,{r}]"), f"line of rank {r} tagged {line[:8]}")
+        check(n == seen[r], f"rank {r} {stream_tag}: line {n} where {seen[r]} was expected")
+        check(len(m.group(6)) == n % 200, f"rank {r} line {n} has the wrong length")
+        seen[r] += 1
+    return seen, ends, partial
+
+
+def volume(tagged):
+    n = 4
+    args = ["-n", str(n)] + (["--tag-output"] if tagged else []) + \
+           [SYSTEM_PYTHON, WRITER, str(10 * MB), str(2 * MB)]
+    r = run(args, timeout=240)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-500:]}")
+    out_seen, ends, partial = check_stream(r.stdout, "OUT", n, tagged)
+    err_seen, _, _ = check_stream(r.stderr, "ERR", n, tagged)
+    check(sorted(ends) == list(range(n)), f"END lines: {sorted(ends)}")
+    check(partial == set(range(n)), f"partial last lines of ranks {sorted(partial)} only")
+    for rank, (no, ne) in ends.items():
+        check(out_seen[rank] == no, f"rank {rank}: {out_seen[rank]} of {no} stdout lines")
+        check(err_seen[rank] == ne, f"rank {rank}: {err_seen[rank]} of {ne} stderr lines")
+
+
+def test_ten_megabytes_per_rank_intact():
+    volume(tagged=False)
+
+
+def test_ten_megabytes_per_rank_tagged():
+    volume(tagged=True)
+
+
+def test_timestamps():
+    r = run(["-n", "2", "--timestamp-output", "--tag-output", "sh", "-c", "echo hi"])
+    check(r.returncode == 0, r.stderr)
+    for line in r.stdout.splitlines():
+        check(re.match(r"^\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}\]\[1,[01]\]<stdout>:hi$", line),
+              f"bad line {line!r}")
+    r = run(["-n", "1", "--timestamp-output", "sh", "-c", "echo hi"])
+    check(re.match(r"^\[[-0-9T:.]+\] hi\n$", r.stdout), f"bad line {r.stdout!r}")
+
+
+def test_output_files():
+    d = os.path.join(tmpdir(), "out")
+    r = run(["-n", "3", "--output-filename", d, "sh", "-c", 'echo "o$RANK"; echo "e$RANK" >&2'])
+    check(r.returncode == 0, r.stderr)
+    check(sorted(r.stdout.split()) == ["o0", "o1", "o2"], "output not copied to the terminal")
+    for rank in range(3):
+        with open(os.path.join(d, f"rank.{rank}", "stdout")) as f:
+            check(f.read() == f"o{rank}\n", f"rank {rank} stdout file")
+        with open(os.path.join(d, f"rank.{rank}", "stderr")) as f:
+            check(f.read() == f"e{rank}\n", f"rank {rank} stderr file")
+    d2 = os.path.join(tmpdir(), "quiet")
+    r = run(["-n", "2", "--output-filename", d2 + ":nocopy", "sh", "-c", 'echo "o$RANK"'])
+    check(r.returncode == 0 and r.stdout == "", f"nocopy printed {r.stdout!r}")
+    with open(os.path.join(d2, "rank.1", "stdout")) as f:
+        check(f.read() == "o1\n", "nocopy file")
+
+
+def test_output_dir_that_cannot_be_created():
+    r = run(["-n", "1", "--output-filename", "/proc/no/such", "true"])
+    check(r.returncode != 0, "no error")
+    check(r.stderr.startswith("pytorch_exec: ") and "cannot create" in r.stderr, r.stderr)
+
+
+if __name__ == "__main__":
+    main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
+          test_output_files, test_output_dir_that_cannot_be_created])

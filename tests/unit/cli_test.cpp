@@ -1,0 +1,190 @@
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "common/error.hpp"
+#include "exec/cli.hpp"
+
+using pe::LaunchConfig;
+using pe::RawOptions;
+using pe::StdinMode;
+
+namespace {
+
+RawOptions parse(std::vector<const char*> args) {
+  args.insert(args.begin(), "pytorch_exec");
+  return pe::parse_command_line(static_cast<int>(args.size()), args.data());
+}
+
+LaunchConfig config(std::vector<const char*> args, pe::ValidationContext ctx = {}) {
+  return pe::validate_options(parse(std::move(args)), ctx);
+}
+
+std::string usage_error(std::vector<const char*> args) {
+  try {
+    config(std::move(args));
+  } catch (const pe::UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(CliTest, OptionsStopAtTheProgram) {
+  auto r = parse({"-n", "4", "python3", "-n", "1", "--tag-output", "x"});
+  ASSERT_EQ(r.np, "4");
+  EXPECT_FALSE(r.tag_output);
+  EXPECT_EQ(r.command, (std::vector<std::string>{"python3", "-n", "1", "--tag-output", "x"}));
+}
+
+TEST(CliTest, DoubleDashEndsOptions) {
+  auto r = parse({"-n", "2", "--", "-weird-program", "a"});
+  EXPECT_EQ(r.command, (std::vector<std::string>{"-weird-program", "a"}));
+}
+
+TEST(CliTest, AcceptsEverySpellingOfTheProcessCount) {
+  EXPECT_EQ(config({"-n", "3", "prog"}).np, 3);
+  EXPECT_EQ(config({"-n3", "prog"}).np, 3);
+  EXPECT_EQ(config({"-np", "5", "prog"}).np, 5);
+  EXPECT_EQ(config({"--np", "6", "prog"}).np, 6);
+  EXPECT_EQ(config({"--np=7", "prog"}).np, 7);
+  EXPECT_EQ(config({"--nproc-per-node", "8", "prog"}).np, 8);
+  EXPECT_EQ(config({"--nproc_per_node=9", "prog"}).np, 9);
+}
+
+TEST(CliTest, DefaultProcessCountComesFromTheContext) {
+  pe::ValidationContext ctx;
+  ctx.default_np = 12;
+  EXPECT_EQ(config({"prog"}, ctx).np, 12);
+}
+
+TEST(CliTest, RejectsBadProcessCounts) {
+  EXPECT_NE(usage_error({"-n", "0", "prog"}).find("-n: expected a positive integer, got '0'"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"-n", "-2", "prog"}).find("got '-2'"), std::string::npos);
+  EXPECT_NE(usage_error({"-n", "two", "prog"}).find("got 'two'"), std::string::npos);
+  EXPECT_NE(usage_error({"-n", "99999999999999999999", "prog"}).find("-n:"), std::string::npos);
+  EXPECT_NE(usage_error({"-n", "2", "--nproc-per-node", "3", "prog"}).find("disagree"),
+            std::string::npos);
+}
+
+TEST(CliTest, ReportsUnknownOptionsAndMissingValues) {
+  EXPECT_NE(usage_error({"--frobnicate", "prog"}).find("unknown option --frobnicate"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"-q", "prog"}).find("unknown option -q"), std::string::npos);
+  EXPECT_NE(usage_error({"-n"}).find("option -n needs a value"), std::string::npos);
+  EXPECT_NE(usage_error({"--tag-output=yes", "prog"}).find("takes no value"), std::string::npos);
+}
+
+TEST(CliTest, RequiresAProgram) {
+  EXPECT_NE(usage_error({"-n", "2"}).find("no program given"), std::string::npos);
+  EXPECT_NE(usage_error({"--", ""}).find("empty"), std::string::npos);
+}
+
+TEST(CliTest, CountsVerbosity) {
+  EXPECT_EQ(config({"-v", "prog"}).verbosity, 1);
+  EXPECT_EQ(config({"-vv", "prog"}).verbosity, 2);
+  EXPECT_EQ(config({"-v", "--verbose", "-v", "prog"}).verbosity, 3);
+}
+
+TEST(CliTest, ExportsTakeValuesOrCopyThem) {
+  pe::ValidationContext ctx;
+  ctx.env["HOMEISH"] = "/h";
+  auto c = config({"-x", "A=1", "-x", "HOMEISH", "-xB=x=y", "-x", "EMPTY=", "prog"}, ctx);
+  std::vector<std::pair<std::string, std::string>> want{
+      {"A", "1"}, {"HOMEISH", "/h"}, {"B", "x=y"}, {"EMPTY", ""}};
+  EXPECT_EQ(c.exports, want);
+}
+
+TEST(CliTest, RejectsBadExports) {
+  EXPECT_NE(usage_error({"-x", "=1", "prog"}).find("not a valid environment variable name"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"-x", "1A=1", "prog"}).find("'1A'"), std::string::npos);
+  EXPECT_NE(usage_error({"-x", "A-B=1", "prog"}).find("'A-B'"), std::string::npos);
+  EXPECT_NE(usage_error({"-x", "NOT_SET_ANYWHERE", "prog"}).find("is not set here"),
+            std::string::npos);
+}
+
+TEST(CliTest, ParsesStdinTargets) {
+  EXPECT_EQ(config({"prog"}).stdin_mode, StdinMode::OneRank);
+  EXPECT_EQ(config({"prog"}).stdin_rank, 0);
+  EXPECT_EQ(config({"--stdin", "none", "prog"}).stdin_mode, StdinMode::None);
+  EXPECT_EQ(config({"--stdin", "all", "prog"}).stdin_mode, StdinMode::All);
+  auto c = config({"-n", "4", "--stdin", "3", "prog"});
+  EXPECT_EQ(c.stdin_mode, StdinMode::OneRank);
+  EXPECT_EQ(c.stdin_rank, 3);
+  EXPECT_NE(usage_error({"-n", "2", "--stdin", "2", "prog"}).find("rank 2 does not exist"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--stdin", "some", "prog"}).find("expected none, all or a rank"),
+            std::string::npos);
+}
+
+TEST(CliTest, ParsesFailureHandlingOptions) {
+  auto c = config({"--max-restarts", "3", "--kill-grace", "0.25", "prog"});
+  EXPECT_EQ(c.max_restarts, 3);
+  EXPECT_DOUBLE_EQ(c.kill_grace, 0.25);
+  EXPECT_EQ(config({"prog"}).max_restarts, 0);
+  EXPECT_DOUBLE_EQ(config({"prog"}).kill_grace, 5.0);
+  EXPECT_NE(usage_error({"--max-restarts", "-1", "prog"}).find("non-negative"), std::string::npos);
+  EXPECT_NE(usage_error({"--kill-grace", "soon", "prog"}).find("--kill-grace"), std::string::npos);
+  EXPECT_NE(usage_error({"--kill-grace", "-1", "prog"}).find("--kill-grace"), std::string::npos);
+  EXPECT_NE(usage_error({"--kill-grace", "nan", "prog"}).find("--kill-grace"), std::string::npos);
+}
+
+TEST(CliTest, ParsesOutputOptions) {
+  auto c = config({"--tag-output", "--timestamp-output", "--output-filename", "/tmp/o", "prog"});
+  EXPECT_TRUE(c.tag_output);
+  EXPECT_TRUE(c.timestamp_output);
+  EXPECT_EQ(c.output_dir, "/tmp/o");
+  EXPECT_TRUE(c.output_copy);
+  auto n = config({"--output-filename", "out:nocopy", "prog"});
+  EXPECT_EQ(n.output_dir, "out");
+  EXPECT_FALSE(n.output_copy);
+  EXPECT_NE(usage_error({"--output-filename", ":nocopy", "prog"}).find("empty"),
+            std::string::npos);
+}
+
+TEST(CliTest, HelpListsEveryGroup) {
+  std::string h = pe::help_text();
+  for (const char* s : {"Processes:", "Environment:", "Output:", "Failure handling:", "Debugging:",
+                        "--max-restarts", "--kill-grace", "--tag-output", "--stdin", "-x"})
+    EXPECT_NE(h.find(s), std::string::npos) << s;
+}
+
+TEST(ResolveProgramTest, SearchesPathAndReportsWhyNot) {
+  std::string dir = ::testing::TempDir() + "/pe_resolve";
+  ::mkdir(dir.c_str(), 0755);
+  std::string exe = dir + "/tool", plain = dir + "/data";
+  std::ofstream(exe) << "#!/bin/sh\n";
+  std::ofstream(plain) << "x\n";
+  ::chmod(exe.c_str(), 0755);
+  ::chmod(plain.c_str(), 0644);
+  EXPECT_EQ(pe::resolve_program("tool", "", "/nonexistent:" + dir), exe);
+  EXPECT_EQ(pe::resolve_program(exe, "", ""), exe);
+  EXPECT_EQ(pe::resolve_program("./tool", dir, ""), dir + "/./tool");
+  try {
+    pe::resolve_program("no-such-tool-here", "", dir);
+    FAIL() << "no error";
+  } catch (const pe::ProgramError& e) {
+    EXPECT_EQ(e.exit_status(), 127);
+    EXPECT_NE(std::string(e.what()).find("not found in PATH"), std::string::npos);
+  }
+  try {
+    pe::resolve_program(plain, "", "");
+    FAIL() << "no error";
+  } catch (const pe::ProgramError& e) {
+    EXPECT_EQ(e.exit_status(), 126);
+  }
+  try {
+    pe::resolve_program(dir, "", "");
+    FAIL() << "no error";
+  } catch (const pe::ProgramError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos);
+  }
+  EXPECT_THROW(pe::resolve_program("tool", dir + "/missing", dir), pe::UsageError);
+  EXPECT_THROW(pe::resolve_program("tool", exe, dir), pe::UsageError);
+}

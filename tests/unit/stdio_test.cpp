@@ -1,0 +1,91 @@
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "common/line_buffer.hpp"
+#include "exec/failure.hpp"
+#include "exec/stdio.hpp"
+
+using pe::Stream;
+
+TEST(LineBufferTest, PassesOnlyWholeLines) {
+  pe::LineBuffer b;
+  EXPECT_EQ(b.append("ab", 2), "");
+  EXPECT_EQ(b.append("c\nde", 4), "abc\n");
+  EXPECT_EQ(b.append("f\ng\nh", 5), "def\ng\n");
+  EXPECT_EQ(b.take_rest(), "h");
+  EXPECT_TRUE(b.empty());
+}
+
+TEST(LineBufferTest, SplitsOverlongLines) {
+  pe::LineBuffer b;
+  std::string big(pe::LineBuffer::kMaxLine + 10, 'x');
+  EXPECT_EQ(b.append(big.data(), big.size()).size(), pe::LineBuffer::kMaxLine);
+  EXPECT_EQ(b.take_rest().size(), 10u);
+}
+
+TEST(OutputFormatTest, TagsLikeOpenMpi) {
+  pe::OutputOptions o;
+  o.tag = true;
+  EXPECT_EQ(pe::line_prefix(o, 0, 3, Stream::Out, ""), "[1,3]<stdout>:");
+  EXPECT_EQ(pe::line_prefix(o, 1, 0, Stream::Err, ""), "[2,0]<stderr>:");
+  EXPECT_EQ(pe::prefix_lines("a\nbb\n", "[1,3]<stdout>:"), "[1,3]<stdout>:a\n[1,3]<stdout>:bb\n");
+}
+
+TEST(OutputFormatTest, TimestampsAreIsoWithMicroseconds) {
+  struct timespec ts {};
+  ts.tv_sec = 0;
+  ts.tv_nsec = 123456789;
+  setenv("TZ", "UTC", 1);
+  tzset();
+  EXPECT_EQ(pe::format_timestamp(ts), "[1970-01-01T00:00:00.123456]");
+  pe::OutputOptions o;
+  o.timestamp = true;
+  EXPECT_EQ(pe::line_prefix(o, 0, 1, Stream::Out, "[T]"), "[T] ");
+  o.tag = true;
+  EXPECT_EQ(pe::line_prefix(o, 0, 1, Stream::Out, "[T]"), "[T][1,1]<stdout>:");
+}
+
+TEST(OutputFormatTest, LastLines) {
+  EXPECT_EQ(pe::last_lines("a\nb\nc\n", 2), (std::vector<std::string>{"b", "c"}));
+  EXPECT_EQ(pe::last_lines("a\nb", 5), (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(pe::last_lines("", 3).empty());
+}
+
+TEST(OutputSinkTest, WritesTaggedLinesAndKeepsTheStderrTail) {
+  int out[2], err[2];
+  ASSERT_EQ(pipe(out), 0);
+  ASSERT_EQ(pipe(err), 0);
+  pe::OutputOptions o;
+  o.tag = true;
+  pe::OutputSink sink(o, 2, out[1], err[1]);
+  sink.write(0, 1, Stream::Out, "hello\n");
+  for (int i = 0; i < 20; ++i) sink.write(0, 1, Stream::Err, "e" + std::to_string(i) + "\n");
+  char buf[256] = {};
+  ASSERT_GT(read(out[0], buf, sizeof buf - 1), 0);
+  EXPECT_STREQ(buf, "[1,1]<stdout>:hello\n");
+  auto tail = sink.stderr_tail(1, 3);
+  EXPECT_EQ(tail, (std::vector<std::string>{"e17", "e18", "e19"}));
+  EXPECT_TRUE(sink.stderr_tail(0, 3).empty());
+  sink.clear_tails();
+  EXPECT_TRUE(sink.stderr_tail(1, 3).empty());
+  for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+}
+
+TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
+  pe::Failure f{1, 42, "node1", 3 << 8, 0, "/bin/prog"};
+  EXPECT_TRUE(pe::is_failure(f.status, 0));
+  EXPECT_FALSE(pe::is_failure(0, 0));
+  EXPECT_EQ(pe::describe_failure(f), "rank 1 (pid 42 on node1) exited with status 3");
+  EXPECT_EQ(pe::failure_exit_code(f), 3);
+  f.status = 9;  // killed by SIGKILL
+  EXPECT_EQ(pe::describe_failure(f), "rank 1 (pid 42 on node1) killed by signal 9 (Killed)");
+  EXPECT_EQ(pe::failure_exit_code(f), 137);
+  f.exec_errno = 8;  // ENOEXEC
+  EXPECT_EQ(pe::failure_exit_code(f), 126);
+  EXPECT_NE(pe::describe_failure(f).find("could not execute /bin/prog: Exec format error"),
+            std::string::npos);
+  std::string report = pe::failure_report(f, {"Traceback", "Boom"});
+  EXPECT_NE(report.find("last lines of rank 1's stderr:\n    Traceback\n    Boom\n"),
+            std::string::npos);
+}

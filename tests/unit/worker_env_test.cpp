@@ -1,0 +1,72 @@
+#include <gtest/gtest.h>
+
+#include "exec/job_map.hpp"
+#include "exec/worker_env.hpp"
+
+namespace {
+
+pe::GenerationInfo gen() {
+  pe::GenerationInfo g;
+  g.job_id = "abc123";
+  g.generation = 2;
+  g.restart_count = 2;
+  g.max_restarts = 5;
+  g.master_addr = "10.1.2.3";
+  g.master_port = 29500;
+  return g;
+}
+
+}  // namespace
+
+TEST(JobMapTest, SingleNodeMapsEveryRankInOrder) {
+  auto m = pe::map_single_node("h", 3);
+  EXPECT_EQ(m.world_size, 3);
+  ASSERT_EQ(m.nodes.size(), 1u);
+  EXPECT_EQ(m.nodes[0].ranks, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(m.ranks[2].local_rank, 2);
+}
+
+TEST(WorkerEnvTest, SetsTheTorchrunAndOpenMpiNames) {
+  auto m = pe::map_single_node("h", 4);
+  auto env = pe::worker_environment({{"PATH", "/bin"}}, {}, m, 3, gen());
+  std::map<std::string, std::string> want{
+      {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"},
+      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_NAME", "default"},
+      {"ROLE_RANK", "3"}, {"ROLE_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.1.2.3"},
+      {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
+      {"TORCHELASTIC_MAX_RESTARTS", "5"}, {"TORCHELASTIC_RUN_ID", "abc123"},
+      {"OMP_NUM_THREADS", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
+      {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+      {"OMPI_COMM_WORLD_NODE_RANK", "0"}, {"PYTORCH_EXEC_JOBID", "abc123"},
+      {"PYTORCH_EXEC_GENERATION", "2"}, {"PYTORCH_EXEC_NODEID", "0"},
+      {"PYTORCH_EXEC_DOMAIN", "0"}, {"PATH", "/bin"}};
+  EXPECT_EQ(env, want);
+}
+
+TEST(WorkerEnvTest, KeepsTheUsersThreadCountAndRunId) {
+  auto m = pe::map_single_node("h", 1);
+  auto g = gen();
+  g.run_id = "myrun";
+  auto env = pe::worker_environment({{"OMP_NUM_THREADS", "8"}}, {}, m, 0, g);
+  EXPECT_EQ(env["OMP_NUM_THREADS"], "8");
+  EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "myrun");
+  auto env2 = pe::worker_environment({}, {{"OMP_NUM_THREADS", "2"}}, m, 0, g);
+  EXPECT_EQ(env2["OMP_NUM_THREADS"], "2");
+}
+
+TEST(WorkerEnvTest, ExportsOverrideTheBaseButNotOurNames) {
+  auto m = pe::map_single_node("h", 2);
+  auto env = pe::worker_environment({{"A", "base"}, {"RANK", "77"}},
+                                    {{"A", "exported"}, {"RANK", "99"}}, m, 1, gen());
+  EXPECT_EQ(env["A"], "exported");
+  EXPECT_EQ(env["RANK"], "1");
+}
+
+TEST(WorkerEnvTest, EnvpRoundTrips) {
+  char a[] = "X=1", b[] = "Y=a=b", c[] = "NOEQUALS";
+  char* envp[] = {a, b, c, nullptr};
+  auto env = pe::environment_from(envp);
+  EXPECT_EQ(env.size(), 2u);
+  EXPECT_EQ(env["Y"], "a=b");
+  EXPECT_EQ(pe::to_envp(env), (std::vector<std::string>{"X=1", "Y=a=b"}));
+}
