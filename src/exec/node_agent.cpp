@@ -37,6 +37,7 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs) {
     w->rank = spec.rank;
     w->generation = generation;
     w->proc = spawn_child(spec.spawn);
+    guard_.watch(w->proc.pid);
     Worker* wp = w.get();
     w->out_ev = loop_.watch_readable(w->proc.stdout_r.get(), [this, wp] { on_readable(*wp, Stream::Out); });
     w->err_ev = loop_.watch_readable(w->proc.stderr_r.get(), [this, wp] { on_readable(*wp, Stream::Err); });
@@ -83,6 +84,7 @@ void NodeAgent::on_sigchld() {
 void NodeAgent::finish(pid_t pid, int status) {
   auto node = workers_.extract(pid);
   Worker& w = *node.mapped();
+  guard_.forget(pid);
   // Drain what the worker wrote before it exited, then flush a partial last line.
   for (Stream s : {Stream::Out, Stream::Err}) {
     int fd = (s == Stream::Out ? w.proc.stdout_r : w.proc.stderr_r).get();
@@ -102,7 +104,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.pid = pid;
   e.generation = w.generation;
   e.status = status;
-  e.exec_errno = read_exec_error(w.proc);
+  e.exec_errno = w.proc.exec_errno;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
   listener_.on_exit(e);
 }

@@ -1,0 +1,61 @@
+"""Helpers shared by the benchmarks: find the binaries, time commands, summarise."""
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def pytorch_exec():
+    """PYTORCH_EXEC, else the in-tree build (build/ or the source tree), else PATH."""
+    cands = [os.environ.get("PYTORCH_EXEC", ""),
+             os.path.join(HERE, "..", "build", "src", "exec", "pytorch_exec"),
+             os.path.join(HERE, "..", "src", "exec", "pytorch_exec"),
+             os.path.join(os.getcwd(), "src", "exec", "pytorch_exec"),
+             shutil.which("pytorch_exec") or ""]
+    for c in cands:
+        if c and os.access(c, os.X_OK) and not os.path.isdir(c):
+            return os.path.abspath(c)
+    sys.exit("bench: cannot find pytorch_exec; build it or set PYTORCH_EXEC")
+
+
+def mpirun_env():
+    env = dict(os.environ)
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def timed(cmd, env=None, timeout=300):
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+    dt = time.perf_counter() - t0
+    if r.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
+    return dt
+
+
+def interleaved(variants, runs, warmup=1):
+    """variants: {name: (cmd, env)}; runs them alternately; returns {name: [seconds]}."""
+    for _ in range(warmup):
+        for cmd, env in variants.values():
+            timed(cmd, env)
+    res = {k: [] for k in variants}
+    for _ in range(runs):
+        for name, (cmd, env) in variants.items():
+            res[name].append(timed(cmd, env))
+    return res
+
+
+def report(title, times, ours, theirs, budget):
+    print(title)
+    for name, ts in times.items():
+        print(f"  {name:<44} median {statistics.median(ts) * 1e3:8.1f} ms   "
+              f"min {min(ts) * 1e3:8.1f} ms   max {max(ts) * 1e3:8.1f} ms   ({len(ts)} runs)")
+    ratio = statistics.median(times[ours]) / statistics.median(times[theirs])
+    verdict = "within" if ratio <= budget else "OVER"
+    print(f"  ratio {ours} / {theirs} = {ratio:.3f}  (budget <= {budget}: {verdict} budget)")
+    return ratio
