@@ -33,6 +33,9 @@ const OptDef kOptions[] = {
      "number of processes to start (also -np); default: the number of processors"},
     {"nproc-per-node", 0, Kind::Value, "Processes", "N",
      "processes per node (torchrun's name); on one machine the same as -n"},
+    {"oversubscribe", 0, Kind::Flag, "Processes", nullptr,
+     "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
+     "-n is never limited)"},
     {"wdir", 0, Kind::Value, "Environment", "DIR", "working directory of every process"},
     {"x", 'x', Kind::List, "Environment", "VAR[=VALUE]",
      "set VAR in every process, to VALUE or to its value here (repeatable)"},
@@ -210,6 +213,7 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   r.help = vm["help"].as<bool>();
   r.version = vm["version"].as<bool>();
   r.tag_output = vm["tag-output"].as<bool>();
+  r.oversubscribe = vm["oversubscribe"].as<bool>();
   r.timestamp_output = vm["timestamp-output"].as<bool>();
   r.np = get<std::string>(vm, "np");
   r.nproc_per_node = get<std::string>(vm, "nproc-per-node");
@@ -270,6 +274,7 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
       throw UsageError("-x: " + name + " is not set here (use -x " + name + "=VALUE)");
     c.exports.emplace_back(name, it->second);
   }
+  c.oversubscribe = raw.oversubscribe;
   c.tag_output = raw.tag_output;
   c.timestamp_output = raw.timestamp_output;
   if (raw.output_filename) {

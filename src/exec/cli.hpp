@@ -21,6 +21,7 @@ struct RawOptions {
   std::optional<std::string> nproc_per_node;
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
+  bool oversubscribe = false;
   bool tag_output = false;
   bool timestamp_output = false;
   std::optional<std::string> output_filename;

@@ -15,6 +15,7 @@ struct LaunchConfig {
   std::string program;               // resolved path of the program
   std::string program_arg0;          // the program as the user typed it (argv[0] of workers)
   std::vector<std::string> args;     // arguments after the program
+  bool oversubscribe = false;        // more ranks than slots (allocations, hostfiles)
   std::string wdir;                  // empty: the current directory
   // -x: variables to set in (or, for multi-node launches, carry to) every worker.
   std::vector<std::pair<std::string, std::string>> exports;

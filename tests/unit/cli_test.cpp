@@ -85,6 +85,11 @@ TEST(CliTest, RequiresAProgram) {
   EXPECT_NE(usage_error({"--", ""}).find("empty"), std::string::npos);
 }
 
+TEST(CliTest, AcceptsOversubscribe) {
+  EXPECT_TRUE(config({"--oversubscribe", "-n", "64", "prog"}).oversubscribe);
+  EXPECT_FALSE(config({"prog"}).oversubscribe);
+}
+
 TEST(CliTest, CountsVerbosity) {
   EXPECT_EQ(config({"-v", "prog"}).verbosity, 1);
   EXPECT_EQ(config({"-vv", "prog"}).verbosity, 2);

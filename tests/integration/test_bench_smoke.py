@@ -1,0 +1,36 @@
+"""The benchmarks still run (one short round each) and print their comparison.
+
+This checks that bench/launch and bench/restart work, not how fast anything is: timings are
+read by people from the benchmarks' own output, never asserted in tests.
+"""
+import os
+import shutil
+import subprocess
+
+from harness import EXEC, SRCDIR, check, main, skip
+
+
+def bench(name, *args):
+    env = dict(os.environ, PYTORCH_EXEC=EXEC)
+    r = subprocess.run(["/usr/bin/python3", os.path.join(SRCDIR, "bench", name)] + list(args),
+                       capture_output=True, text=True, env=env, timeout=300)
+    check(r.returncode == 0, f"bench/{name} failed ({r.returncode}): {r.stdout}{r.stderr}")
+    return r.stdout
+
+
+def test_launch_benchmark_runs():
+    out = bench("launch", "--runs", "1", "--np", "4")
+    check("ratio pytorch_exec -n 4 /bin/true / mpirun" in out, out)
+
+
+def test_restart_benchmark_runs():
+    if not shutil.which("cc"):
+        skip("no C compiler for bench/restart_worker.c")
+    out = bench("restart", "--runs", "1")
+    check("pytorch_exec median" in out, out)
+
+
+if __name__ == "__main__":
+    if not shutil.which("mpirun"):
+        skip("mpirun not found (openmpi-bin)")
+    main([test_launch_benchmark_runs, test_restart_benchmark_runs])
