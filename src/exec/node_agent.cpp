@@ -27,7 +27,13 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener)
 
 NodeAgent::~NodeAgent() {
   for (auto& [pid, w] : workers_) ::kill(-pid, SIGKILL);
-  for (auto& [pid, w] : workers_) ::waitpid(pid, nullptr, 0);
+  // Reap what dies within a moment; a process stuck in the kernel is left to init rather than
+  // hanging pytorch_exec (the job controller has already reported the timeout).
+  for (int i = 0; i < 100 && !workers_.empty(); ++i) {
+    for (auto it = workers_.begin(); it != workers_.end();)
+      it = ::waitpid(it->first, nullptr, WNOHANG) == 0 ? std::next(it) : workers_.erase(it);
+    if (!workers_.empty()) ::usleep(10000);
+  }
 }
 
 void NodeAgent::start(int generation, std::vector<WorkerSpec> specs) {
