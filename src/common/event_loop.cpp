@@ -1,6 +1,9 @@
 #include "common/event_loop.hpp"
 
 #include <event2/event.h>
+#include <cerrno>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include <cmath>
 
@@ -55,11 +58,43 @@ bool Event::pending() const {
 EventLoop::EventLoop() {
   base_ = event_base_new();
   if (!base_) throw Error("cannot create the event loop (event_base_new failed)");
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) {
+    event_base_free(base_);
+    throw SystemError("eventfd", errno);
+  }
 }
 
-EventLoop::~EventLoop() { event_base_free(base_); }
+EventLoop::~EventLoop() {
+  wake_event_ = Event();
+  ::close(wake_fd_);
+  event_base_free(base_);
+}
+
+void EventLoop::post(std::function<void()> fn) {
+  {
+    std::lock_guard<std::mutex> lock(posted_mutex_);
+    posted_.push_back(std::move(fn));
+  }
+  uint64_t one = 1;
+  ssize_t n = ::write(wake_fd_, &one, sizeof one);
+  (void)n;  // EAGAIN only when the counter is saturated: a wake-up is pending anyway
+}
+
+void EventLoop::run_posted() {
+  uint64_t count;
+  ssize_t n = ::read(wake_fd_, &count, sizeof count);
+  (void)n;
+  std::deque<std::function<void()>> batch;
+  {
+    std::lock_guard<std::mutex> lock(posted_mutex_);
+    batch.swap(posted_);
+  }
+  for (auto& fn : batch) fn();
+}
 
 void EventLoop::run() {
+  if (!wake_event_) wake_event_ = watch_readable(wake_fd_, [this] { run_posted(); });
   if (event_base_dispatch(base_) < 0) throw Error("event loop failed (event_base_dispatch)");
 }
 

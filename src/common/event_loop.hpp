@@ -1,11 +1,14 @@
 // The event loop of every pytorch_exec process: a thin RAII layer over libevent.
 //
-// Threading: an EventLoop and its Events are used from the thread that calls run(), only.
-// (Work from other threads, such as PMIx upcalls, will be handed over with post().)
+// Threading: an EventLoop and its Events are used from the thread that calls run(), only;
+// the one exception is post(), which any thread may call to run work on the loop's thread
+// (PMIx upcalls arrive on PMIx's own thread and are handed over this way).
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 
 struct event_base;
 struct event;
@@ -57,11 +60,21 @@ class EventLoop {
   // A timer; call arm() to start it.
   Event timer(std::function<void()> cb);
 
+  // Thread-safe: runs fn on the loop's thread, soon, in the order posted.
+  void post(std::function<void()> fn);
+  // Loop thread: runs what has been posted so far, now (e.g. a PMIx "finalized" notice that must
+  // be seen before the exit of the process that sent it).
+  void run_posted();
+
   event_base* base() { return base_; }
 
  private:
   Event make(int fd, short what, std::function<void()> cb);
   event_base* base_ = nullptr;
+  int wake_fd_ = -1;                          // eventfd written by post()
+  Event wake_event_;
+  std::mutex posted_mutex_;                   // guards posted_
+  std::deque<std::function<void()>> posted_;
 };
 
 }  // namespace pe

@@ -7,12 +7,14 @@
 
 namespace pe {
 
-bool is_failure(int wait_status, int exec_errno) {
-  return exec_errno != 0 || exit_code_of(wait_status) != 0;
+bool is_failure(int wait_status, int exec_errno, bool unfinalized) {
+  return exec_errno != 0 || exit_code_of(wait_status) != 0 || unfinalized;
 }
 
 int failure_exit_code(const Failure& f) {
   if (f.exec_errno) return f.exec_errno == ENOENT ? 127 : 126;
+  if (f.aborted) return f.status & 0xff;
+  if (f.unfinalized && exit_code_of(f.status) == 0) return 1;
   return exit_code_of(f.status);
 }
 
@@ -21,6 +23,12 @@ std::string describe_failure(const Failure& f) {
                     " on " + f.host + ")";
   if (f.exec_errno)
     return who + " could not execute " + f.program + ": " + std::strerror(f.exec_errno);
+  if (f.aborted)
+    return who + " called MPI_Abort/PMIx_Abort with status " + std::to_string(f.status) +
+           (f.abort_message.empty() ? "" : ": " + f.abort_message);
+  if (f.unfinalized)
+    return who + " " + describe_wait_status(f.status) +
+           " without calling MPI_Finalize (it had connected to the PMIx server)";
   return who + " " + describe_wait_status(f.status);
 }
 

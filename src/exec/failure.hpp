@@ -15,10 +15,14 @@ struct Failure {
   int status = 0;      // wait status
   int exec_errno = 0;  // execve failed in the child
   std::string program;
+  bool aborted = false;         // PMIx_Abort / MPI_Abort; status is then the abort code
+  std::string abort_message;
+  bool unfinalized = false;     // exited 0 after connecting to PMIx without finalizing
 };
 
-// A worker exit counts as a failure unless it exited with status 0.
-bool is_failure(int wait_status, int exec_errno);
+// A worker exit counts as a failure unless it exited with status 0 (and, if it connected to
+// the PMIx server, finalized first).
+bool is_failure(int wait_status, int exec_errno, bool unfinalized = false);
 // The job's exit status for this failure: the exit code, 128+signal, or 126/127 when the
 // program could not be executed.
 int failure_exit_code(const Failure& f);

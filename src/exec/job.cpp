@@ -66,7 +66,7 @@ int JobController::run() {
         " killed process(es) to exit; giving up");
     finish(exit_status_ ? exit_status_ : 1);
   });
-  agent_ = std::make_unique<NodeAgent>(loop_, *this);
+  agent_ = std::make_unique<NodeAgent>(loop_, *this, &modex_, "pytorch_exec." + job_id_);
   setup_stdin();
   start_generation();
   if (state_ != State::Done) loop_.run();
@@ -102,6 +102,17 @@ void JobController::start_generation() {
   gen.max_restarts = cfg_.max_restarts;
   gen.master_addr = "127.0.0.1";
   gen.master_port = find_free_port(gen.master_addr);
+  long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
+  gen.oversubscribed = ncpu > 0 && map_.world_size > ncpu;
+  pmix::NamespaceInfo ns;
+  ns.nspace = "pytorch_exec." + job_id_ + "." + std::to_string(generation_);
+  ns.world_size = map_.world_size;
+  for (const auto& node : map_.nodes) {
+    ns.hosts.push_back(node.host);
+    ns.node_ranks.push_back(node.ranks);
+  }
+  ns.this_node = 0;
+  ns.oversubscribed = gen.oversubscribed;
   state_ = State::Running;
   exited_ok_ = 0;
   failure_.reset();
@@ -117,7 +128,7 @@ void JobController::start_generation() {
     }
   }
   try {
-    agent_->start(generation_, std::move(specs));
+    agent_->start(generation_, std::move(specs), &ns);
   } catch (const Error& e) {
     say(std::string("cannot start the workers: ") + e.what());
     exit_status_ = 1;
@@ -132,11 +143,40 @@ void JobController::on_output(int generation, int rank, Stream s, std::string_vi
 
 void JobController::on_exit(const WorkerExit& e) {
   if (state_ == State::Running) {
-    if (!is_failure(e.status, e.exec_errno)) {
+    if (!is_failure(e.status, e.exec_errno, e.pmix_unfinalized)) {
       if (++exited_ok_ == map_.world_size) finish(0);
       return;
     }
-    failure_ = Failure{e.rank, e.pid, host_, e.status, e.exec_errno, cfg_.program};
+    Failure f;
+    f.rank = e.rank;
+    f.pid = e.pid;
+    f.host = host_;
+    f.status = e.status;
+    f.exec_errno = e.exec_errno;
+    f.program = cfg_.program;
+    f.unfinalized = e.pmix_unfinalized;
+    on_rank_failed(std::move(f));
+  }
+  if (agent_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();
+}
+
+void JobController::on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) {
+  if (state_ != State::Running || generation != generation_) return;
+  Failure f;
+  f.rank = rank;
+  f.pid = pid;
+  f.host = host_;
+  f.status = status;
+  f.program = cfg_.program;
+  f.aborted = true;
+  f.abort_message = msg;
+  on_rank_failed(std::move(f));
+}
+
+void JobController::on_rank_failed(Failure f) {
+  {
+    failure_ = std::move(f);
+    const Failure& e = *failure_;
     if (restarts_ < cfg_.max_restarts && e.exec_errno == 0) {
       say(describe_failure(*failure_) + "; restarting all " + std::to_string(map_.world_size) +
           " ranks (restart " + std::to_string(restarts_ + 1) + " of " +
@@ -147,7 +187,6 @@ void JobController::on_exit(const WorkerExit& e) {
     }
     stop_workers(SIGTERM);
   }
-  if (agent_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();
 }
 
 void JobController::stop_workers(int sig) {

@@ -17,6 +17,7 @@
 #include "exec/node_agent.hpp"
 #include "exec/stdio.hpp"
 #include "exec/worker_env.hpp"
+#include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {
 
@@ -34,6 +35,8 @@ class JobController : public AgentListener {
   std::vector<WorkerSpec> worker_specs(const GenerationInfo& gen);
   void on_output(int generation, int rank, Stream s, std::string_view lines) override;
   void on_exit(const WorkerExit& e) override;
+  void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
+  void on_rank_failed(Failure f);
   void on_stdin_drained() override;
   void on_signal(int sig);
   void stop_workers(int sig);
@@ -47,6 +50,7 @@ class JobController : public AgentListener {
   std::string host_;
   std::string job_id_;
   EventLoop loop_;
+  pmix::LocalModexRouter modex_;
   OutputSink sink_;
   std::unique_ptr<NodeAgent> agent_;
   JobMap map_;

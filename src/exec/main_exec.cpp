@@ -22,6 +22,10 @@ int fail(const std::string& msg, int status) {
 }
 
 int real_main(int argc, char** argv) {
+  // hwloc (loaded by the PMIx server) need not load its X11/GL, OpenCL and libxml2 plugins in
+  // this process; workers still see the environment as it was.
+  const bool saved_blacklist = std::getenv("HWLOC_PLUGINS_BLACKLIST") != nullptr;
+  ::setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_gl,hwloc_opencl,hwloc_xml_libxml", 0);
   pe::RawOptions raw = pe::parse_command_line(argc, argv);
   if (raw.help) {
     std::cout << pe::help_text();
@@ -33,6 +37,7 @@ int real_main(int argc, char** argv) {
   }
   pe::ValidationContext ctx;
   ctx.env = pe::environment_from(environ);
+  if (!saved_blacklist) ctx.env.erase("HWLOC_PLUGINS_BLACKLIST");
   long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
   ctx.default_np = ncpu > 0 ? static_cast<int>(ncpu) : 1;
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);

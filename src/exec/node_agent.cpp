@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/log.hpp"
@@ -13,6 +14,8 @@ namespace pe {
 struct NodeAgent::Worker {
   int rank = 0;
   int generation = 0;
+  bool pmix_connected = false;
+  bool pmix_finalized = false;
   ChildProcess proc;
   LineBuffer out_buf, err_buf;
   Event out_ev, err_ev, in_ev;
@@ -20,9 +23,11 @@ struct NodeAgent::Worker {
   bool in_closing = false;
 };
 
-NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener)
+NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
+                     const std::string& server_nspace)
     : loop_(loop), listener_(listener) {
   sigchld_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
+  if (router) pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace);
 }
 
 NodeAgent::~NodeAgent() {
@@ -36,8 +41,24 @@ NodeAgent::~NodeAgent() {
   }
 }
 
-void NodeAgent::start(int generation, std::vector<WorkerSpec> specs) {
+void NodeAgent::start(int generation, std::vector<WorkerSpec> specs, const pmix::NamespaceInfo* ns) {
   auto log = logger("agent");
+  if (pmix_ && !nspace_.empty()) pmix_->deregister_namespace(nspace_);
+  nspace_.clear();
+  if (pmix_ && ns) {
+    pmix_->register_namespace(*ns);
+    nspace_ = ns->nspace;
+    for (auto& spec : specs) {
+      for (auto& var : pmix_->setup_fork(nspace_, spec.rank)) {
+        auto key = var.substr(0, var.find('=') + 1);
+        auto& env = spec.spawn.envp;
+        env.erase(std::remove_if(env.begin(), env.end(),
+                                 [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; }),
+                  env.end());
+        env.push_back(var);
+      }
+    }
+  }
   for (auto& spec : specs) {
     auto w = std::make_unique<Worker>();
     w->rank = spec.rank;
@@ -73,7 +94,30 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
   (s == Stream::Out ? w.out_ev : w.err_ev) = Event();
 }
 
+NodeAgent::Worker* NodeAgent::find_rank(int rank) {
+  for (auto& [pid, w] : workers_)
+    if (w->rank == rank) return w.get();
+  return nullptr;
+}
+
+void NodeAgent::on_client_connected(const std::string& nspace, int rank) {
+  logger("pmix")->debug("client {}:{} connected", nspace, rank);
+  if (Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr) w->pmix_connected = true;
+}
+
+void NodeAgent::on_client_finalized(const std::string& nspace, int rank) {
+  logger("pmix")->debug("client {}:{} finalized", nspace, rank);
+  if (Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr) w->pmix_finalized = true;
+}
+
+void NodeAgent::on_abort(const std::string& nspace, int rank, int status, const std::string& msg) {
+  logger("pmix")->info("client {}:{} called PMIx_Abort({}): {}", nspace, rank, status, msg);
+  Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr;
+  if (w) listener_.on_abort(w->generation, rank, w->proc.pid, status, msg);
+}
+
 void NodeAgent::on_sigchld() {
+  loop_.run_posted();  // PMIx notices sent before the exit are seen first
   for (;;) {
     siginfo_t info{};
     // Peek first: while the zombie exists its pid (= its process group id) cannot be reused,
@@ -111,6 +155,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.generation = w.generation;
   e.status = status;
   e.exec_errno = w.proc.exec_errno;
+  e.pmix_unfinalized = w.pmix_connected && !w.pmix_finalized;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
   listener_.on_exit(e);
 }

@@ -18,6 +18,7 @@
 #include "common/line_buffer.hpp"
 #include "exec/child_process.hpp"
 #include "exec/orphan_guard.hpp"
+#include "pmix_rdzv/pmix_server.hpp"
 #include "exec/stdio.hpp"
 
 namespace pe {
@@ -33,6 +34,7 @@ struct WorkerExit {
   int generation = 0;
   int status = 0;      // wait status
   int exec_errno = 0;  // non-zero when execve failed in the child
+  bool pmix_unfinalized = false;  // connected to the PMIx server but never finalized
 };
 
 class AgentListener {
@@ -44,19 +46,25 @@ class AgentListener {
   virtual void on_exit(const WorkerExit& e) = 0;
   // The stdin backlog fell to zero.
   virtual void on_stdin_drained() {}
+  // A worker called PMIx_Abort (MPI_Abort).
+  virtual void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) = 0;
 };
 
-class NodeAgent {
+class NodeAgent : public pmix::ServerListener {
  public:
-  NodeAgent(EventLoop& loop, AgentListener& listener);
+  // With a router, the agent hosts a PMIx server (namespace `server_nspace`) for its workers.
+  NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router = nullptr,
+            const std::string& server_nspace = "pytorch_exec");
   // Kills whatever is still running (so an exception can never leave workers behind).
-  ~NodeAgent();
+  ~NodeAgent() override;
   NodeAgent(const NodeAgent&) = delete;
   NodeAgent& operator=(const NodeAgent&) = delete;
 
-  // Starts one generation.  Throws SystemError if a fork or pipe fails; workers already
-  // started stay registered and are reported as usual.
-  void start(int generation, std::vector<WorkerSpec> specs);
+  // Starts one generation.  With `ns` (and a PMIx server), its namespace is registered and every
+  // worker's environment gets what PMIx_server_setup_fork adds.  Throws (SystemError, PmixError)
+  // if a fork, a pipe or the registration fails; workers already started stay registered and
+  // are reported as usual.
+  void start(int generation, std::vector<WorkerSpec> specs, const pmix::NamespaceInfo* ns = nullptr);
   // Sends sig to the process group of every live worker.
   void signal_all(int sig);
   size_t live() const { return workers_.size(); }
@@ -69,6 +77,10 @@ class NodeAgent {
 
  private:
   struct Worker;
+  void on_client_connected(const std::string& nspace, int rank) override;
+  void on_client_finalized(const std::string& nspace, int rank) override;
+  void on_abort(const std::string& nspace, int rank, int status, const std::string& msg) override;
+  Worker* find_rank(int rank);
   void on_sigchld();
   void on_readable(Worker& w, Stream s);
   void on_stdin_writable(Worker& w);
@@ -82,6 +94,8 @@ class NodeAgent {
   Event sigchld_;
   std::map<pid_t, std::unique_ptr<Worker>> workers_;
   size_t stdin_backlog_ = 0;
+  std::unique_ptr<pmix::PmixServer> pmix_;
+  std::string nspace_;  // the current generation's PMIx namespace
 };
 
 }  // namespace pe

@@ -24,6 +24,7 @@ struct GenerationInfo {
   std::string master_addr;
   int master_port = 0;
   std::string role_name = "default";
+  bool oversubscribed = false;  // more ranks on the node than processors
 };
 
 EnvMap environment_from(char** envp);

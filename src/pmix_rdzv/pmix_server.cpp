@@ -1,0 +1,361 @@
+#include "pmix_rdzv/pmix_server.hpp"
+
+#include <hwloc.h>
+#include <pmix.h>
+#include <pmix_server.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+
+#include "common/log.hpp"
+
+namespace pe::pmix {
+
+PmixError::PmixError(const std::string& what, int status)
+    : pe::Error(what + ": " + PMIx_Error_string(status)), status_(status) {}
+
+void check(int status, const std::string& what) {
+  if (status != PMIX_SUCCESS && status != PMIX_OPERATION_SUCCEEDED) throw PmixError(what, status);
+}
+
+namespace {
+
+PmixServer::Impl* g_impl = nullptr;  // PMIx is process-global; so are its upcalls
+constexpr auto kRegisterTimeout = std::chrono::seconds(10);
+
+// Waits for a pmix_op_cbfunc_t, with a timeout.
+struct OpWait {
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  pmix_status_t status = PMIX_SUCCESS;
+  static void cb(pmix_status_t st, void* p) {
+    auto* w = static_cast<OpWait*>(p);
+    std::lock_guard<std::mutex> lock(w->m);
+    w->status = st;
+    w->done = true;
+    w->cv.notify_all();
+  }
+  void wait(const std::string& what) {
+    std::unique_lock<std::mutex> lock(m);
+    if (!cv.wait_for(lock, kRegisterTimeout, [this] { return done; }))
+      throw TimeoutError(what + ": PMIx did not answer within 10 s");
+    check(status, what);
+  }
+};
+
+// pmix_info_t list built with PMIx's own list API.
+class InfoList {
+ public:
+  InfoList() : list_(PMIx_Info_list_start()) {}
+  ~InfoList() { PMIx_Info_list_release(list_); }
+  InfoList(const InfoList&) = delete;
+  InfoList& operator=(const InfoList&) = delete;
+  void add(const char* key, const void* value, pmix_data_type_t type) {
+    check(PMIx_Info_list_add(list_, key, value, type), std::string("PMIx_Info_list_add ") + key);
+  }
+  void str(const char* key, const std::string& v) { add(key, v.c_str(), PMIX_STRING); }
+  void u32(const char* key, uint32_t v) { add(key, &v, PMIX_UINT32); }
+  void u16(const char* key, uint16_t v) { add(key, &v, PMIX_UINT16); }
+  void rank(const char* key, pmix_rank_t v) { add(key, &v, PMIX_PROC_RANK); }
+  void flag(const char* key, bool v) { add(key, &v, PMIX_BOOL); }
+  // Converts to a data array (owned by the caller: PMIX_DATA_ARRAY_DESTRUCT).
+  void convert(pmix_data_array_t* out) { check(PMIx_Info_list_convert(list_, out), "PMIx_Info_list_convert"); }
+
+ private:
+  void* list_;
+};
+
+std::string join(const std::vector<std::string>& v, const char* sep) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
+  return s;
+}
+
+}  // namespace
+
+struct PmixServer::Impl {
+  EventLoop& loop;
+  ServerListener& listener;
+  ModexRouter& router;
+  std::string tmpdir;
+  // The machine's topology without I/O objects, handed to PMIx so that it does not run a
+  // discovery of its own (with PCI probing, tens of milliseconds on some machines).
+  hwloc_topology_t topo = nullptr;
+  pmix_topology_t pmix_topo{};
+  std::mutex store_mutex;                         // guards store (publish/lookup run on PMIx's thread)
+  std::map<std::string, std::string> store;       // key -> string value (published data)
+
+  Impl(EventLoop& l, ServerListener& s, ModexRouter& r) : loop(l), listener(s), router(r) {}
+
+  static std::string ns(const pmix_proc_t* p) { return std::string(p->nspace); }
+  static int rank(const pmix_proc_t* p) { return static_cast<int>(p->rank); }
+
+  // --- upcalls, on PMIx's thread ---
+  static pmix_status_t client_connected(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
+    auto n = ns(p);
+    int r = rank(p);
+    g_impl->loop.post([n, r] { if (g_impl) g_impl->listener.on_client_connected(n, r); });
+    return PMIX_OPERATION_SUCCEEDED;
+  }
+  static pmix_status_t client_finalized(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
+    auto n = ns(p);
+    int r = rank(p);
+    g_impl->loop.post([n, r] { if (g_impl) g_impl->listener.on_client_finalized(n, r); });
+    return PMIX_OPERATION_SUCCEEDED;
+  }
+  static pmix_status_t abort(const pmix_proc_t* p, void*, int status, const char msg[],
+                             pmix_proc_t[], size_t, pmix_op_cbfunc_t cbfunc, void* cbdata) {
+    auto n = ns(p);
+    int r = rank(p);
+    std::string m = msg ? msg : "";
+    g_impl->loop.post([n, r, status, m, cbfunc, cbdata] {
+      if (g_impl) g_impl->listener.on_abort(n, r, status, m);
+      if (cbfunc) cbfunc(PMIX_SUCCESS, cbdata);
+    });
+    return PMIX_SUCCESS;
+  }
+  static void release_data(void* p) { delete static_cast<std::string*>(p); }
+  static void answer_modex(pmix_modex_cbfunc_t cbfunc, void* cbdata, int st, std::string data) {
+    auto* keep = new std::string(std::move(data));
+    cbfunc(st, keep->data(), keep->size(), cbdata, release_data, keep);
+  }
+  static pmix_status_t fence_nb(const pmix_proc_t procs[], size_t nprocs, const pmix_info_t info[],
+                                size_t ninfo, char* data, size_t ndata, pmix_modex_cbfunc_t cbfunc,
+                                void* cbdata) {
+    bool collect = false;
+    for (size_t i = 0; i < ninfo; ++i)
+      if (PMIX_CHECK_KEY(&info[i], PMIX_COLLECT_DATA)) collect = PMIX_INFO_TRUE(&info[i]);
+    std::string n = nprocs ? ns(&procs[0]) : "";
+    std::string blob(data ? data : "", data ? ndata : 0);
+    g_impl->loop.post([n, collect, blob, cbfunc, cbdata]() mutable {
+      logger("pmix")->debug("fence in {} ({} bytes, collect={})", n, blob.size(), collect);
+      g_impl->router.fence(n, collect, std::move(blob), [cbfunc, cbdata](int st, std::string all) {
+        answer_modex(cbfunc, cbdata, st, std::move(all));
+      });
+    });
+    return PMIX_SUCCESS;
+  }
+  static pmix_status_t direct_modex(const pmix_proc_t* p, const pmix_info_t[], size_t,
+                                    pmix_modex_cbfunc_t cbfunc, void* cbdata) {
+    auto n = ns(p);
+    int r = rank(p);
+    g_impl->loop.post([n, r, cbfunc, cbdata] {
+      logger("pmix")->debug("direct modex for {}:{}", n, r);
+      g_impl->router.direct_modex(n, r, [cbfunc, cbdata](int st, std::string d) {
+        answer_modex(cbfunc, cbdata, st, std::move(d));
+      });
+    });
+    return PMIX_SUCCESS;
+  }
+  // publish/lookup/unpublish: string values, visible within this server (the job's node).
+  static pmix_status_t publish(const pmix_proc_t*, const pmix_info_t info[], size_t ninfo,
+                               pmix_op_cbfunc_t, void*) {
+    std::lock_guard<std::mutex> lock(g_impl->store_mutex);
+    for (size_t i = 0; i < ninfo; ++i) {
+      if (info[i].value.type != PMIX_STRING) continue;
+      g_impl->store[info[i].key] = info[i].value.data.string ? info[i].value.data.string : "";
+    }
+    return PMIX_OPERATION_SUCCEEDED;
+  }
+  static pmix_status_t lookup(const pmix_proc_t*, char** keys, const pmix_info_t[], size_t,
+                              pmix_lookup_cbfunc_t cbfunc, void* cbdata) {
+    std::vector<std::pair<std::string, std::string>> found;
+    {
+      std::lock_guard<std::mutex> lock(g_impl->store_mutex);
+      for (char** k = keys; k && *k; ++k) {
+        auto it = g_impl->store.find(*k);
+        if (it != g_impl->store.end()) found.push_back(*it);
+      }
+    }
+    if (found.empty()) return PMIX_ERR_NOT_FOUND;
+    pmix_pdata_t* pd;
+    PMIX_PDATA_CREATE(pd, found.size());
+    pmix_proc_t publisher;
+    PMIX_LOAD_PROCID(&publisher, "", PMIX_RANK_UNDEF);
+    for (size_t i = 0; i < found.size(); ++i)
+      PMIX_PDATA_LOAD(&pd[i], &publisher, found[i].first.c_str(), found[i].second.c_str(), PMIX_STRING);
+    cbfunc(PMIX_SUCCESS, pd, found.size(), cbdata);
+    PMIX_PDATA_FREE(pd, found.size());
+    return PMIX_SUCCESS;
+  }
+  static pmix_status_t unpublish(const pmix_proc_t*, char** keys, const pmix_info_t[], size_t,
+                                 pmix_op_cbfunc_t, void*) {
+    std::lock_guard<std::mutex> lock(g_impl->store_mutex);
+    for (char** k = keys; k && *k; ++k) g_impl->store.erase(*k);
+    return PMIX_OPERATION_SUCCEEDED;
+  }
+};
+
+PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
+                       const std::string& server_nspace)
+    : impl_(std::make_unique<Impl>(loop, listener, router)) {
+  if (g_impl) throw Error("only one PMIx server per process");
+  const char* base = std::getenv("TMPDIR");
+  std::string templ = std::string(base && *base ? base : "/tmp") + "/pytorch_exec.XXXXXX";
+  std::vector<char> buf(templ.begin(), templ.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) throw SystemError("mkdtemp " + templ, errno);
+  impl_->tmpdir = buf.data();
+  static pmix_server_module_t module;
+  std::memset(&module, 0, sizeof module);
+  module.client_connected = Impl::client_connected;
+  module.client_finalized = Impl::client_finalized;
+  module.abort = Impl::abort;
+  module.fence_nb = Impl::fence_nb;
+  module.direct_modex = Impl::direct_modex;
+  module.publish = Impl::publish;
+  module.lookup = Impl::lookup;
+  module.unpublish = Impl::unpublish;
+  InfoList il;
+  il.str(PMIX_SERVER_TMPDIR, impl_->tmpdir);
+  il.str(PMIX_SYSTEM_TMPDIR, impl_->tmpdir);
+  il.str(PMIX_SERVER_NSPACE, server_nspace);
+  il.rank(PMIX_SERVER_RANK, 0);
+  if (hwloc_topology_init(&impl_->topo) == 0 && hwloc_topology_load(impl_->topo) == 0) {
+    impl_->pmix_topo.source = const_cast<char*>("hwloc");
+    impl_->pmix_topo.topology = impl_->topo;
+    il.add(PMIX_TOPOLOGY2, &impl_->pmix_topo, PMIX_TOPO);
+  }
+  pmix_data_array_t arr;
+  il.convert(&arr);
+  g_impl = impl_.get();
+  pmix_status_t st = PMIx_server_init(&module, static_cast<pmix_info_t*>(arr.array), arr.size);
+  PMIX_DATA_ARRAY_DESTRUCT(&arr);
+  if (st != PMIX_SUCCESS) {
+    g_impl = nullptr;
+    if (impl_->topo) hwloc_topology_destroy(impl_->topo);
+    std::filesystem::remove_all(impl_->tmpdir);
+    throw PmixError("PMIx_server_init", st);
+  }
+  logger("pmix")->debug("PMIx server up, tmpdir {}", impl_->tmpdir);
+}
+
+PmixServer::~PmixServer() {
+  PMIx_server_finalize();
+  g_impl = nullptr;
+  if (impl_->topo) hwloc_topology_destroy(impl_->topo);
+  std::error_code ec;
+  std::filesystem::remove_all(impl_->tmpdir, ec);
+}
+
+void PmixServer::register_namespace(const NamespaceInfo& info) {
+  const auto& local = info.node_ranks.at(static_cast<size_t>(info.this_node));
+  std::vector<std::string> per_node;
+  for (const auto& ranks : info.node_ranks) {
+    std::vector<std::string> r;
+    for (int x : ranks) r.push_back(std::to_string(x));
+    per_node.push_back(join(r, ","));
+  }
+  std::vector<std::string> local_s;
+  for (int x : local) local_s.push_back(std::to_string(x));
+  char* node_regex = nullptr;
+  char* proc_regex = nullptr;
+  check(PMIx_generate_regex(join(info.hosts, ",").c_str(), &node_regex), "PMIx_generate_regex");
+  check(PMIx_generate_ppn(join(per_node, ";").c_str(), &proc_regex), "PMIx_generate_ppn");
+  std::string nsdir = impl_->tmpdir + "/" + info.nspace;
+  ::mkdir(nsdir.c_str(), 0700);
+
+  InfoList il;
+  il.str(PMIX_JOBID, info.nspace);
+  il.u32(PMIX_UNIV_SIZE, static_cast<uint32_t>(info.world_size));
+  il.u32(PMIX_JOB_SIZE, static_cast<uint32_t>(info.world_size));
+  il.u32(PMIX_MAX_PROCS, static_cast<uint32_t>(info.world_size));
+  il.u32(PMIX_NUM_NODES, static_cast<uint32_t>(info.hosts.size()));
+  il.u32(PMIX_JOB_NUM_APPS, 1);
+  il.add(PMIX_NODE_MAP, node_regex, PMIX_REGEX);
+  il.add(PMIX_PROC_MAP, proc_regex, PMIX_REGEX);
+  il.str(PMIX_TMPDIR, impl_->tmpdir);
+  il.str(PMIX_NSDIR, nsdir);
+  // This node.
+  il.str(PMIX_HOSTNAME, info.hosts.at(static_cast<size_t>(info.this_node)));
+  il.u32(PMIX_NODEID, static_cast<uint32_t>(info.this_node));
+  il.str(PMIX_LOCAL_PEERS, join(local_s, ","));
+  il.u32(PMIX_LOCAL_SIZE, static_cast<uint32_t>(local.size()));
+  il.u32(PMIX_NODE_SIZE, static_cast<uint32_t>(local.size()));
+  il.rank(PMIX_LOCALLDR, local.empty() ? 0 : static_cast<pmix_rank_t>(local.front()));
+  // The application (one per job).
+  il.u32(PMIX_APPNUM, 0);
+  il.rank(PMIX_APPLDR, 0);
+  il.u32(PMIX_APP_SIZE, static_cast<uint32_t>(info.world_size));
+  // Every process of the job: where it runs.
+  std::vector<pmix_data_array_t> procs;
+  for (size_t node = 0; node < info.node_ranks.size(); ++node) {
+    const auto& ranks = info.node_ranks[node];
+    for (size_t lr = 0; lr < ranks.size(); ++lr) {
+      InfoList p;
+      p.rank(PMIX_RANK, static_cast<pmix_rank_t>(ranks[lr]));
+      p.u32(PMIX_APPNUM, 0);
+      p.rank(PMIX_APP_RANK, static_cast<pmix_rank_t>(ranks[lr]));
+      p.rank(PMIX_GLOBAL_RANK, static_cast<pmix_rank_t>(ranks[lr]));
+      p.u16(PMIX_LOCAL_RANK, static_cast<uint16_t>(lr));
+      p.u16(PMIX_NODE_RANK, static_cast<uint16_t>(lr));
+      p.u32(PMIX_NODEID, static_cast<uint32_t>(node));
+      p.str(PMIX_HOSTNAME, info.hosts[node]);
+      p.u32(PMIX_REINCARNATION, 0);
+      if (static_cast<int>(node) == info.this_node)
+        p.str(PMIX_PROCDIR, nsdir + "/" + std::to_string(ranks[lr]));
+      pmix_data_array_t arr;
+      p.convert(&arr);
+      il.add(PMIX_PROC_DATA, &arr, PMIX_DATA_ARRAY);
+      PMIX_DATA_ARRAY_DESTRUCT(&arr);
+    }
+  }
+  ::free(node_regex);
+  ::free(proc_regex);
+  pmix_data_array_t all;
+  il.convert(&all);
+  OpWait w;
+  pmix_status_t st = PMIx_server_register_nspace(info.nspace.c_str(), static_cast<int>(local.size()),
+                                                 static_cast<pmix_info_t*>(all.array), all.size,
+                                                 OpWait::cb, &w);
+  if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, &w);
+  else check(st, "PMIx_server_register_nspace " + info.nspace);
+  w.wait("PMIx_server_register_nspace " + info.nspace);
+  PMIX_DATA_ARRAY_DESTRUCT(&all);
+  for (int r : local) {
+    pmix_proc_t proc;
+    PMIX_LOAD_PROCID(&proc, info.nspace.c_str(), static_cast<pmix_rank_t>(r));
+    OpWait cw;
+    st = PMIx_server_register_client(&proc, ::getuid(), ::getgid(), nullptr, OpWait::cb, &cw);
+    if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, &cw);
+    else check(st, "PMIx_server_register_client");
+    cw.wait("PMIx_server_register_client " + info.nspace + ":" + std::to_string(r));
+  }
+  logger("pmix")->debug("namespace {} registered: {} ranks, {} here", info.nspace,
+                        info.world_size, local.size());
+}
+
+void PmixServer::deregister_namespace(const std::string& nspace) {
+  OpWait w;
+  PMIx_server_deregister_nspace(nspace.c_str(), OpWait::cb, &w);
+  try {
+    w.wait("PMIx_server_deregister_nspace " + nspace);
+  } catch (const Error& e) {
+    logger("pmix")->warn("{}", e.what());
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(impl_->tmpdir + "/" + nspace, ec);
+}
+
+std::vector<std::string> PmixServer::setup_fork(const std::string& nspace, int rank) {
+  pmix_proc_t proc;
+  PMIX_LOAD_PROCID(&proc, nspace.c_str(), static_cast<pmix_rank_t>(rank));
+  char** env = nullptr;
+  check(PMIx_server_setup_fork(&proc, &env), "PMIx_server_setup_fork");
+  std::vector<std::string> out;
+  for (char** e = env; e && *e; ++e) {
+    out.emplace_back(*e);
+    ::free(*e);
+  }
+  ::free(env);
+  return out;
+}
+
+}  // namespace pe::pmix

@@ -1,0 +1,78 @@
+// The PMIx server host of a node agent: one PMIx namespace per job generation, registered with
+// the job-, node- and process-level information MPI libraries read; clients registered and
+// their environment made by PMIx_server_setup_fork; upcalls (fence, direct modex, abort,
+// connect/finalize, publish/lookup) handed to the event loop and answered from there.
+//
+// Threading: construct, register and call setup_fork on the event-loop thread.  PMIx calls the
+// upcalls on its own progress thread; they only copy their arguments and post() to the loop,
+// where the listener and the ModexRouter are called.  The PMIx library is process-global, so
+// there is at most one PmixServer per process.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/event_loop.hpp"
+#include "pmix_rdzv/modex_router.hpp"
+
+namespace pe::pmix {
+
+class PmixError : public pe::Error {
+ public:
+  PmixError(const std::string& what, int status);
+  int status() const { return status_; }
+
+ private:
+  int status_;
+};
+
+// Throws PmixError("<what>: <PMIx_Error_string>") unless status is PMIX_SUCCESS (or
+// PMIX_OPERATION_SUCCEEDED).
+void check(int status, const std::string& what);
+
+// What the PMIx namespace of one generation says about the job.
+struct NamespaceInfo {
+  std::string nspace;
+  int world_size = 0;
+  std::vector<std::string> hosts;            // per node
+  std::vector<std::vector<int>> node_ranks;  // per node: its global ranks, in local-rank order
+  int this_node = 0;                         // index into hosts
+  bool oversubscribed = false;               // more local ranks than processors
+};
+
+class ServerListener {
+ public:
+  virtual ~ServerListener() = default;
+  virtual void on_client_connected(const std::string& nspace, int rank) = 0;
+  virtual void on_client_finalized(const std::string& nspace, int rank) = 0;
+  // PMIx_Abort (MPI_Abort) from a client.
+  virtual void on_abort(const std::string& nspace, int rank, int status, const std::string& msg) = 0;
+};
+
+class PmixServer {
+ public:
+  // PMIx_server_init with a private temporary directory.  Throws PmixError.
+  PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
+             const std::string& server_nspace);
+  ~PmixServer();
+  PmixServer(const PmixServer&) = delete;
+  PmixServer& operator=(const PmixServer&) = delete;
+
+  // Registers the namespace and every local client of a generation (waits for PMIx, 10 s at
+  // most).  Throws PmixError or TimeoutError.
+  void register_namespace(const NamespaceInfo& info);
+  void deregister_namespace(const std::string& nspace);
+  // PMIx_server_setup_fork for one local client: the variables to add to its environment.
+  std::vector<std::string> setup_fork(const std::string& nspace, int rank);
+
+  // Used by the C upcalls (file-local in pmix_server.cpp).
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pe::pmix
