@@ -25,7 +25,8 @@ std::string describe_failure(const Failure& f) {
     return who + " could not execute " + f.program + ": " + std::strerror(f.exec_errno);
   if (f.aborted)
     return who + " called MPI_Abort/PMIx_Abort with status " + std::to_string(f.status) +
-           (f.abort_message.empty() ? "" : ": " + f.abort_message);
+           // Open MPI 4.1 sends "N/A" when MPI_Abort has no message.
+           (f.abort_message.empty() || f.abort_message == "N/A" ? "" : ": " + f.abort_message);
   if (f.unfinalized)
     return who + " " + describe_wait_status(f.status) +
            " without calling MPI_Finalize (it had connected to the PMIx server)";

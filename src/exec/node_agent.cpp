@@ -8,6 +8,7 @@
 #include <cerrno>
 
 #include "common/log.hpp"
+#include "pmix_rdzv/ompi_env.hpp"
 
 namespace pe {
 
@@ -27,7 +28,10 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
                      const std::string& server_nspace)
     : loop_(loop), listener_(listener) {
   sigchld_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
-  if (router) pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace);
+  if (router) {
+    pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace);
+    guard_.remove_on_death(pmix_->tmpdir());
+  }
 }
 
 NodeAgent::~NodeAgent() {
@@ -48,10 +52,18 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs, const pmix:
   if (pmix_ && ns) {
     pmix_->register_namespace(*ns);
     nspace_ = ns->nspace;
+    auto ompi = pmix::open_mpi_environment({nspace_, pmix_->tmpdir(), ns->world_size});
     for (auto& spec : specs) {
+      auto& env = spec.spawn.envp;
+      auto has = [&env](const std::string& key) {
+        return std::any_of(env.begin(), env.end(), [&key](const std::string& e) {
+          return e.size() > key.size() && e.compare(0, key.size(), key) == 0 && e[key.size()] == '=';
+        });
+      };
+      for (const auto& [k, v] : ompi)
+        if (!has(k)) env.push_back(k + "=" + v);  // the user's setting wins
       for (auto& var : pmix_->setup_fork(nspace_, spec.rank)) {
         auto key = var.substr(0, var.find('=') + 1);
-        auto& env = spec.spawn.envp;
         env.erase(std::remove_if(env.begin(), env.end(),
                                  [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; }),
                   env.end());

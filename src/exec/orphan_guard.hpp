@@ -6,6 +6,8 @@
 
 #include <sys/types.h>
 
+#include <string>
+
 #include "common/unique_fd.hpp"
 
 namespace pe {
@@ -22,6 +24,8 @@ class OrphanGuard {
   void watch(pid_t pgid);
   // The group's leader was reaped: forget it (its id may be reused).
   void forget(pid_t pgid);
+  // A directory to remove if pytorch_exec dies (the PMIx server's temporary directory).
+  void remove_on_death(const std::string& dir);
 
  private:
   UniqueFd pipe_;

@@ -344,6 +344,8 @@ void PmixServer::deregister_namespace(const std::string& nspace) {
   std::filesystem::remove_all(impl_->tmpdir + "/" + nspace, ec);
 }
 
+const std::string& PmixServer::tmpdir() const { return impl_->tmpdir; }
+
 std::vector<std::string> PmixServer::setup_fork(const std::string& nspace, int rank) {
   pmix_proc_t proc;
   PMIX_LOAD_PROCID(&proc, nspace.c_str(), static_cast<pmix_rank_t>(rank));

@@ -67,6 +67,8 @@ class PmixServer {
   void deregister_namespace(const std::string& nspace);
   // PMIx_server_setup_fork for one local client: the variables to add to its environment.
   std::vector<std::string> setup_fork(const std::string& nspace, int rank);
+  // The server's private temporary directory (removed when the server goes).
+  const std::string& tmpdir() const;
 
   // Used by the C upcalls (file-local in pmix_server.cpp).
   struct Impl;

@@ -3,7 +3,9 @@
 Each test is a script run by `make check` (automake's test driver): exit 0 passes, 77 skips
 (with the reason printed), anything else fails.  Every child run has a timeout.
 """
+import atexit
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,13 +109,18 @@ def assert_no_leftovers(marker, timeout=2.0):
     check(ok, f"processes left behind: {left}")
 
 
+_SCRATCH = tempfile.mkdtemp(prefix="pe_test_")
+atexit.register(shutil.rmtree, _SCRATCH, True)
+
+
 def tmpdir():
-    return tempfile.mkdtemp(prefix="pe_test_")
+    """A fresh directory, removed when the test script ends."""
+    return tempfile.mkdtemp(dir=_SCRATCH)
 
 
 def script(body, suffix=".sh"):
     """Writes an executable script into a temporary file; returns its path."""
-    fd, path = tempfile.mkstemp(prefix="pe_test_", suffix=suffix)
+    fd, path = tempfile.mkstemp(dir=_SCRATCH, suffix=suffix)
     with os.fdopen(fd, "w") as f:
         f.write(body)
     os.chmod(path, 0o755)

@@ -85,6 +85,17 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
   EXPECT_EQ(pe::failure_exit_code(f), 126);
   EXPECT_NE(pe::describe_failure(f).find("could not execute /bin/prog: Exec format error"),
             std::string::npos);
+  pe::Failure a{2, 7, "n", 5, 0, "/bin/prog"};
+  a.aborted = true;
+  a.abort_message = "N/A";
+  EXPECT_EQ(pe::describe_failure(a), "rank 2 (pid 7 on n) called MPI_Abort/PMIx_Abort with status 5");
+  EXPECT_EQ(pe::failure_exit_code(a), 5);
+  a.abort_message = "bad input";
+  EXPECT_EQ(pe::describe_failure(a), "rank 2 (pid 7 on n) called MPI_Abort/PMIx_Abort with status 5: bad input");
+  pe::Failure u{1, 8, "n", 0, 0, "/bin/prog"};
+  u.unfinalized = true;
+  EXPECT_TRUE(pe::is_failure(0, 0, true));
+  EXPECT_EQ(pe::failure_exit_code(u), 1);
   std::string report = pe::failure_report(f, {"Traceback", "Boom"});
   EXPECT_NE(report.find("last lines of rank 1's stderr:\n    Traceback\n    Boom\n"),
             std::string::npos);

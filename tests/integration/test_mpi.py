@@ -1,0 +1,104 @@
+"""Unmodified Open MPI programs (built here with mpicc), a plain PMIx client and mpi4py run under
+pytorch_exec as they do under mpirun."""
+import os
+import re
+import shutil
+import socket
+import subprocess
+
+from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, run, skip,
+                     tmpdir)
+
+MPI_SRC = os.path.join(SRCDIR, "tests", "mpi")
+BIN = tmpdir()
+# Several "nodes" are not involved here; keep Open MPI on its TCP/shared-memory paths.
+ENV = dict(os.environ)
+
+
+def build():
+    if not shutil.which("mpicc"):
+        skip("mpicc not found (libopenmpi-dev)")
+    for prog in ("hello", "ring", "collectives", "abort", "no_finalize", "restart"):
+        r = subprocess.run(["mpicc", "-O1", "-o", os.path.join(BIN, prog),
+                            os.path.join(MPI_SRC, prog + ".c")], capture_output=True, text=True)
+        check(r.returncode == 0, f"mpicc {prog}.c: {r.stderr}")
+    pc = subprocess.run(["pkg-config", "--cflags", "--libs", "pmix"], capture_output=True, text=True)
+    check(pc.returncode == 0, "pkg-config pmix failed")
+    r = subprocess.run(["cc", "-o", os.path.join(BIN, "pmix_client"), os.path.join(MPI_SRC, "pmix_client.c")]
+                       + pc.stdout.split(), capture_output=True, text=True)
+    check(r.returncode == 0, f"cc pmix_client.c: {r.stderr}")
+
+
+def prog(name):
+    return os.path.join(BIN, name)
+
+
+def test_hello_one_to_eight_ranks():
+    host = socket.gethostname()
+    for n in (1, 2, 3, 8):
+        r = run(["-n", str(n), prog("hello")], env=ENV, timeout=120)
+        check(r.returncode == 0, f"-n {n}: exit {r.returncode}: {r.stderr}")
+        got = sorted(r.stdout.splitlines())
+        want = sorted(f"hello rank {i} of {n} on {host}" for i in range(n))
+        check(got == want, f"-n {n}: {got}")
+
+
+def test_ring():
+    r = run(["-n", "4", prog("ring")], env=ENV, timeout=120)
+    check(r.returncode == 0 and "ring 5 laps over 4 ranks: token 20 (ok)" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+
+
+def test_allreduce_alltoall_connectivity():
+    r = run(["-n", "5", prog("collectives")], env=ENV, timeout=120)
+    check(r.returncode == 0 and "collectives over 5 ranks: ok" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+
+
+def test_mpi_abort_stops_the_job_with_its_code():
+    env = marker_env({"ABORT_RANK": "2", "ABORT_CODE": "7"})
+    r = run(["-n", "4", prog("abort")], env=env, timeout=60)
+    check(r.returncode == 7, f"exit {r.returncode}, expected 7: {r.stderr}")
+    check(re.search(r"rank 2 \(pid \d+ on \S+\) called MPI_Abort/PMIx_Abort with status 7", r.stderr),
+          r.stderr)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_exit_without_finalize_is_reported_and_does_not_hang():
+    env = marker_env()
+    r = run(["-n", "3", "--kill-grace", "2", prog("no_finalize")], env=env, timeout=60)
+    check(r.returncode == 1, f"exit {r.returncode}, expected 1: {r.stderr}")
+    check(re.search(r"rank 1 \(pid \d+ on \S+\) exited with status 0 without calling MPI_Finalize",
+                    r.stderr), r.stderr)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_plain_pmix_client():
+    r = run(["-n", "4", prog("pmix_client")], env=ENV, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    for i in range(4):
+        check(f"pmix_client rank {i} of 4 ok (local peers 0,1,2,3)" in r.stdout, r.stdout)
+
+
+def test_mpi_wires_up_again_after_a_group_restart():
+    r = run(["-n", "3", "--max-restarts", "1", prog("restart")], env=ENV, timeout=120)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    got = sorted(r.stdout.splitlines())
+    check(got == [f"restart 1 rank {i} sum 3" for i in range(3)], f"{got}")
+
+
+def test_mpi4py():
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py"], capture_output=True)
+    if probe.returncode != 0:
+        print("(mpi4py not installed: python3-mpi4py; skipping this case)")
+        return
+    r = run(["-n", "3", SYSTEM_PYTHON, os.path.join(MPI_SRC, "mpi4py_check.py")], env=ENV, timeout=120)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    check(sorted(r.stdout.splitlines()) == [f"mpi4py rank {i} of 3 sum 6" for i in range(3)], r.stdout)
+
+
+if __name__ == "__main__":
+    build()
+    main([test_hello_one_to_eight_ranks, test_ring, test_allreduce_alltoall_connectivity,
+          test_mpi_abort_stops_the_job_with_its_code, test_exit_without_finalize_is_reported_and_does_not_hang,
+          test_plain_pmix_client, test_mpi_wires_up_again_after_a_group_restart, test_mpi4py])
