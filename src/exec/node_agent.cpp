@@ -113,17 +113,17 @@ NodeAgent::Worker* NodeAgent::find_rank(int rank) {
 }
 
 void NodeAgent::on_client_connected(const std::string& nspace, int rank) {
-  logger("pmix")->debug("client {}:{} connected", nspace, rank);
+  logger("pmix")->info("upcall client_connected {}:{}", nspace, rank);
   if (Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr) w->pmix_connected = true;
 }
 
 void NodeAgent::on_client_finalized(const std::string& nspace, int rank) {
-  logger("pmix")->debug("client {}:{} finalized", nspace, rank);
+  logger("pmix")->info("upcall client_finalized {}:{}", nspace, rank);
   if (Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr) w->pmix_finalized = true;
 }
 
 void NodeAgent::on_abort(const std::string& nspace, int rank, int status, const std::string& msg) {
-  logger("pmix")->info("client {}:{} called PMIx_Abort({}): {}", nspace, rank, status, msg);
+  logger("pmix")->info("upcall abort {}:{} status {}: {}", nspace, rank, status, msg);
   Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr;
   if (w) listener_.on_abort(w->generation, rank, w->proc.pid, status, msg);
 }

@@ -89,6 +89,7 @@ struct PmixServer::Impl {
   // discovery of its own (with PCI probing, tens of milliseconds on some machines).
   hwloc_topology_t topo = nullptr;
   pmix_topology_t pmix_topo{};
+  std::string topo_xml;  // the same, exported for Open MPI's ranks (PMIX_LOCAL_TOPO)
   std::mutex store_mutex;                         // guards store (publish/lookup run on PMIx's thread)
   std::map<std::string, std::string> store;       // key -> string value (published data)
 
@@ -135,7 +136,7 @@ struct PmixServer::Impl {
     std::string n = nprocs ? ns(&procs[0]) : "";
     std::string blob(data ? data : "", data ? ndata : 0);
     g_impl->loop.post([n, collect, blob, cbfunc, cbdata]() mutable {
-      logger("pmix")->debug("fence in {} ({} bytes, collect={})", n, blob.size(), collect);
+      logger("pmix")->info("upcall fence_nb {} ({} bytes, collect={})", n, blob.size(), collect);
       g_impl->router.fence(n, collect, std::move(blob), [cbfunc, cbdata](int st, std::string all) {
         answer_modex(cbfunc, cbdata, st, std::move(all));
       });
@@ -147,7 +148,7 @@ struct PmixServer::Impl {
     auto n = ns(p);
     int r = rank(p);
     g_impl->loop.post([n, r, cbfunc, cbdata] {
-      logger("pmix")->debug("direct modex for {}:{}", n, r);
+      logger("pmix")->info("upcall direct_modex {}:{}", n, r);
       g_impl->router.direct_modex(n, r, [cbfunc, cbdata](int st, std::string d) {
         answer_modex(cbfunc, cbdata, st, std::move(d));
       });
@@ -218,10 +219,18 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   il.str(PMIX_SYSTEM_TMPDIR, impl_->tmpdir);
   il.str(PMIX_SERVER_NSPACE, server_nspace);
   il.rank(PMIX_SERVER_RANK, 0);
-  if (hwloc_topology_init(&impl_->topo) == 0 && hwloc_topology_load(impl_->topo) == 0) {
+  if (hwloc_topology_init(&impl_->topo) == 0 &&
+      hwloc_topology_set_io_types_filter(impl_->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0 &&
+      hwloc_topology_load(impl_->topo) == 0) {
     impl_->pmix_topo.source = const_cast<char*>("hwloc");
     impl_->pmix_topo.topology = impl_->topo;
     il.add(PMIX_TOPOLOGY2, &impl_->pmix_topo, PMIX_TOPO);
+    char* xml = nullptr;
+    int len = 0;
+    if (hwloc_topology_export_xmlbuffer(impl_->topo, &xml, &len, 0) == 0 && xml) {
+      impl_->topo_xml.assign(xml, static_cast<size_t>(len > 0 ? len - 1 : 0));
+      hwloc_free_xmlbuffer(impl_->topo, xml);
+    }
   }
   pmix_data_array_t arr;
   il.convert(&arr);
@@ -273,6 +282,8 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   il.add(PMIX_PROC_MAP, proc_regex, PMIX_REGEX);
   il.str(PMIX_TMPDIR, impl_->tmpdir);
   il.str(PMIX_NSDIR, nsdir);
+  // Open MPI 4.1's ess/pmi loads this instead of discovering the machine in every rank.
+  if (!impl_->topo_xml.empty()) il.str(PMIX_LOCAL_TOPO, impl_->topo_xml);
   // This node.
   il.str(PMIX_HOSTNAME, info.hosts.at(static_cast<size_t>(info.this_node)));
   il.u32(PMIX_NODEID, static_cast<uint32_t>(info.this_node));
@@ -328,7 +339,7 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
     else check(st, "PMIx_server_register_client");
     cw.wait("PMIx_server_register_client " + info.nspace + ":" + std::to_string(r));
   }
-  logger("pmix")->debug("namespace {} registered: {} ranks, {} here", info.nspace,
+  logger("pmix")->info("namespace {} registered: {} ranks, {} here", info.nspace,
                         info.world_size, local.size());
 }
 

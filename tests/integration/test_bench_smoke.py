@@ -18,6 +18,13 @@ def bench(name, *args):
     return r.stdout
 
 
+def test_mpi_launch_benchmark_runs():
+    if not shutil.which("mpicc"):
+        skip("no mpicc for bench/mpi_launch")
+    out = bench("mpi_launch", "--runs", "1", "--np", "2")
+    check("ratio pytorch_exec -n 2 / mpirun -n 2" in out, out)
+
+
 def test_launch_benchmark_runs():
     out = bench("launch", "--runs", "1", "--np", "4")
     check("ratio pytorch_exec -n 4 /bin/true / mpirun" in out, out)
@@ -33,4 +40,4 @@ def test_restart_benchmark_runs():
 if __name__ == "__main__":
     if not shutil.which("mpirun"):
         skip("mpirun not found (openmpi-bin)")
-    main([test_launch_benchmark_runs, test_restart_benchmark_runs])
+    main([test_launch_benchmark_runs, test_restart_benchmark_runs, test_mpi_launch_benchmark_runs])

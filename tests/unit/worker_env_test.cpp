@@ -54,6 +54,16 @@ TEST(WorkerEnvTest, KeepsTheUsersThreadCountAndRunId) {
   EXPECT_EQ(env2["OMP_NUM_THREADS"], "2");
 }
 
+TEST(WorkerEnvTest, OversubscribedNodesMakeOpenMpiYield) {
+  auto m = pe::map_single_node("h", 2);
+  auto g = gen();
+  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_mpi_yield_when_idle"), 0u);
+  g.oversubscribed = true;
+  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g)["OMPI_MCA_mpi_yield_when_idle"], "1");
+  EXPECT_EQ(pe::worker_environment({{"OMPI_MCA_mpi_yield_when_idle", "0"}}, {}, m, 0, g)
+                ["OMPI_MCA_mpi_yield_when_idle"], "0");
+}
+
 TEST(WorkerEnvTest, ExportsOverrideTheBaseButNotOurNames) {
   auto m = pe::map_single_node("h", 2);
   auto env = pe::worker_environment({{"A", "base"}, {"RANK", "77"}},
@@ -69,4 +79,15 @@ TEST(WorkerEnvTest, EnvpRoundTrips) {
   EXPECT_EQ(env.size(), 2u);
   EXPECT_EQ(env["Y"], "a=b");
   EXPECT_EQ(pe::to_envp(env), (std::vector<std::string>{"X=1", "Y=a=b"}));
+}
+
+#include "pmix_rdzv/ompi_env.hpp"
+
+TEST(OmpiEnvTest, SelectsThePmixPathAndKeepsSessionFilesInOurDirectory) {
+  auto env = pe::pmix::open_mpi_environment({"ns.0", "/tmp/pe.x", 6});
+  std::map<std::string, std::string> m(env.begin(), env.end());
+  EXPECT_FALSE(m["OMPI_MCA_orte_local_daemon_uri"].empty());
+  EXPECT_EQ(m["OMPI_MCA_pmix"], "^s1,s2,cray,isolated");
+  EXPECT_EQ(m["OMPI_MCA_orte_tmpdir_base"], "/tmp/pe.x");
+  EXPECT_EQ(m["OMPI_UNIVERSE_SIZE"], "6");
 }
