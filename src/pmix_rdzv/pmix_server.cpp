@@ -295,7 +295,9 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   il.u32(PMIX_APPNUM, 0);
   il.rank(PMIX_APPLDR, 0);
   il.u32(PMIX_APP_SIZE, static_cast<uint32_t>(info.world_size));
-  // Every process of the job: where it runs.
+  // Every process of the job: where it runs.  No PMIX_LOCALITY_STRING: the ranks are not bound,
+  // and PMIx's rule is that an unbound process has no locality (Open MPI then treats local peers
+  // as sharing the node).  Binding (topology mapping) will add it.
   std::vector<pmix_data_array_t> procs;
   for (size_t node = 0; node < info.node_ranks.size(); ++node) {
     const auto& ranks = info.node_ranks[node];
