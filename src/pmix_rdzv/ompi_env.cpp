@@ -4,9 +4,8 @@ namespace pe::pmix {
 
 std::vector<std::pair<std::string, std::string>> open_mpi_environment(const OmpiEnvInput& in) {
   return {
-      // Take the PMIx path (see the header).  No ORTE daemon listens at this address; Open MPI
-      // 4.1 only tests that the value is there on the paths a launched MPI program takes.
-      {"OMPI_MCA_orte_local_daemon_uri", "0.0;tcp://127.0.0.1:0"},
+      // Take the PMIx path as a directly launched job (see the header); the value is not used.
+      {"JSM_JSRUN_PORT", "1"},
       // As mpirun: use the PMIx client component, never the isolated/PMI-1/2 ones.
       {"OMPI_MCA_pmix", "^s1,s2,cray,isolated"},
       // Session directories inside the launcher's temporary directory (removed at exit even if

@@ -87,6 +87,27 @@ def test_mpi_wires_up_again_after_a_group_restart():
     check(got == [f"restart 1 rank {i} sum 3" for i in range(3)], f"{got}")
 
 
+def test_open_mpi_errors_reach_the_user():
+    r = run(["-n", "2", "-x", "OMPI_MCA_btl=nosuchbtl", prog("hello")], env=ENV, timeout=60)
+    check(r.returncode != 0, "a broken BTL selection did not fail")
+    check("A requested component was not found" in r.stderr and "nosuchbtl" in r.stderr,
+          f"Open MPI's own explanation is missing: {r.stderr[-800:]}")
+
+
+def test_fences_through_the_launcher():
+    # PMIx completes a fence among local clients by itself; this makes it call the host's
+    # fence_nb (as on several nodes), so the launcher's modex routing is exercised.
+    env = dict(ENV, PMIX_MCA_pmix_server_fence_localonly_opt="0")
+    r = run(["-v", "-n", "3", prog("pmix_client")], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-800:]}")
+    check(len(r.stdout.splitlines()) == 3, r.stdout)
+    check(re.search(r"upcall fence_nb \S+ \(\d+ bytes, collect=true\)", r.stderr),
+          f"no fence upcall: {r.stderr[-800:]}")
+    r = run(["-v", "-n", "3", prog("collectives")], env=env, timeout=120)
+    check(r.returncode == 0 and "collectives over 3 ranks: ok" in r.stdout, r.stderr[-800:])
+    check("upcall fence_nb" in r.stderr, "MPI_Init did not fence through the launcher")
+
+
 def test_mpi4py():
     probe = subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py"], capture_output=True)
     if probe.returncode != 0:
@@ -101,4 +122,5 @@ if __name__ == "__main__":
     build()
     main([test_hello_one_to_eight_ranks, test_ring, test_allreduce_alltoall_connectivity,
           test_mpi_abort_stops_the_job_with_its_code, test_exit_without_finalize_is_reported_and_does_not_hang,
-          test_plain_pmix_client, test_mpi_wires_up_again_after_a_group_restart, test_mpi4py])
+          test_plain_pmix_client, test_mpi_wires_up_again_after_a_group_restart,
+          test_open_mpi_errors_reach_the_user, test_fences_through_the_launcher, test_mpi4py])
