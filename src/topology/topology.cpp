@@ -15,15 +15,6 @@ namespace {
 
 constexpr unsigned kVendorNvidia = 0x10de;
 
-std::string list_string(hwloc_const_bitmap_t set) {
-  if (!set) return "";
-  char* s = nullptr;
-  hwloc_bitmap_list_asprintf(&s, set);
-  std::string r = s ? s : "";
-  std::free(s);
-  return r;
-}
-
 PciAddress pci_of(hwloc_obj_t o) {
   const auto& a = o->attr->pcidev;
   return PciAddress{a.domain, a.bus, a.dev, a.func};
@@ -45,7 +36,7 @@ int nearest_numa(hwloc_topology_t t, hwloc_obj_t o) {
 
 std::string cpuset_of(hwloc_topology_t t, hwloc_obj_t o) {
   hwloc_obj_t a = hwloc_get_non_io_ancestor_obj(t, o);
-  return a ? list_string(a->cpuset) : "";
+  return a ? cpuset_list(a->cpuset) : "";
 }
 
 // "cuda3" -> 3 for prefix "cuda"; -1 otherwise.
@@ -64,6 +55,24 @@ void for_each_osdev(hwloc_obj_t pci, F f) {
 }
 
 }  // namespace
+
+std::string cpuset_list(hwloc_const_bitmap_t set) {
+  if (!set) return "";
+  char* s = nullptr;
+  hwloc_bitmap_list_asprintf(&s, set);
+  std::string r = s ? s : "";
+  std::free(s);
+  return r;
+}
+
+std::vector<int> cpuset_os_cpus(hwloc_const_bitmap_t set) {
+  std::vector<int> v;
+  if (!set) return v;
+  unsigned i;
+  hwloc_bitmap_foreach_begin(i, set) { v.push_back(static_cast<int>(i)); }
+  hwloc_bitmap_foreach_end();
+  return v;
+}
 
 std::string PciAddress::str() const {
   char b[32];

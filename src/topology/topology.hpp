@@ -85,6 +85,10 @@ class Topology {
   std::vector<RootComplex> rcs_;
 };
 
+// A cpuset in hwloc's list syntax ("0-3,8") and as OS processor numbers.
+std::string cpuset_list(hwloc_const_bitmap_t set);
+std::vector<int> cpuset_os_cpus(hwloc_const_bitmap_t set);
+
 // Throws TopologyError (a pe::Error) with one sentence on a missing or malformed file.
 std::unique_ptr<Topology> load_topology(const LoadOptions& opts);
 

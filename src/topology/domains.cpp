@@ -1,0 +1,149 @@
+#include "topology/domains.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+namespace pe::topo {
+namespace {
+
+void fill_cpus(const Topology& t, Domain& d, hwloc_bitmap_t set) {
+  hwloc_bitmap_and(set, set, hwloc_topology_get_allowed_cpuset(t.raw()));
+  if (hwloc_bitmap_iszero(set)) hwloc_bitmap_copy(set, hwloc_topology_get_allowed_cpuset(t.raw()));
+  d.cpuset = cpuset_list(set);
+  d.os_cpus = cpuset_os_cpus(set);
+}
+
+void nearest_nics(const Topology& t, Domain& d, const std::vector<hwloc_obj_t>& from) {
+  int best = 1 << 30;
+  for (size_t n = 0; n < t.nics().size(); ++n) {
+    int worst = 0;
+    std::string cls;
+    for (hwloc_obj_t o : from) {
+      Path p = pci_path(t, o, t.nics()[n].obj);
+      if (p.rank() > worst) {
+        worst = p.rank();
+        cls = p.str();
+      }
+    }
+    // At equal distance an RDMA device (an OpenFabrics name, not a plain netdev) comes first.
+    bool rdma = t.nics()[n].netdevs.empty() || t.nics()[n].name != t.nics()[n].netdevs.front();
+    worst = worst * 2 + (rdma ? 0 : 1);
+    if (worst < best) {
+      best = worst;
+      d.nics.clear();
+      d.nic_path = cls;
+    }
+    if (worst == best) d.nics.push_back(static_cast<int>(n));
+  }
+}
+
+}  // namespace
+
+Analysis analyse(const Topology& t) {
+  Analysis a;
+  a.nvlinks = find_nvlinks(t);
+  const auto& gpus = t.gpus();
+  // Group GPUs: NVLink island, else root complex, else NUMA node; domains in order of their
+  // lowest GPU index.
+  std::map<std::string, std::vector<int>> groups;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < gpus.size(); ++i) {
+    std::string key;
+    if (a.nvlinks.island[i] >= 0) key = "nvlink:" + std::to_string(a.nvlinks.island[i]);
+    else if (gpus[i].root_complex >= 0) key = "root-complex:" + std::to_string(gpus[i].root_complex);
+    else key = "numa:" + std::to_string(gpus[i].numa);
+    if (!groups.count(key)) order.push_back(key);
+    groups[key].push_back(static_cast<int>(i));
+  }
+  hwloc_bitmap_t set = hwloc_bitmap_alloc();
+  for (const auto& key : order) {
+    Domain d;
+    d.index = static_cast<int>(a.domains.size());
+    d.kind = key.substr(0, key.find(':'));
+    d.gpus = groups[key];
+    hwloc_bitmap_zero(set);
+    std::vector<hwloc_obj_t> objs;
+    for (int g : d.gpus) {
+      hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t.raw(), gpus[static_cast<size_t>(g)].obj);
+      if (anc && anc->cpuset) hwloc_bitmap_or(set, set, anc->cpuset);
+      objs.push_back(gpus[static_cast<size_t>(g)].obj);
+    }
+    d.numa = gpus[static_cast<size_t>(d.gpus.front())].numa;
+    fill_cpus(t, d, set);
+    nearest_nics(t, d, objs);
+    a.domains.push_back(d);
+  }
+  if (gpus.empty()) {
+    // No GPUs: a domain per NUMA node, with the NICs attached there.
+    int nnuma = t.numa_count();
+    for (int n = 0; n < nnuma; ++n) {
+      hwloc_obj_t node = hwloc_get_obj_by_type(t.raw(), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(n));
+      Domain d;
+      d.index = n;
+      d.kind = "numa";
+      d.numa = n;
+      hwloc_bitmap_copy(set, node->cpuset);
+      fill_cpus(t, d, set);
+      for (size_t k = 0; k < t.nics().size(); ++k)
+        if (t.nics()[k].numa == n) d.nics.push_back(static_cast<int>(k));
+      a.domains.push_back(d);
+    }
+  }
+  hwloc_bitmap_free(set);
+  return a;
+}
+
+std::string format_topology(const Topology& t, const Analysis& a) {
+  std::ostringstream os;
+  const auto& gpus = t.gpus();
+  const auto& nics = t.nics();
+  os << "Topology of " << t.source() << ": " << t.pu_count() << " processors, " << t.core_count()
+     << " cores, " << t.numa_count() << " NUMA nodes, " << t.root_complexes().size()
+     << " PCIe root complexes, " << gpus.size() << " GPUs, " << nics.size() << " NICs\n";
+  if (!gpus.empty()) {
+    os << "NVLink: " << (a.nvlinks.source.empty() ? "none found" : a.nvlinks.source) << "\n\n";
+    char cell[32];
+    os << "       ";
+    for (const auto& g : gpus) {
+      std::snprintf(cell, sizeof cell, " %-5s", ("GPU" + std::to_string(g.index)).c_str());
+      os << cell;
+    }
+    for (const auto& n : nics) {
+      std::snprintf(cell, sizeof cell, " %-7s", n.name.c_str());
+      os << cell;
+    }
+    os << " CPU affinity   NUMA\n";
+    for (size_t i = 0; i < gpus.size(); ++i) {
+      std::snprintf(cell, sizeof cell, "%-7s", ("GPU" + std::to_string(gpus[i].index)).c_str());
+      os << cell;
+      for (size_t j = 0; j < gpus.size(); ++j) {
+        std::snprintf(cell, sizeof cell, " %-5s", gpu_path(t, a.nvlinks, i, j).str().c_str());
+        os << cell;
+      }
+      for (const auto& n : nics) {
+        std::snprintf(cell, sizeof cell, " %-7s", pci_path(t, gpus[i].obj, n.obj).str().c_str());
+        os << cell;
+      }
+      std::snprintf(cell, sizeof cell, " %-14s %d", gpus[i].cpuset.c_str(), gpus[i].numa);
+      os << cell << "\n";
+    }
+    os << "\n";
+  }
+  os << "Locality domains:\n";
+  for (const auto& d : a.domains) {
+    os << "  domain " << d.index << " (" << d.kind << "): GPUs";
+    if (d.gpus.empty()) os << " none";
+    for (int g : d.gpus) os << " " << gpus[static_cast<size_t>(g)].index;
+    os << "; NICs";
+    if (d.nics.empty()) os << " none";
+    for (int n : d.nics) os << " " << nics[static_cast<size_t>(n)].name;
+    if (!d.nic_path.empty()) os << " (" << d.nic_path << ")";
+    os << "; cpus " << d.cpuset << "; NUMA " << d.numa << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace pe::topo

@@ -1,0 +1,168 @@
+#include "topology/placement.hpp"
+
+#include <algorithm>
+#include <map>
+#include <cstdlib>
+#include <sstream>
+
+namespace pe::topo {
+namespace {
+
+struct Block {
+  std::vector<int> gpus;  // positions in Topology::gpus()
+  int domain = 0;
+};
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s;
+}
+
+// GPU blocks of k GPUs, in domain order (or GPU index order for --map-by gpu).
+std::vector<Block> gpu_blocks(const Topology& t, const Analysis& a, int k, bool by_index) {
+  std::vector<std::pair<int, int>> seq;  // (gpu position, domain)
+  for (const auto& d : a.domains)
+    for (int g : d.gpus) seq.emplace_back(g, d.index);
+  if (by_index)
+    std::sort(seq.begin(), seq.end(), [&t](auto x, auto y) {
+      return t.gpus()[static_cast<size_t>(x.first)].index < t.gpus()[static_cast<size_t>(y.first)].index;
+    });
+  std::vector<Block> blocks;
+  for (size_t i = 0; i + static_cast<size_t>(k) <= seq.size(); i += static_cast<size_t>(k)) {
+    Block b;
+    b.domain = seq[i].second;
+    for (size_t j = i; j < i + static_cast<size_t>(k); ++j) b.gpus.push_back(seq[j].first);
+    blocks.push_back(b);
+  }
+  return blocks;
+}
+
+// Order in which blocks are taken: as listed, or NUMA-interleaved for --map-by numa.
+std::vector<size_t> block_order(const Analysis& a, const std::vector<Block>& blocks, bool numa) {
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  if (!numa) return order;
+  std::vector<std::vector<size_t>> per_numa;
+  std::vector<int> numas;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    int n = a.domains[static_cast<size_t>(blocks[i].domain)].numa;
+    auto it = std::find(numas.begin(), numas.end(), n);
+    if (it == numas.end()) {
+      numas.push_back(n);
+      per_numa.emplace_back();
+      it = numas.end() - 1;
+    }
+    per_numa[static_cast<size_t>(it - numas.begin())].push_back(i);
+  }
+  order.clear();
+  for (size_t round = 0; order.size() < blocks.size(); ++round)
+    for (auto& v : per_numa)
+      if (round < v.size()) order.push_back(v[round]);
+  return order;
+}
+
+void bind(const Topology& t, const Analysis& a, BindTo how, bool have_gpus,
+          std::vector<RankPlacement>& ranks) {
+  if (how == BindTo::None || (how == BindTo::Default && !have_gpus)) return;
+  hwloc_topology_t topo = t.raw();
+  hwloc_bitmap_t set = hwloc_bitmap_alloc();
+  hwloc_bitmap_t one = hwloc_bitmap_alloc();
+  std::map<std::string, int> used;  // cores handed out per cpuset
+  for (auto& r : ranks) {
+    const Domain& d = a.domains[static_cast<size_t>(r.domain)];
+    // Near the rank's own GPUs (one NVLink island can span sockets); without GPUs, its domain.
+    hwloc_bitmap_zero(set);
+    for (int idx : r.gpus)
+      for (const auto& g : t.gpus())
+        if (g.index == idx) {
+          hwloc_bitmap_list_sscanf(one, g.cpuset.c_str());
+          hwloc_bitmap_or(set, set, one);
+        }
+    if (hwloc_bitmap_iszero(set)) hwloc_bitmap_list_sscanf(set, d.cpuset.c_str());
+    if (how == BindTo::Numa && d.numa >= 0) {
+      hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
+      if (node) hwloc_bitmap_copy(set, node->cpuset);
+    } else if (how == BindTo::Core) {
+      int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE);
+      if (ncores > 0) {
+        int j = used[cpuset_list(set)]++ % ncores;
+        hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE, static_cast<unsigned>(j));
+        hwloc_bitmap_and(set, set, core->cpuset);
+      }
+    }
+    r.cpuset = cpuset_list(set);
+    r.os_cpus = cpuset_os_cpus(set);
+  }
+  hwloc_bitmap_free(one);
+  hwloc_bitmap_free(set);
+}
+
+}  // namespace
+
+MapBy parse_map_by(const std::string& s) {
+  if (s == "slot") return MapBy::Slot;
+  if (s == "node") return MapBy::Node;
+  if (s == "numa") return MapBy::Numa;
+  if (s == "gpu") return MapBy::Gpu;
+  if (s == "domain") return MapBy::Domain;
+  throw TopologyError("--map-by: expected slot, node, numa, gpu or domain, got '" + s + "'");
+}
+
+BindTo parse_bind_to(const std::string& s) {
+  if (s == "none") return BindTo::None;
+  if (s == "core") return BindTo::Core;
+  if (s == "numa") return BindTo::Numa;
+  if (s == "gpu") return BindTo::Gpu;
+  throw TopologyError("--bind-to: expected none, core, numa or gpu, got '" + s + "'");
+}
+
+std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
+                                       const PlacementOptions& o) {
+  const int ngpus = static_cast<int>(t.gpus().size());
+  if (o.gpus_per_rank < 1) throw TopologyError("--gpus-per-rank must be at least 1");
+  if (ngpus > 0 && o.gpus_per_rank > ngpus)
+    throw TopologyError("--gpus-per-rank " + std::to_string(o.gpus_per_rank) + ": " + t.source() +
+                        " has only " + std::to_string(ngpus) + " GPUs");
+  if (o.bind_to == BindTo::Gpu && ngpus == 0)
+    throw TopologyError("--bind-to gpu: " + t.source() + " has no GPUs");
+  std::vector<RankPlacement> ranks(static_cast<size_t>(std::max(o.nranks, 0)));
+  if (ngpus > 0) {
+    auto blocks = gpu_blocks(t, a, o.gpus_per_rank, o.map_by == MapBy::Gpu);
+    auto order = block_order(a, blocks, o.map_by == MapBy::Numa);
+    // More ranks than blocks: consecutive ranks share a block (ranks 0,1 on GPU 0, ...), so
+    // neighbouring ranks stay close; --map-by numa deals them round-robin instead.
+    const bool dealt = o.map_by == MapBy::Numa;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      size_t k = dealt || ranks.size() <= order.size() ? i % order.size() : i * order.size() / ranks.size();
+      const Block& b = blocks[order[k]];
+      ranks[i].domain = b.domain;
+      for (int g : b.gpus) ranks[i].gpus.push_back(t.gpus()[static_cast<size_t>(g)].index);
+    }
+  } else {
+    const size_t nd = a.domains.size();
+    for (size_t i = 0; i < ranks.size(); ++i)
+      ranks[i].domain = static_cast<int>(o.map_by == MapBy::Numa ? i % nd : i * nd / ranks.size());
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    ranks[i].local_rank = static_cast<int>(i);
+    for (int n : a.domains[static_cast<size_t>(ranks[i].domain)].nics)
+      ranks[i].nics.push_back(t.nics()[static_cast<size_t>(n)].name);
+  }
+  bind(t, a, o.bind_to, ngpus > 0, ranks);
+  return ranks;
+}
+
+std::string format_placement(const std::vector<RankPlacement>& p) {
+  std::ostringstream os;
+  for (const auto& r : p) {
+    os << "local rank " << r.local_rank << ": GPU " << (r.gpus.empty() ? "none" : join_ints(r.gpus))
+       << ", domain " << r.domain << ", NIC ";
+    if (r.nics.empty()) os << "none";
+    for (size_t i = 0; i < r.nics.size(); ++i) os << (i ? "," : "") << r.nics[i];
+    os << ", cpus " << (r.cpuset.empty() ? "unbound" : r.cpuset) << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace pe::topo
