@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -37,6 +38,9 @@ struct ChildArgs {
   sigset_t mask;          // the launcher's mask before spawning, restored in the child (minus
                           // everything: the worker starts with no signal blocked)
   volatile int exec_errno;  // written by the child (shared memory), read after clone returns
+  cpu_set_t* cpus;          // nullptr: no binding
+  size_t cpus_size;
+  volatile bool bind_failed;
 };
 
 // Runs in the child, on its own stack, in the launcher's memory: system calls only.
@@ -56,6 +60,10 @@ int child_main(void* p) {
   if (::dup2(a->in_fd, 0) < 0 || ::dup2(a->out_fd, 1) < 0 || ::dup2(a->err_fd, 2) < 0)
     fail(errno);
   if (!a->spec->wdir.empty() && ::chdir(a->spec->wdir.c_str()) != 0) fail(errno);
+  if (a->cpus && ::sched_setaffinity(0, a->cpus_size, a->cpus) != 0) {
+    a->bind_failed = true;
+    fail(errno);
+  }
   ::execve(a->spec->path.c_str(), a->argv, a->envp);
   fail(errno);
   return 127;
@@ -92,19 +100,30 @@ ChildProcess spawn_child(const SpawnSpec& spec) {
   }
   auto argv = c_strings(spec.argv);
   auto envp = c_strings(spec.envp);
+  cpu_set_t* cpus = nullptr;
+  size_t cpus_size = 0;
+  if (!spec.cpus.empty()) {
+    int max = *std::max_element(spec.cpus.begin(), spec.cpus.end());
+    cpus = CPU_ALLOC(static_cast<size_t>(max) + 1);
+    cpus_size = CPU_ALLOC_SIZE(static_cast<size_t>(max) + 1);
+    CPU_ZERO_S(cpus_size, cpus);
+    for (int c : spec.cpus) CPU_SET_S(static_cast<size_t>(c), cpus_size, cpus);
+  }
   ChildArgs args{&spec, ::getpid(), child_in, out.write.get(), err.write.get(),
-                 argv.data(), envp.data(), {}, 0};
+                 argv.data(), envp.data(), {}, 0, cpus, cpus_size, false};
   sigset_t all;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &args.mask);
   pid_t pid = ::clone(child_main, child_stack_top(), CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
   int clone_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &args.mask, nullptr);
+  if (cpus) CPU_FREE(cpus);
   if (pid < 0) throw SystemError("clone (starting " + spec.path + ")", clone_errno);
   // Also in the parent, so a signal to the group cannot race the child's own setpgid.
   ::setpgid(pid, pid);
   c.pid = pid;
   c.exec_errno = args.exec_errno;
+  c.bind_failed = args.bind_failed;
   c.stdout_r = std::move(out.read);
   c.stderr_r = std::move(err.read);
   if (spec.stdin_pipe) c.stdin_w = std::move(in.write);

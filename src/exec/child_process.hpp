@@ -22,6 +22,7 @@ struct SpawnSpec {
   // Standard input: a pipe (stdin_pipe), a descriptor to dup (stdin_fd >= 0), or /dev/null.
   bool stdin_pipe = false;
   int stdin_fd = -1;
+  std::vector<int> cpus;             // bind to these OS processors before exec; empty: unbound
 };
 
 // A started child.  Move-only: owns the parent's ends of the pipes.  It does not kill or reap
@@ -32,6 +33,7 @@ struct ChildProcess {
   UniqueFd stdout_r;
   UniqueFd stderr_r;
   int exec_errno = 0;   // non-zero: the child could not exec (it exits with 127)
+  bool bind_failed = false;  // exec_errno came from sched_setaffinity, not execve
 };
 
 // Throws SystemError if clone or a pipe fails.

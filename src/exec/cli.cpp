@@ -36,6 +36,27 @@ const OptDef kOptions[] = {
     {"oversubscribe", 0, Kind::Flag, "Processes", nullptr,
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
      "-n is never limited)"},
+    {"map-by", 0, Kind::Value, "Mapping and binding", "slot|node|numa|gpu|domain",
+     "where ranks go: locality domains in order (default with GPUs), GPUs in index order, NUMA "
+     "nodes round-robin, or slots in order"},
+    {"rank-by", 0, Kind::Value, "Mapping and binding", "slot|node|numa|gpu|domain",
+     "how placed ranks are numbered: in placement order (slot, default) or grouped by NUMA node, "
+     "GPU or domain"},
+    {"bind-to", 0, Kind::Value, "Mapping and binding", "none|core|numa|gpu",
+     "bind each rank's processors; default: the cores near its GPU when there are GPUs, none "
+     "otherwise"},
+    {"gpus-per-rank", 0, Kind::Value, "Mapping and binding", "N", "GPUs given to each rank (default 1)"},
+    {"topology-file", 0, Kind::Value, "Mapping and binding", "FILE",
+     "an hwloc XML topology to map for instead of this machine (with --dry-run or "
+     "--display-topology; also PYTORCH_EXEC_TOPOLOGY_FILE)"},
+    {"display-topology", 0, Kind::Flag, "Mapping and binding", nullptr,
+     "print GPUs, NICs, their paths, locality domains and cpusets"},
+    {"display-map", 0, Kind::Flag, "Mapping and binding", nullptr,
+     "print each rank's node, GPU, domain, NIC and processors before starting"},
+    {"report-bindings", 0, Kind::Flag, "Mapping and binding", nullptr,
+     "print each rank's binding when it is started"},
+    {"dry-run", 0, Kind::Flag, "Mapping and binding", nullptr,
+     "print the map and start nothing"},
     {"wdir", 0, Kind::Value, "Environment", "DIR", "working directory of every process"},
     {"x", 'x', Kind::List, "Environment", "VAR[=VALUE]",
      "set VAR in every process, to VALUE or to its value here (repeatable)"},
@@ -60,7 +81,8 @@ const OptDef kOptions[] = {
     {"help", 'h', Kind::Flag, "Debugging", nullptr, "print this help and exit"},
 };
 
-const char* kGroups[] = {"Processes", "Environment", "Output", "Failure handling", "Debugging"};
+const char* kGroups[] = {"Processes", "Mapping and binding", "Environment", "Output",
+                         "Failure handling", "Debugging"};
 
 const OptDef* find_long(const std::string& name) {
   std::string n = name;
@@ -192,6 +214,35 @@ int parse_count(const std::string& opt, const std::string& v, long long min) {
   return static_cast<int>(*n);
 }
 
+void validate_mapping(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
+  auto one_of = [](const std::string& opt, const std::string& v, std::initializer_list<const char*> ok) {
+    for (const char* o : ok)
+      if (v == o) return v;
+    std::string list;
+    for (const char* o : ok) list += (list.empty() ? "" : ", ") + std::string(o);
+    throw UsageError(opt + ": expected one of " + list + ", got '" + v + "'");
+  };
+  if (raw.map_by) c.map_by = one_of("--map-by", *raw.map_by, {"slot", "node", "numa", "gpu", "domain"});
+  if (raw.rank_by) c.rank_by = one_of("--rank-by", *raw.rank_by, {"slot", "node", "numa", "gpu", "domain"});
+  if (raw.bind_to) c.bind_to = one_of("--bind-to", *raw.bind_to, {"none", "core", "numa", "gpu"});
+  if (raw.gpus_per_rank) c.gpus_per_rank = parse_count("--gpus-per-rank", *raw.gpus_per_rank, 1);
+  c.display_topology = raw.display_topology;
+  c.display_map = raw.display_map || raw.dry_run;
+  c.report_bindings = raw.report_bindings;
+  c.dry_run = raw.dry_run;
+  if (raw.topology_file) {
+    if (raw.topology_file->empty()) throw UsageError("--topology-file: the file name is empty");
+    c.topology_file = *raw.topology_file;
+  } else if (auto it = ctx.env.find("PYTORCH_EXEC_TOPOLOGY_FILE");
+             it != ctx.env.end() && !it->second.empty() &&
+             (raw.dry_run || (raw.display_topology && raw.command.empty()))) {
+    c.topology_file = it->second;  // dry runs only: a real launch maps this machine
+  }
+  if (!c.topology_file.empty() && !raw.dry_run && !(raw.display_topology && raw.command.empty()))
+    throw UsageError("--topology-file describes another machine: use it with --dry-run, or with "
+                     "--display-topology and no program");
+}
+
 }  // namespace
 
 RawOptions parse_command_line(int argc, const char* const* argv) {
@@ -214,6 +265,15 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   r.version = vm["version"].as<bool>();
   r.tag_output = vm["tag-output"].as<bool>();
   r.oversubscribe = vm["oversubscribe"].as<bool>();
+  r.display_topology = vm["display-topology"].as<bool>();
+  r.display_map = vm["display-map"].as<bool>();
+  r.report_bindings = vm["report-bindings"].as<bool>();
+  r.dry_run = vm["dry-run"].as<bool>();
+  r.map_by = get<std::string>(vm, "map-by");
+  r.rank_by = get<std::string>(vm, "rank-by");
+  r.bind_to = get<std::string>(vm, "bind-to");
+  r.gpus_per_rank = get<std::string>(vm, "gpus-per-rank");
+  r.topology_file = get<std::string>(vm, "topology-file");
   r.timestamp_output = vm["timestamp-output"].as<bool>();
   r.np = get<std::string>(vm, "np");
   r.nproc_per_node = get<std::string>(vm, "nproc-per-node");
@@ -249,6 +309,11 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
       throw UsageError("-n " + std::to_string(c.np) + " and --nproc-per-node " +
                        std::to_string(per_node) + " disagree on a single node");
     c.np = per_node;
+  }
+  validate_mapping(raw, ctx, c);
+  if (raw.command.empty() && raw.display_topology && !raw.dry_run && !raw.display_map) {
+    c.display_only = true;  // pytorch_exec --display-topology: print and exit
+    return c;
   }
   if (raw.command.empty())
     throw UsageError("no program given (usage: pytorch_exec [options] PROGRAM [ARGS...])");

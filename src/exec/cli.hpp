@@ -22,6 +22,15 @@ struct RawOptions {
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
   bool oversubscribe = false;
+  bool display_topology = false;
+  bool display_map = false;
+  bool report_bindings = false;
+  bool dry_run = false;
+  std::optional<std::string> map_by;
+  std::optional<std::string> rank_by;
+  std::optional<std::string> bind_to;
+  std::optional<std::string> gpus_per_rank;
+  std::optional<std::string> topology_file;
   bool tag_output = false;
   bool timestamp_output = false;
   std::optional<std::string> output_filename;
@@ -42,7 +51,7 @@ std::string help_text();
 
 // What validation needs to know about the world, so the function stays pure.
 struct ValidationContext {
-  std::map<std::string, std::string> env;   // the launching environment (for -x VAR)
+  std::map<std::string, std::string> env;   // the launching environment (-x VAR, PYTORCH_EXEC_*)
   int default_np = 1;                       // -n when not given
 };
 

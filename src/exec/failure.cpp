@@ -12,6 +12,7 @@ bool is_failure(int wait_status, int exec_errno, bool unfinalized) {
 }
 
 int failure_exit_code(const Failure& f) {
+  if (f.exec_errno && f.bind_failed) return 1;
   if (f.exec_errno) return f.exec_errno == ENOENT ? 127 : 126;
   if (f.aborted) return f.status & 0xff;
   if (f.unfinalized && exit_code_of(f.status) == 0) return 1;
@@ -21,6 +22,8 @@ int failure_exit_code(const Failure& f) {
 std::string describe_failure(const Failure& f) {
   std::string who = "rank " + std::to_string(f.rank) + " (pid " + std::to_string(f.pid) +
                     " on " + f.host + ")";
+  if (f.exec_errno && f.bind_failed)
+    return who + " could not be bound to its processors: " + std::strerror(f.exec_errno);
   if (f.exec_errno)
     return who + " could not execute " + f.program + ": " + std::strerror(f.exec_errno);
   if (f.aborted)

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <iostream>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -52,6 +53,10 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, std::string host)
 JobController::~JobController() = default;
 
 int JobController::run() {
+  plan_ = plan_node(cfg_, map_.world_size);
+  if (cfg_.display_topology) std::cout << topo::format_topology(*plan_.topology, plan_.analysis) << std::flush;
+  if (cfg_.display_map) std::cout << format_job_map(map_, plan_, 0) << std::flush;
+  if (cfg_.dry_run) return 0;
   sink_.open_files();
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
     signal_events_.push_back(loop_.watch_signal(sig, [this, sig] { on_signal(sig); }));
@@ -66,7 +71,8 @@ int JobController::run() {
         " killed process(es) to exit; giving up");
     finish(exit_status_ ? exit_status_ : 1);
   });
-  agent_ = std::make_unique<NodeAgent>(loop_, *this, &modex_, "pytorch_exec." + job_id_);
+  agent_ = std::make_unique<NodeAgent>(loop_, *this, &modex_, "pytorch_exec." + job_id_,
+                                       plan_.topology->raw());
   setup_stdin();
   start_generation();
   if (state_ != State::Done) loop_.run();
@@ -82,7 +88,9 @@ std::vector<WorkerSpec> JobController::worker_specs(const GenerationInfo& gen) {
     w.rank = rank;
     w.spawn.path = cfg_.program;
     w.spawn.argv = argv;
-    w.spawn.envp = to_envp(worker_environment(env_, cfg_.exports, map_, rank, gen));
+    const auto& where = plan_.ranks.at(static_cast<size_t>(map_.ranks[static_cast<size_t>(rank)].local_rank));
+    w.spawn.envp = to_envp(worker_environment(env_, cfg_.exports, map_, rank, gen, locality_of(where)));
+    w.spawn.cpus = where.os_cpus;
     w.spawn.wdir = cfg_.wdir;
     bool gets_stdin = cfg_.stdin_mode == StdinMode::All ||
                       (cfg_.stdin_mode == StdinMode::OneRank && rank == cfg_.stdin_rank);
@@ -127,6 +135,10 @@ void JobController::start_generation() {
       w.spawn.stdin_fd = own_stdin.back().get();
     }
   }
+  if (cfg_.report_bindings)
+    for (int rank = 0; rank < map_.world_size; ++rank)
+      say("generation " + std::to_string(generation_) + " rank " + std::to_string(rank) + " on " +
+          host_ + ": " + topo::describe_placement(plan_.ranks.at(static_cast<size_t>(rank))));
   try {
     agent_->start(generation_, std::move(specs), &ns);
   } catch (const Error& e) {
@@ -153,6 +165,7 @@ void JobController::on_exit(const WorkerExit& e) {
     f.host = host_;
     f.status = e.status;
     f.exec_errno = e.exec_errno;
+    f.bind_failed = e.bind_failed;
     f.program = cfg_.program;
     f.unfinalized = e.pmix_unfinalized;
     on_rank_failed(std::move(f));

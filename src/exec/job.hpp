@@ -15,6 +15,7 @@
 #include "exec/failure.hpp"
 #include "exec/launch_config.hpp"
 #include "exec/node_agent.hpp"
+#include "exec/node_plan.hpp"
 #include "exec/stdio.hpp"
 #include "exec/worker_env.hpp"
 #include "pmix_rdzv/modex_router.hpp"
@@ -52,6 +53,7 @@ class JobController : public AgentListener {
   EventLoop loop_;
   pmix::LocalModexRouter modex_;
   OutputSink sink_;
+  NodePlan plan_;                    // before agent_: the agent borrows its topology
   std::unique_ptr<NodeAgent> agent_;
   JobMap map_;
 

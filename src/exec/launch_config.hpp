@@ -16,6 +16,18 @@ struct LaunchConfig {
   std::string program_arg0;          // the program as the user typed it (argv[0] of workers)
   std::vector<std::string> args;     // arguments after the program
   bool oversubscribe = false;        // more ranks than slots (allocations, hostfiles)
+
+  // Mapping and binding (strings as on the command line, already checked).
+  std::string map_by;                // "" = default
+  std::string rank_by;               // "" = slot
+  std::string bind_to;               // "" = default
+  int gpus_per_rank = 1;
+  std::string topology_file;         // "" = this machine
+  bool display_topology = false;
+  bool display_map = false;          // also implied by dry_run
+  bool report_bindings = false;
+  bool dry_run = false;
+  bool display_only = false;         // --display-topology without a program
   std::string wdir;                  // empty: the current directory
   // -x: variables to set in (or, for multi-node launches, carry to) every worker.
   std::vector<std::pair<std::string, std::string>> exports;

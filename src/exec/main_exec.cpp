@@ -11,6 +11,7 @@
 #include "common/net.hpp"
 #include "exec/cli.hpp"
 #include "exec/job.hpp"
+#include "exec/node_plan.hpp"
 
 extern char** environ;
 
@@ -41,8 +42,14 @@ int real_main(int argc, char** argv) {
   long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
   ctx.default_np = ncpu > 0 ? static_cast<int>(ncpu) : 1;
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
+  if (cfg.display_only) {
+    pe::NodePlan plan = pe::plan_node(cfg, 0);
+    std::cout << pe::topo::format_topology(*plan.topology, plan.analysis);
+    return 0;
+  }
   auto path = ctx.env.count("PATH") ? ctx.env["PATH"] : std::string("/usr/bin:/bin");
-  cfg.program = pe::resolve_program(cfg.program_arg0, cfg.wdir, path);
+  // A dry run starts nothing: the program need not exist here.
+  cfg.program = cfg.dry_run ? cfg.program_arg0 : pe::resolve_program(cfg.program_arg0, cfg.wdir, path);
   std::string host = pe::local_hostname();
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
   pe::init_logging(cfg.verbosity, spec ? spec : "", host);

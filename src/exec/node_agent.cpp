@@ -1,5 +1,6 @@
 #include "exec/node_agent.hpp"
 
+#include <hwloc.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,11 +26,11 @@ struct NodeAgent::Worker {
 };
 
 NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
-                     const std::string& server_nspace)
+                     const std::string& server_nspace, hwloc_topology_t topology)
     : loop_(loop), listener_(listener) {
   sigchld_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
   if (router) {
-    pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace);
+    pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace, topology);
     guard_.remove_on_death(pmix_->tmpdir());
   }
 }
@@ -167,6 +168,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.generation = w.generation;
   e.status = status;
   e.exec_errno = w.proc.exec_errno;
+  e.bind_failed = w.proc.bind_failed;
   e.pmix_unfinalized = w.pmix_connected && !w.pmix_finalized;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
   listener_.on_exit(e);

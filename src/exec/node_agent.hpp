@@ -21,6 +21,8 @@
 #include "pmix_rdzv/pmix_server.hpp"
 #include "exec/stdio.hpp"
 
+struct hwloc_topology;  // hwloc.h: hwloc_topology_t
+
 namespace pe {
 
 struct WorkerSpec {
@@ -33,7 +35,8 @@ struct WorkerExit {
   pid_t pid = -1;
   int generation = 0;
   int status = 0;      // wait status
-  int exec_errno = 0;  // non-zero when execve failed in the child
+  int exec_errno = 0;  // non-zero when execve (or binding, with bind_failed) failed in the child
+  bool bind_failed = false;
   bool pmix_unfinalized = false;  // connected to the PMIx server but never finalized
 };
 
@@ -54,7 +57,8 @@ class NodeAgent : public pmix::ServerListener {
  public:
   // With a router, the agent hosts a PMIx server (namespace `server_nspace`) for its workers.
   NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router = nullptr,
-            const std::string& server_nspace = "pytorch_exec");
+            const std::string& server_nspace = "pytorch_exec",
+            struct hwloc_topology* topology = nullptr);
   // Kills whatever is still running (so an exception can never leave workers behind).
   ~NodeAgent() override;
   NodeAgent(const NodeAgent&) = delete;

@@ -3,6 +3,7 @@
 #include <pytorch_exec/version.h>
 
 #include <cstring>
+#include <type_traits>
 
 namespace pe {
 
@@ -18,7 +19,8 @@ EnvMap environment_from(char** envp) {
 
 EnvMap worker_environment(const EnvMap& base,
                           const std::vector<std::pair<std::string, std::string>>& exports,
-                          const JobMap& map, int rank, const GenerationInfo& gen) {
+                          const JobMap& map, int rank, const GenerationInfo& gen,
+                          const RankLocality& where) {
   EnvMap env = base;
   for (const auto& [k, v] : exports) env[k] = v;
   const RankLocation& loc = map.ranks.at(static_cast<size_t>(rank));
@@ -59,7 +61,24 @@ EnvMap worker_environment(const EnvMap& base,
   set(PYTORCH_EXEC_ENV_JOBID, gen.job_id);
   seti(PYTORCH_EXEC_ENV_GENERATION, gen.generation);
   seti(PYTORCH_EXEC_ENV_NODEID, node.node_rank);
-  set(PYTORCH_EXEC_ENV_DOMAIN, "0");  // one locality domain until topology mapping assigns them
+  seti(PYTORCH_EXEC_ENV_DOMAIN, where.domain);
+  auto join = [](const auto& v) {
+    std::string s;
+    for (const auto& x : v) {
+      if (!s.empty()) s += ',';
+      if constexpr (std::is_same_v<std::decay_t<decltype(x)>, int>) s += std::to_string(x);
+      else s += x;
+    }
+    return s;
+  };
+  // Absent when there is nothing to say (and never inherited from an outer launch).
+  auto set_or_erase = [&env](const char* k, const std::string& v) {
+    if (v.empty()) env.erase(k);
+    else env[k] = v;
+  };
+  set_or_erase("PYTORCH_EXEC_GPU", join(where.gpus));
+  set_or_erase("PYTORCH_EXEC_NIC", join(where.nics));
+  set_or_erase("PYTORCH_EXEC_CPUS", where.cpus);
   return env;
 }
 

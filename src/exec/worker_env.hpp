@@ -27,6 +27,14 @@ struct GenerationInfo {
   bool oversubscribed = false;  // more ranks on the node than processors
 };
 
+// Where one rank runs on its node (from topology placement).
+struct RankLocality {
+  int domain = 0;
+  std::vector<int> gpus;           // GPU indexes
+  std::vector<std::string> nics;   // nearest NICs
+  std::string cpus;                // bound processors (hwloc list syntax), "" when unbound
+};
+
 EnvMap environment_from(char** envp);
 
 // The environment of global rank `rank`: `base` (the launching environment), then `exports`
@@ -34,7 +42,8 @@ EnvMap environment_from(char** envp);
 // `exports` set it.
 EnvMap worker_environment(const EnvMap& base,
                           const std::vector<std::pair<std::string, std::string>>& exports,
-                          const JobMap& map, int rank, const GenerationInfo& gen);
+                          const JobMap& map, int rank, const GenerationInfo& gen,
+                          const RankLocality& where = RankLocality{});
 
 // "NAME=VALUE" strings for execve.
 std::vector<std::string> to_envp(const EnvMap& env);

@@ -88,6 +88,7 @@ struct PmixServer::Impl {
   // The machine's topology without I/O objects, handed to PMIx so that it does not run a
   // discovery of its own (with PCI probing, tens of milliseconds on some machines).
   hwloc_topology_t topo = nullptr;
+  bool own_topo = false;
   pmix_topology_t pmix_topo{};
   std::string topo_xml;  // the same, exported for Open MPI's ranks (PMIX_LOCAL_TOPO)
   std::mutex store_mutex;                         // guards store (publish/lookup run on PMIx's thread)
@@ -195,7 +196,7 @@ struct PmixServer::Impl {
 };
 
 PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
-                       const std::string& server_nspace)
+                       const std::string& server_nspace, hwloc_topology_t topology)
     : impl_(std::make_unique<Impl>(loop, listener, router)) {
   if (g_impl) throw Error("only one PMIx server per process");
   const char* base = std::getenv("TMPDIR");
@@ -219,9 +220,18 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   il.str(PMIX_SYSTEM_TMPDIR, impl_->tmpdir);
   il.str(PMIX_SERVER_NSPACE, server_nspace);
   il.rank(PMIX_SERVER_RANK, 0);
-  if (hwloc_topology_init(&impl_->topo) == 0 &&
-      hwloc_topology_set_io_types_filter(impl_->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0 &&
-      hwloc_topology_load(impl_->topo) == 0) {
+  impl_->topo = topology;
+  if (!impl_->topo) {
+    impl_->own_topo = true;
+    if (hwloc_topology_init(&impl_->topo) != 0 ||
+        hwloc_topology_set_io_types_filter(impl_->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) != 0 ||
+        hwloc_topology_load(impl_->topo) != 0) {
+      if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
+      impl_->topo = nullptr;
+      impl_->own_topo = false;
+    }
+  }
+  if (impl_->topo) {
     impl_->pmix_topo.source = const_cast<char*>("hwloc");
     impl_->pmix_topo.topology = impl_->topo;
     il.add(PMIX_TOPOLOGY2, &impl_->pmix_topo, PMIX_TOPO);
@@ -239,7 +249,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   PMIX_DATA_ARRAY_DESTRUCT(&arr);
   if (st != PMIX_SUCCESS) {
     g_impl = nullptr;
-    if (impl_->topo) hwloc_topology_destroy(impl_->topo);
+    if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
     std::filesystem::remove_all(impl_->tmpdir);
     throw PmixError("PMIx_server_init", st);
   }
@@ -249,7 +259,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
 PmixServer::~PmixServer() {
   PMIx_server_finalize();
   g_impl = nullptr;
-  if (impl_->topo) hwloc_topology_destroy(impl_->topo);
+  if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
   std::error_code ec;
   std::filesystem::remove_all(impl_->tmpdir, ec);
 }

@@ -18,6 +18,8 @@
 #include "common/event_loop.hpp"
 #include "pmix_rdzv/modex_router.hpp"
 
+struct hwloc_topology;  // hwloc.h: hwloc_topology_t
+
 namespace pe::pmix {
 
 class PmixError : public pe::Error {
@@ -54,9 +56,10 @@ class ServerListener {
 
 class PmixServer {
  public:
-  // PMIx_server_init with a private temporary directory.  Throws PmixError.
+  // PMIx_server_init with a private temporary directory.  `topology` (borrowed, may be null:
+  // then the server loads one) is handed to PMIx and to Open MPI's ranks.  Throws PmixError.
   PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
-             const std::string& server_nspace);
+             const std::string& server_nspace, struct hwloc_topology* topology = nullptr);
   ~PmixServer();
   PmixServer(const PmixServer&) = delete;
   PmixServer& operator=(const PmixServer&) = delete;

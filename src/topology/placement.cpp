@@ -153,15 +153,18 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
   return ranks;
 }
 
+std::string describe_placement(const RankPlacement& r) {
+  std::ostringstream os;
+  os << "GPU " << (r.gpus.empty() ? "none" : join_ints(r.gpus)) << ", domain " << r.domain << ", NIC ";
+  if (r.nics.empty()) os << "none";
+  for (size_t i = 0; i < r.nics.size(); ++i) os << (i ? "," : "") << r.nics[i];
+  os << ", cpus " << (r.cpuset.empty() ? "unbound" : r.cpuset);
+  return os.str();
+}
+
 std::string format_placement(const std::vector<RankPlacement>& p) {
   std::ostringstream os;
-  for (const auto& r : p) {
-    os << "local rank " << r.local_rank << ": GPU " << (r.gpus.empty() ? "none" : join_ints(r.gpus))
-       << ", domain " << r.domain << ", NIC ";
-    if (r.nics.empty()) os << "none";
-    for (size_t i = 0; i < r.nics.size(); ++i) os << (i ? "," : "") << r.nics[i];
-    os << ", cpus " << (r.cpuset.empty() ? "unbound" : r.cpuset) << "\n";
-  }
+  for (const auto& r : p) os << "local rank " << r.local_rank << ": " << describe_placement(r) << "\n";
   return os.str();
 }
 

@@ -47,7 +47,9 @@ struct RankPlacement {
 std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
                                        const PlacementOptions& o);
 
-// One line per rank: "local rank 0: GPU 0, domain 0, NIC mlx5_0, cpus 0-17,36-53".
+// "GPU 0, domain 0, NIC mlx5_0, cpus 0-17,36-53"
+std::string describe_placement(const RankPlacement& r);
+// One line per rank: "local rank 0: " + describe_placement.
 std::string format_placement(const std::vector<RankPlacement>& p);
 
 }  // namespace pe::topo

@@ -165,9 +165,7 @@ void Topology::discover() {
 }
 
 std::unique_ptr<Topology> load_topology(const LoadOptions& opts) {
-  std::string file = opts.xml_file;
-  if (file.empty())
-    if (const char* e = std::getenv("PYTORCH_EXEC_TOPOLOGY_FILE")) file = e;
+  const std::string& file = opts.xml_file;
   std::unique_ptr<Topology> t(new Topology());
   if (hwloc_topology_init(&t->topo_) != 0) throw TopologyError("hwloc_topology_init failed");
   hwloc_topology_set_io_types_filter(t->topo_, HWLOC_TYPE_FILTER_KEEP_ALL);

@@ -54,7 +54,8 @@ struct RootComplex {
 };
 
 struct LoadOptions {
-  std::string xml_file;          // empty: PYTORCH_EXEC_TOPOLOGY_FILE, else the live machine
+  std::string xml_file;          // empty: this machine (the launcher maps --topology-file and
+                                 // PYTORCH_EXEC_TOPOLOGY_FILE to this for dry runs only)
 };
 
 class Topology {

@@ -92,20 +92,10 @@ TEST(DiscoveryTest, Power8HasFourGpusOnFourRootComplexes) {
 }
 
 TEST(DiscoveryTest, TheLiveMachineLoads) {
-  ::unsetenv("PYTORCH_EXEC_TOPOLOGY_FILE");
   auto t = load_topology(LoadOptions{});
   EXPECT_EQ(t->source(), "this machine");
   EXPECT_GE(t->pu_count(), 1);
   EXPECT_GE(t->numa_count(), 1);
-}
-
-TEST(DiscoveryTest, EnvironmentVariableNamesTheFile) {
-  std::string f = std::string(PE_FIXTURES) + "/relion-x1904gt-2xP100-mlx5.xml";
-  ::setenv("PYTORCH_EXEC_TOPOLOGY_FILE", f.c_str(), 1);
-  auto t = load_topology(LoadOptions{});
-  ::unsetenv("PYTORCH_EXEC_TOPOLOGY_FILE");
-  EXPECT_EQ(t->source(), f);
-  EXPECT_EQ(t->gpus().size(), 2u);
 }
 
 TEST(DiscoveryTest, BadFilesGiveOneClearSentence) {

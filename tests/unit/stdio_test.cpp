@@ -100,3 +100,10 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
   EXPECT_NE(report.find("last lines of rank 1's stderr:\n    Traceback\n    Boom\n"),
             std::string::npos);
 }
+
+TEST(FailureTest, BindingFailuresAreNamedAsSuch) {
+  pe::Failure b{3, 9, "n", 0, 22, "/bin/prog"};
+  b.bind_failed = true;
+  EXPECT_EQ(pe::describe_failure(b), "rank 3 (pid 9 on n) could not be bound to its processors: Invalid argument");
+  EXPECT_EQ(pe::failure_exit_code(b), 1);
+}

@@ -1,0 +1,62 @@
+#include "exec/node_plan.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "common/error.hpp"
+
+namespace pe {
+
+void apply_rank_by(const std::string& rank_by, const topo::Analysis& a,
+                   std::vector<topo::RankPlacement>& ranks) {
+  auto key = [&rank_by, &a](const topo::RankPlacement& r) {
+    if (rank_by == "gpu") return r.gpus.empty() ? -1 : r.gpus.front();
+    if (rank_by == "domain") return r.domain;
+    if (rank_by == "numa") return a.domains.at(static_cast<size_t>(r.domain)).numa;
+    return 0;
+  };
+  std::stable_sort(ranks.begin(), ranks.end(),
+                   [&key](const auto& a, const auto& b) { return key(a) < key(b); });
+  for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
+}
+
+NodePlan plan_node(const LaunchConfig& cfg, int nlocal) {
+  NodePlan p;
+  try {
+    p.topology = topo::load_topology(topo::LoadOptions{cfg.topology_file});
+    p.analysis = topo::analyse(*p.topology);
+    topo::PlacementOptions o;
+    o.nranks = nlocal;
+    o.map_by = cfg.map_by.empty() ? topo::MapBy::Default : topo::parse_map_by(cfg.map_by);
+    o.bind_to = cfg.bind_to.empty() ? topo::BindTo::Default : topo::parse_bind_to(cfg.bind_to);
+    o.gpus_per_rank = cfg.gpus_per_rank;
+    p.ranks = topo::place_ranks(*p.topology, p.analysis, o);
+  } catch (const topo::TopologyError& e) {
+    throw UsageError(e.what());
+  }
+  apply_rank_by(cfg.rank_by, p.analysis, p.ranks);
+  return p;
+}
+
+RankLocality locality_of(const topo::RankPlacement& p) {
+  RankLocality l;
+  l.domain = p.domain;
+  l.gpus = p.gpus;
+  l.nics = p.nics;
+  l.cpus = p.cpuset;
+  return l;
+}
+
+std::string format_job_map(const JobMap& map, const NodePlan& plan, int node) {
+  std::ostringstream os;
+  const NodeMap& n = map.nodes.at(static_cast<size_t>(node));
+  os << "Job map: " << map.world_size << " ranks on " << map.nodes.size() << " node(s)\n";
+  os << "node " << n.node_rank << " (" << n.host << ", topology of " << plan.topology->source()
+     << "): " << n.ranks.size() << " ranks\n";
+  for (size_t lr = 0; lr < n.ranks.size(); ++lr)
+    os << "  rank " << n.ranks[lr] << " (local " << lr << "): "
+       << topo::describe_placement(plan.ranks.at(lr)) << "\n";
+  return os.str();
+}
+
+}  // namespace pe

@@ -1,0 +1,35 @@
+// The topology side of a launch on one node: load the machine (or, for a dry run, an XML file),
+// analyse it, and place the node's ranks according to --map-by, --rank-by, --bind-to and
+// --gpus-per-rank.  Used in-process on one machine, and by each node's agent later.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "exec/job_map.hpp"
+#include "exec/launch_config.hpp"
+#include "exec/worker_env.hpp"
+#include "topology/placement.hpp"
+
+namespace pe {
+
+struct NodePlan {
+  std::unique_ptr<topo::Topology> topology;
+  topo::Analysis analysis;
+  std::vector<topo::RankPlacement> ranks;  // by local rank
+};
+
+// Throws UsageError for a bad topology file or an impossible request (one sentence).
+NodePlan plan_node(const LaunchConfig& cfg, int nlocal);
+
+// Stable renumbering of placed ranks for --rank-by (slot/node: placement order).
+void apply_rank_by(const std::string& rank_by, const topo::Analysis& a,
+                   std::vector<topo::RankPlacement>& ranks);
+
+RankLocality locality_of(const topo::RankPlacement& p);
+
+// The --display-map / --dry-run printout.
+std::string format_job_map(const JobMap& map, const NodePlan& plan, int node);
+
+}  // namespace pe

@@ -1,0 +1,78 @@
+"""Topology in pytorch_exec: --display-topology, --dry-run --display-map of other machines,
+real binding (seen in /proc/<pid>/status), PYTORCH_EXEC_* locality variables, bad requests."""
+import os
+import re
+
+from harness import SRCDIR, check, main, run
+
+FIX = os.path.join(SRCDIR, "tests", "fixtures", "hwloc")
+DUMP = ["sh", "-c", 'echo "$RANK|$PYTORCH_EXEC_DOMAIN|${PYTORCH_EXEC_CPUS-unset}|'
+        '$(grep Cpus_allowed_list /proc/self/status | cut -f2)|${PYTORCH_EXEC_GPU-unset}"']
+
+
+def fixture(name):
+    return os.path.join(FIX, name + ".xml")
+
+
+def test_display_topology_of_another_machine():
+    r = run(["--display-topology", "--topology-file", fixture("power8-4xP100-nvlink")])
+    check(r.returncode == 0, r.stderr)
+    check("GPU0    X     NV2   SYS   SYS" in r.stdout, r.stdout)
+    check("domain 1 (nvlink): GPUs 2 3" in r.stdout, r.stdout)
+    # The environment variable names the file for display and dry runs too.
+    r = run(["--display-topology"], env=dict(os.environ, PYTORCH_EXEC_TOPOLOGY_FILE=fixture("relion-x1904gt-2xP100-mlx5")))
+    check("NICs mlx5_0 (PIX)" in r.stdout, r.stdout)
+
+
+def test_dry_run_maps_a_dgx2_and_starts_nothing():
+    r = run(["--dry-run", "-n", "8", "--gpus-per-rank", "2", "--topology-file", fixture("dgx2-16xV100-nvswitch"),
+             "/no/such/program/needed"])
+    check(r.returncode == 0, r.stderr)
+    lines = [l for l in r.stdout.splitlines() if l.startswith("  rank ")]
+    check(len(lines) == 8, r.stdout)
+    check("rank 0 (local 0): GPU 0,1, domain 0, NIC none, cpus 0-1" in r.stdout, r.stdout)
+    check("rank 7 (local 7): GPU 14,15, domain 0, NIC none, cpus 24-25" in r.stdout, r.stdout)
+
+
+def test_binding_is_real_and_announced():
+    r = run(["-n", "2", "--bind-to", "core", "--report-bindings"] + DUMP)
+    check(r.returncode == 0, r.stderr)
+    rows = sorted(l.split("|") for l in r.stdout.splitlines())
+    ncpu = os.cpu_count() or 1
+    for rank, (rk, domain, cpus, allowed, gpu) in enumerate(rows):
+        check(rk == str(rank) and domain == "0", f"{rows}")
+        check(cpus == allowed, f"rank {rank}: PYTORCH_EXEC_CPUS={cpus} but the kernel says {allowed}")
+        check(cpus == str(rank % ncpu), f"rank {rank} bound to {cpus}")
+        check(gpu == "unset", "PYTORCH_EXEC_GPU set on a machine without GPUs")
+    check(re.search(r"rank 1 on \S+: GPU none, domain 0, NIC \S+, cpus 1", r.stderr) or ncpu < 2, r.stderr)
+
+
+def test_no_binding_by_default_without_gpus():
+    r = run(["-n", "2"] + DUMP)
+    check(r.returncode == 0, r.stderr)
+    for row in r.stdout.splitlines():
+        rk, domain, cpus, allowed, gpu = row.split("|")
+        check(cpus == "unset", f"bound without being asked: {row}")
+
+
+def test_bad_mapping_requests():
+    cases = [
+        (["--map-by", "diagonal", "true"], "--map-by: expected one of"),
+        (["--bind-to", "socket", "true"], "--bind-to: expected one of"),
+        (["--rank-by", "x", "true"], "--rank-by"),
+        (["--gpus-per-rank", "0", "true"], "--gpus-per-rank"),
+        (["--topology-file", fixture("relion-x1904gt-2xP100-mlx5"), "true"], "describes another machine"),
+        (["--dry-run", "--topology-file", "/no/such.xml", "true"], "topology file '/no/such.xml'"),
+        (["--dry-run", "--gpus-per-rank", "3", "--topology-file", fixture("relion-x1904gt-2xP100-mlx5"), "true"],
+         "has only 2 GPUs"),
+    ]
+    for args, text in cases:
+        r = run(args)
+        check(r.returncode == 2 and len(r.stderr.splitlines()) == 1 and text in r.stderr,
+              f"{args}: {r.returncode} {r.stderr!r}")
+
+
+if __name__ == "__main__":
+    main([test_display_topology_of_another_machine, test_dry_run_maps_a_dgx2_and_starts_nothing,
+          test_binding_is_real_and_announced, test_no_binding_by_default_without_gpus,
+          test_bad_mapping_requests])
