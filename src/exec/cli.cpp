@@ -33,6 +33,11 @@ const OptDef kOptions[] = {
      "number of processes to start (also -np); default: the number of processors"},
     {"nproc-per-node", 0, Kind::Value, "Processes", "N",
      "processes per node (torchrun's name); on one machine the same as -n"},
+    {"host", 'H', Kind::Value, "Processes", "HOST[:SLOTS],...",
+     "run on these hosts (one slot per mention unless :SLOTS; duplicates add up)"},
+    {"hostfile", 0, Kind::Value, "Processes", "FILE",
+     "run on the hosts of an Open MPI hostfile (\"host slots=N\" or \"host:N\" lines)"},
+    {"npernode", 'N', Kind::Value, "Processes", "N", "ranks per node"},
     {"oversubscribe", 0, Kind::Flag, "Processes", nullptr,
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
      "-n is never limited)"},
@@ -277,6 +282,9 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   r.timestamp_output = vm["timestamp-output"].as<bool>();
   r.np = get<std::string>(vm, "np");
   r.nproc_per_node = get<std::string>(vm, "nproc-per-node");
+  r.hosts = get<std::string>(vm, "host");
+  r.hostfile = get<std::string>(vm, "hostfile");
+  r.npernode = get<std::string>(vm, "npernode");
   r.wdir = get<std::string>(vm, "wdir");
   r.exports = get<std::vector<std::string>>(vm, "x").value_or(std::vector<std::string>{});
   r.output_filename = get<std::string>(vm, "output-filename");
@@ -302,13 +310,31 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
   LaunchConfig c;
   c.verbosity = raw.verbosity;
   c.np = ctx.default_np;
+  c.np_given = raw.np.has_value();
   if (raw.np) c.np = parse_count("-n", *raw.np, 1);
+  if (raw.hosts && raw.hostfile) throw UsageError("give either -H or --hostfile, not both");
+  if (raw.hosts) {
+    if (raw.hosts->empty()) throw UsageError("-H: the host list is empty");
+    c.hosts = *raw.hosts;
+  }
+  if (raw.hostfile) {
+    if (raw.hostfile->empty()) throw UsageError("--hostfile: the file name is empty");
+    c.hostfile = *raw.hostfile;
+  }
+  if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
   if (raw.nproc_per_node) {
     int per_node = parse_count("--nproc-per-node", *raw.nproc_per_node, 1);
-    if (raw.np && per_node != c.np)
-      throw UsageError("-n " + std::to_string(c.np) + " and --nproc-per-node " +
-                       std::to_string(per_node) + " disagree on a single node");
-    c.np = per_node;
+    if (raw.hosts || raw.hostfile || raw.npernode) {
+      if (raw.npernode && c.npernode != per_node)
+        throw UsageError("-N and --nproc-per-node disagree");
+      c.npernode = per_node;  // ranks per node of the allocation
+    } else {
+      if (raw.np && per_node != c.np)
+        throw UsageError("-n " + std::to_string(c.np) + " and --nproc-per-node " +
+                         std::to_string(per_node) + " disagree on a single node");
+      c.np = per_node;
+      c.np_given = true;
+    }
   }
   validate_mapping(raw, ctx, c);
   if (raw.command.empty() && raw.display_topology && !raw.dry_run && !raw.display_map) {

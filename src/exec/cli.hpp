@@ -19,6 +19,9 @@ struct RawOptions {
   int verbosity = 0;
   std::optional<std::string> np;
   std::optional<std::string> nproc_per_node;
+  std::optional<std::string> hosts;      // -H
+  std::optional<std::string> hostfile;
+  std::optional<std::string> npernode;   // -N
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
   bool oversubscribe = false;

@@ -40,22 +40,21 @@ void say(const std::string& line) {
 
 }  // namespace
 
-JobController::JobController(LaunchConfig cfg, EnvMap env, std::string host)
+JobController::JobController(LaunchConfig cfg, EnvMap env, std::string host, JobMap map)
     : cfg_(std::move(cfg)),
       env_(std::move(env)),
       host_(std::move(host)),
       job_id_(random_job_id()),
       sink_(OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy},
-            cfg_.np) {
-  map_ = map_single_node(host_, cfg_.np);
-}
+            map.world_size),
+      map_(std::move(map)) {}
 
 JobController::~JobController() = default;
 
 int JobController::run() {
   plan_ = plan_node(cfg_, map_.world_size);
   if (cfg_.display_topology) std::cout << topo::format_topology(*plan_.topology, plan_.analysis) << std::flush;
-  if (cfg_.display_map) std::cout << format_job_map(map_, plan_, 0) << std::flush;
+  if (cfg_.display_map) std::cout << format_job_map(map_, {&plan_}) << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})

@@ -24,7 +24,8 @@ namespace pe {
 
 class JobController : public AgentListener {
  public:
-  JobController(LaunchConfig cfg, EnvMap env, std::string host);
+  // `map` has one node, this machine (multi-node launches go through pytorch_execd).
+  JobController(LaunchConfig cfg, EnvMap env, std::string host, JobMap map);
   ~JobController() override;
   // Runs the job to its end; returns pytorch_exec's exit status.
   int run();
@@ -53,9 +54,9 @@ class JobController : public AgentListener {
   EventLoop loop_;
   pmix::LocalModexRouter modex_;
   OutputSink sink_;
+  JobMap map_;
   NodePlan plan_;                    // before agent_: the agent borrows its topology
   std::unique_ptr<NodeAgent> agent_;
-  JobMap map_;
 
   State state_ = State::Running;
   int generation_ = 0;

@@ -1,5 +1,11 @@
 #include "exec/job_map.hpp"
 
+#include <algorithm>
+#include <climits>
+
+#include "common/error.hpp"
+#include "exec/allocation.hpp"
+
 namespace pe {
 
 JobMap map_single_node(const std::string& host, int np) {
@@ -12,6 +18,78 @@ JobMap map_single_node(const std::string& host, int np) {
     m.ranks.push_back(RankLocation{0, r});
   }
   m.nodes.push_back(std::move(node));
+  return m;
+}
+
+JobMap map_job(const Allocation& alloc, const MapRequest& req) {
+  const size_t n = alloc.nodes.size();
+  std::vector<int> cap(n), count(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    cap[i] = alloc.nodes[i].slots;
+    if (req.npernode > 0) {
+      if (alloc.limited && !req.oversubscribe && req.npernode > cap[i])
+        throw UsageError("-N " + std::to_string(req.npernode) + ": node " + alloc.nodes[i].host +
+                         " has " + std::to_string(cap[i]) + " slot(s) in " + alloc.source +
+                         " (add --oversubscribe to place more ranks than slots)");
+      cap[i] = req.npernode;
+    }
+  }
+  long long total = 0;
+  for (int c : cap) total += c;
+  int np = req.np > 0 ? req.np : static_cast<int>(std::min<long long>(total, INT_MAX));
+  if (np <= 0) throw UsageError(alloc.source + " has no slots");
+  if (np > total) {
+    if (req.npernode > 0)
+      throw UsageError("-n " + std::to_string(np) + " with -N " + std::to_string(req.npernode) +
+                       " needs " + std::to_string((np + req.npernode - 1) / req.npernode) +
+                       " nodes; " + alloc.source + " has " + std::to_string(n));
+    if (!req.oversubscribe)
+      throw UsageError("-n " + std::to_string(np) + " but " + alloc.source + " has " +
+                       std::to_string(total) + " slots (add --oversubscribe to place more ranks than slots)");
+  }
+  std::vector<std::vector<int>> ranks(n);
+  int next = 0;
+  if (req.by_node) {
+    // Round-robin while there are free slots, then (oversubscribed) round-robin regardless.
+    bool free_left = true;
+    while (next < np) {
+      bool placed = false;
+      for (size_t i = 0; i < n && next < np; ++i)
+        if (!free_left || count[i] < cap[i]) {
+          ranks[i].push_back(next++);
+          ++count[i];
+          placed = true;
+        }
+      if (!placed) free_left = false;
+    }
+  } else {
+    for (size_t i = 0; i < n && next < np; ++i)
+      while (count[i] < cap[i] && next < np) {
+        ranks[i].push_back(next++);
+        ++count[i];
+      }
+    // Oversubscribed: the rest one per node in turn.  Ranks stay contiguous per node below.
+    for (size_t i = 0; next < np; i = (i + 1) % n) {
+      ranks[i].push_back(next++);
+      ++count[i];
+    }
+    int r = 0;
+    for (auto& v : ranks)
+      for (int& x : v) x = r++;
+  }
+  JobMap m;
+  m.world_size = np;
+  m.ranks.resize(static_cast<size_t>(np));
+  for (size_t i = 0; i < n; ++i) {
+    if (ranks[i].empty()) continue;
+    NodeMap node;
+    node.host = alloc.nodes[i].host;
+    node.node_rank = static_cast<int>(m.nodes.size());
+    node.ranks = ranks[i];
+    for (size_t lr = 0; lr < node.ranks.size(); ++lr)
+      m.ranks[static_cast<size_t>(node.ranks[lr])] = RankLocation{node.node_rank, static_cast<int>(lr)};
+    m.nodes.push_back(std::move(node));
+  }
   return m;
 }
 

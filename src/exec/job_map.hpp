@@ -27,4 +27,17 @@ struct JobMap {
 // All `np` ranks on one host.
 JobMap map_single_node(const std::string& host, int np);
 
+struct Allocation;
+
+struct MapRequest {
+  int np = 0;               // 0: one rank per slot (or npernode per node)
+  bool by_node = false;     // --map-by node: round-robin over nodes; else fill each node in turn
+  int npernode = 0;         // -N: ranks per node (0: as slots allow)
+  bool oversubscribe = false;
+};
+
+// Ranks onto the allocation's nodes; only nodes that get ranks are in the map.  Throws
+// UsageError when the request does not fit (naming the counts and --oversubscribe).
+JobMap map_job(const Allocation& alloc, const MapRequest& req);
+
 }  // namespace pe

@@ -12,6 +12,10 @@ enum class StdinMode { None, OneRank, All };
 
 struct LaunchConfig {
   int np = 1;                        // total number of ranks
+  bool np_given = false;             // -n (or --nproc-per-node on one machine) was given
+  std::string hosts;                 // -H
+  std::string hostfile;              // --hostfile
+  int npernode = 0;                  // -N
   std::string program;               // resolved path of the program
   std::string program_arg0;          // the program as the user typed it (argv[0] of workers)
   std::vector<std::string> args;     // arguments after the program

@@ -9,6 +9,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "exec/allocation.hpp"
 #include "exec/cli.hpp"
 #include "exec/job.hpp"
 #include "exec/node_plan.hpp"
@@ -20,6 +21,35 @@ namespace {
 int fail(const std::string& msg, int status) {
   std::fprintf(stderr, "pytorch_exec: %s\n", msg.c_str());
   return status;
+}
+
+pe::JobMap make_map(pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
+  pe::Allocation alloc = pe::find_allocation(cfg.hosts, cfg.hostfile, env, host);
+  if (!alloc.limited) {
+    if (cfg.npernode > 0 && !cfg.np_given) cfg.np = cfg.npernode;
+    return pe::map_single_node(alloc.nodes[0].host, cfg.np);
+  }
+  pe::MapRequest req;
+  req.np = cfg.np_given ? cfg.np : 0;
+  req.by_node = cfg.map_by == "node";
+  req.npernode = cfg.npernode;
+  req.oversubscribe = cfg.oversubscribe;
+  pe::JobMap map = pe::map_job(alloc, req);
+  cfg.np = map.world_size;
+  return map;
+}
+
+// --dry-run of a job on other nodes: their placement is shown when --topology-file describes them.
+int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std::string& host) {
+  std::vector<pe::NodePlan> plans;
+  std::vector<const pe::NodePlan*> ptrs;
+  for (const auto& node : map.nodes) {
+    bool known = !cfg.topology_file.empty() || pe::is_local_host(node.host, host);
+    plans.push_back(known ? pe::plan_node(cfg, static_cast<int>(node.ranks.size())) : pe::NodePlan{});
+  }
+  for (auto& p : plans) ptrs.push_back(p.topology ? &p : nullptr);
+  std::cout << pe::format_job_map(map, ptrs);
+  return 0;
 }
 
 int real_main(int argc, char** argv) {
@@ -47,13 +77,20 @@ int real_main(int argc, char** argv) {
     std::cout << pe::topo::format_topology(*plan.topology, plan.analysis);
     return 0;
   }
-  auto path = ctx.env.count("PATH") ? ctx.env["PATH"] : std::string("/usr/bin:/bin");
-  // A dry run starts nothing: the program need not exist here.
-  cfg.program = cfg.dry_run ? cfg.program_arg0 : pe::resolve_program(cfg.program_arg0, cfg.wdir, path);
   std::string host = pe::local_hostname();
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
   pe::init_logging(cfg.verbosity, spec ? spec : "", host);
-  pe::JobController job(std::move(cfg), std::move(ctx.env), host);
+  pe::JobMap map = make_map(cfg, ctx.env, host);
+  if (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)) {
+    if (cfg.dry_run) return print_dry_run(cfg, map, host);
+    throw pe::UsageError("the job map spans " + std::to_string(map.nodes.size()) + " node(s) (" +
+                         map.nodes[0].host + (map.nodes.size() > 1 ? ", ..." : "") +
+                         "); this version starts ranks on this machine only (--dry-run shows the map)");
+  }
+  auto path = ctx.env.count("PATH") ? ctx.env["PATH"] : std::string("/usr/bin:/bin");
+  // A dry run starts nothing: the program need not exist here.
+  cfg.program = cfg.dry_run ? cfg.program_arg0 : pe::resolve_program(cfg.program_arg0, cfg.wdir, path);
+  pe::JobController job(std::move(cfg), std::move(ctx.env), host, std::move(map));
   return job.run();
 }
 

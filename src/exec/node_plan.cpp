@@ -47,15 +47,21 @@ RankLocality locality_of(const topo::RankPlacement& p) {
   return l;
 }
 
-std::string format_job_map(const JobMap& map, const NodePlan& plan, int node) {
+std::string format_job_map(const JobMap& map, const std::vector<const NodePlan*>& plans) {
   std::ostringstream os;
-  const NodeMap& n = map.nodes.at(static_cast<size_t>(node));
   os << "Job map: " << map.world_size << " ranks on " << map.nodes.size() << " node(s)\n";
-  os << "node " << n.node_rank << " (" << n.host << ", topology of " << plan.topology->source()
-     << "): " << n.ranks.size() << " ranks\n";
-  for (size_t lr = 0; lr < n.ranks.size(); ++lr)
-    os << "  rank " << n.ranks[lr] << " (local " << lr << "): "
-       << topo::describe_placement(plan.ranks.at(lr)) << "\n";
+  for (size_t i = 0; i < map.nodes.size(); ++i) {
+    const NodeMap& n = map.nodes[i];
+    const NodePlan* plan = i < plans.size() ? plans[i] : nullptr;
+    os << "node " << n.node_rank << " (" << n.host;
+    if (plan) os << ", topology of " << plan->topology->source();
+    os << "): " << n.ranks.size() << " ranks\n";
+    for (size_t lr = 0; lr < n.ranks.size(); ++lr) {
+      os << "  rank " << n.ranks[lr] << " (local " << lr << ")";
+      if (plan) os << ": " << topo::describe_placement(plan->ranks.at(lr));
+      os << "\n";
+    }
+  }
   return os.str();
 }
 

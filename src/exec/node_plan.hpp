@@ -29,7 +29,8 @@ void apply_rank_by(const std::string& rank_by, const topo::Analysis& a,
 
 RankLocality locality_of(const topo::RankPlacement& p);
 
-// The --display-map / --dry-run printout.
-std::string format_job_map(const JobMap& map, const NodePlan& plan, int node);
+// The --display-map / --dry-run printout; plans[i] (may be null: placement unknown there) is
+// node i's.
+std::string format_job_map(const JobMap& map, const std::vector<const NodePlan*>& plans);
 
 }  // namespace pe

@@ -1,0 +1,239 @@
+#include "exec/allocation.hpp"
+
+#include <cctype>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <climits>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "common/strings.hpp"
+
+namespace pe {
+namespace {
+
+constexpr size_t kMaxHosts = 1 << 20;  // a hostlist that expands beyond this is a mistake
+
+// Splits at commas outside brackets.
+std::vector<std::string> split_top(const std::string& s, const std::string& what) {
+  std::vector<std::string> out;
+  std::string cur;
+  int depth = 0;
+  for (char c : s) {
+    if (c == '[' && ++depth > 1) throw UsageError(what + ": nested '[' in '" + s + "'");
+    if (c == ']' && --depth < 0) throw UsageError(what + ": unmatched ']' in '" + s + "'");
+    if (c == ',' && depth == 0) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += c;
+    }
+  }
+  if (depth != 0) throw UsageError(what + ": unmatched '[' in '" + s + "'");
+  out.push_back(cur);
+  return out;
+}
+
+void expand_item(const std::string& item, const std::string& list, std::vector<std::string>& out) {
+  const std::string what = "hostlist '" + list + "'";
+  size_t open = item.find('[');
+  if (open == std::string::npos) {
+    if (item.empty()) throw UsageError(what + ": empty host name");
+    if (item.find(']') != std::string::npos) throw UsageError(what + ": unmatched ']'");
+    out.push_back(item);
+    return;
+  }
+  size_t close = item.find(']', open);
+  std::string prefix = item.substr(0, open);
+  std::string rest = item.substr(close + 1);
+  std::string body = item.substr(open + 1, close - open - 1);
+  if (body.empty()) throw UsageError(what + ": empty range '[]'");
+  for (const auto& range : split(body, ',')) {
+    auto dash = range.find('-');
+    std::string lo_s = range.substr(0, dash);
+    std::string hi_s = dash == std::string::npos ? lo_s : range.substr(dash + 1);
+    auto lo = parse_int(lo_s, 0, LLONG_MAX / 2);
+    auto hi = parse_int(hi_s, 0, LLONG_MAX / 2);
+    if (lo_s.empty() || hi_s.empty() || !lo || !hi || lo_s[0] == '+' || lo_s[0] == '-' ||
+        hi_s[0] == '+' || hi_s[0] == '-')
+      throw UsageError(what + ": bad range '" + range + "'");
+    if (*hi < *lo) throw UsageError(what + ": range '" + range + "' runs backwards");
+    if (static_cast<size_t>(*hi - *lo) >= kMaxHosts || out.size() + static_cast<size_t>(*hi - *lo) >= kMaxHosts)
+      throw UsageError(what + ": more than " + std::to_string(kMaxHosts) + " hosts");
+    size_t width = lo_s.size();  // zero padding: "01-03" keeps two digits
+    for (long long v = *lo; v <= *hi; ++v) {
+      std::string num = std::to_string(v);
+      if (num.size() < width) num.insert(0, width - num.size(), '0');
+      expand_item(prefix + num + rest, list, out);  // further bracket groups in `rest`
+    }
+  }
+}
+
+int parse_slots(const std::string& v, const std::string& where) {
+  auto n = parse_int(v, 0, 1 << 20);
+  if (!n || v[0] == '+' || v[0] == '-') throw UsageError(where + ": bad slot count '" + v + "'");
+  return static_cast<int>(*n);
+}
+
+bool valid_host(const std::string& h) {
+  if (h.empty()) return false;
+  for (char c : h)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_')) return false;
+  return true;
+}
+
+void add(std::vector<HostSlots>& v, const std::string& host, int slots) {
+  for (auto& h : v)
+    if (h.host == host) {
+      h.slots += slots;
+      return;
+    }
+  v.push_back(HostSlots{host, slots});
+}
+
+}  // namespace
+
+int Allocation::total_slots() const {
+  long long t = 0;
+  for (const auto& n : nodes) t += n.slots;
+  return t > INT_MAX ? INT_MAX : static_cast<int>(t);
+}
+
+std::vector<std::string> expand_hostlist(const std::string& list) {
+  if (list.empty()) throw UsageError("hostlist: empty");
+  std::vector<std::string> out;
+  for (const auto& item : split_top(list, "hostlist '" + list + "'")) expand_item(item, list, out);
+  return out;
+}
+
+std::vector<int> expand_counts(const std::string& what, const std::string& spec) {
+  std::vector<int> out;
+  if (spec.empty()) throw UsageError(what + ": empty");
+  for (const auto& item : split(spec, ',')) {
+    std::string n = item, rep = "1";
+    auto paren = item.find("(x");
+    if (paren != std::string::npos) {
+      if (item.back() != ')') throw UsageError(what + ": bad item '" + item + "' in '" + spec + "'");
+      n = item.substr(0, paren);
+      rep = item.substr(paren + 2, item.size() - paren - 3);
+    }
+    auto count = parse_int(n, 0, 1 << 20);
+    auto times = parse_int(rep, 1, 1 << 20);
+    if (!count || !times || n[0] == '+' || rep[0] == '+')
+      throw UsageError(what + ": bad item '" + item + "' in '" + spec + "'");
+    if (out.size() + static_cast<size_t>(*times) > kMaxHosts) throw UsageError(what + ": too many entries");
+    out.insert(out.end(), static_cast<size_t>(*times), static_cast<int>(*count));
+  }
+  return out;
+}
+
+std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name) {
+  std::vector<HostSlots> out;
+  std::string line;
+  int lineno = 0;
+  while (std::getline(in, line)) {
+    ++lineno;
+    std::string where = name + ":" + std::to_string(lineno);
+    line = line.substr(0, line.find('#'));
+    std::istringstream words(line);
+    std::string host;
+    if (!(words >> host)) continue;
+    int slots = 1;
+    auto colon = host.find(':');
+    if (colon != std::string::npos) {
+      slots = parse_slots(host.substr(colon + 1), where);
+      host.resize(colon);
+    }
+    if (!valid_host(host)) throw UsageError(where + ": bad host name '" + host + "'");
+    std::string w;
+    while (words >> w) {
+      auto eq = w.find('=');
+      std::string key = w.substr(0, eq);
+      if (eq == std::string::npos || (key != "slots" && key != "max_slots" && key != "max-slots"))
+        throw UsageError(where + ": unknown '" + w + "' (expected slots=N or max_slots=N)");
+      int v = parse_slots(w.substr(eq + 1), where);
+      if (key == "slots") slots = v;
+    }
+    add(out, host, slots);
+  }
+  if (out.empty()) throw UsageError(name + ": no hosts");
+  return out;
+}
+
+std::vector<HostSlots> parse_host_list(const std::string& spec) {
+  std::vector<HostSlots> out;
+  for (const auto& item : split(spec, ',')) {
+    std::string host = item;
+    int slots = 1;
+    auto colon = item.find(':');
+    if (colon != std::string::npos) {
+      slots = parse_slots(item.substr(colon + 1), "-H " + spec);
+      host = item.substr(0, colon);
+    }
+    if (!valid_host(host)) throw UsageError("-H: bad host name '" + host + "' in '" + spec + "'");
+    add(out, host, slots);
+  }
+  return out;
+}
+
+std::optional<Allocation> slurm_allocation(const std::map<std::string, std::string>& env) {
+  auto get = [&env](const char* k) -> std::string {
+    auto it = env.find(k);
+    return it == env.end() ? "" : it->second;
+  };
+  std::string list = get("SLURM_JOB_NODELIST");
+  if (list.empty()) list = get("SLURM_NODELIST");
+  if (list.empty()) return std::nullopt;
+  Allocation a;
+  std::string job = get("SLURM_JOB_ID");
+  if (job.empty()) job = get("SLURM_JOBID");
+  a.source = "SLURM job " + (job.empty() ? std::string("?") : job);
+  a.limited = true;
+  auto hosts = expand_hostlist(list);
+  std::string counts_var = "SLURM_TASKS_PER_NODE";
+  std::string counts = get("SLURM_TASKS_PER_NODE");
+  if (counts.empty()) {
+    counts_var = "SLURM_JOB_CPUS_PER_NODE";
+    counts = get("SLURM_JOB_CPUS_PER_NODE");
+  }
+  std::vector<int> slots(hosts.size(), 1);
+  if (!counts.empty()) {
+    slots = expand_counts(counts_var, counts);
+    if (slots.size() != hosts.size())
+      throw UsageError(counts_var + "='" + counts + "' names " + std::to_string(slots.size()) +
+                       " nodes but SLURM_JOB_NODELIST='" + list + "' has " + std::to_string(hosts.size()));
+  }
+  for (size_t i = 0; i < hosts.size(); ++i) add(a.nodes, hosts[i], slots[i]);
+  return a;
+}
+
+Allocation find_allocation(const std::string& hosts, const std::string& hostfile,
+                           const std::map<std::string, std::string>& env, const std::string& host) {
+  Allocation a;
+  a.limited = true;
+  if (!hosts.empty()) {
+    a.source = "-H " + hosts;
+    a.nodes = parse_host_list(hosts);
+    return a;
+  }
+  if (!hostfile.empty()) {
+    std::ifstream in(hostfile);
+    if (!in) throw UsageError("--hostfile: cannot open '" + hostfile + "': " + std::strerror(errno));
+    a.source = "hostfile " + hostfile;
+    a.nodes = parse_hostfile(in, hostfile);
+    return a;
+  }
+  if (auto s = slurm_allocation(env)) return *s;
+  a.source = "this machine";
+  a.limited = false;
+  a.nodes.push_back(HostSlots{host, 0});
+  return a;
+}
+
+bool is_local_host(const std::string& name, const std::string& hostname) {
+  std::string shortname = hostname.substr(0, hostname.find('.'));
+  return name == "localhost" || name == "127.0.0.1" || name == hostname || name == shortname;
+}
+
+}  // namespace pe

@@ -1,0 +1,46 @@
+// Where a job may run: the local machine, a SLURM allocation (SLURM_JOB_NODELIST,
+// SLURM_TASKS_PER_NODE / SLURM_JOB_CPUS_PER_NODE), a hostfile (--hostfile) or a host list (-H).
+// Parsers are pure and throw UsageError with one sentence (and the line, for files).
+#pragma once
+
+#include <istream>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace pe {
+
+struct HostSlots {
+  std::string host;
+  int slots = 1;
+};
+
+struct Allocation {
+  std::string source;              // "this machine", "SLURM job 42", "hostfile F", "-H"
+  std::vector<HostSlots> nodes;    // in order; a host appears once
+  bool limited = false;            // slots are limits (allocations, hostfiles, -H)
+  int total_slots() const;
+};
+
+// SLURM hostlist syntax: "n[1-4,7]", "gpu-[01-03]", "a[1-2]-ib,b3", "r[1-2]n[1-2]".
+std::vector<std::string> expand_hostlist(const std::string& list);
+// "2(x3),1" -> {2, 2, 2, 1}.
+std::vector<int> expand_counts(const std::string& what, const std::string& spec);
+// Open MPI hostfile: "host", "host slots=N [max_slots=M]", "host:N"; '#' comments, blank lines;
+// a host listed twice adds up.  `name` is used in error messages.
+std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name);
+// -H "a,b:3,a" (one slot per mention unless :N is given; duplicates add up).
+std::vector<HostSlots> parse_host_list(const std::string& spec);
+// The SLURM allocation this process runs in, if any.
+std::optional<Allocation> slurm_allocation(const std::map<std::string, std::string>& env);
+
+// The allocation of a launch: -H, else --hostfile, else SLURM, else this machine (`host`,
+// unlimited).  Throws UsageError (unreadable hostfile, malformed lists).
+Allocation find_allocation(const std::string& hosts, const std::string& hostfile,
+                           const std::map<std::string, std::string>& env, const std::string& host);
+
+// Whether `name` is this machine (localhost, 127.0.0.1, its host name or short host name).
+bool is_local_host(const std::string& name, const std::string& hostname);
+
+}  // namespace pe

@@ -1,0 +1,73 @@
+"""Allocations: -H, --hostfile and a SLURM allocation's variables, mapped by slot or node,
+shown with --dry-run; a job on this machine only runs; mistakes are one line."""
+import os
+
+from harness import check, main, run, tmpdir
+
+
+def ranks_by_node(out):
+    nodes, cur = {}, None
+    for line in out.splitlines():
+        if line.startswith("node "):
+            cur = line.split("(")[1].split(",")[0].split(")")[0]
+            nodes[cur] = []
+        elif line.startswith("  rank "):
+            nodes[cur].append(int(line.split()[1]))
+    return nodes
+
+
+def test_host_option_with_different_slot_counts():
+    r = run(["--dry-run", "-H", "a:1,b:3", "./train"])
+    check(r.returncode == 0, r.stderr)
+    check(ranks_by_node(r.stdout) == {"a": [0], "b": [1, 2, 3]}, r.stdout)
+    check(r.stdout.startswith("Job map: 4 ranks on 2 node(s)"), r.stdout)
+
+
+def test_map_by_node_is_round_robin():
+    r = run(["--dry-run", "-H", "a:2,b:2", "--map-by", "node", "./train"])
+    check(ranks_by_node(r.stdout) == {"a": [0, 2], "b": [1, 3]}, r.stdout)
+
+
+def test_hostfile_and_npernode():
+    path = os.path.join(tmpdir(), "hosts")
+    with open(path, "w") as f:
+        f.write("# two nodes\nn1 slots=4\n\nn2:4\n")
+    r = run(["--dry-run", "--hostfile", path, "-N", "2", "./train"])
+    check(ranks_by_node(r.stdout) == {"n1": [0, 1], "n2": [2, 3]}, r.stdout)
+
+
+def test_slurm_allocation_sets_the_default_count():
+    env = dict(os.environ, SLURM_JOB_NODELIST="gpu-[01-03]", SLURM_TASKS_PER_NODE="2(x2),1",
+               SLURM_JOB_ID="99")
+    r = run(["--dry-run", "./train"], env=env)
+    check(r.returncode == 0, r.stderr)
+    check(ranks_by_node(r.stdout) == {"gpu-01": [0, 1], "gpu-02": [2, 3], "gpu-03": [4]}, r.stdout)
+
+
+def test_this_machine_as_a_host_runs():
+    r = run(["-H", "localhost:3", "sh", "-c", 'echo "$RANK/$WORLD_SIZE/$LOCAL_WORLD_SIZE"'])
+    check(r.returncode == 0, r.stderr)
+    check(sorted(r.stdout.split()) == ["0/3/3", "1/3/3", "2/3/3"], r.stdout)
+
+
+def test_mistakes():
+    cases = [
+        (["-H", "a:2", "-n", "3", "true"], "-n 3 but -H a:2 has 2 slots (add --oversubscribe"),
+        (["-H", "a:x", "true"], "bad slot count 'x'"),
+        (["--hostfile", "/no/such/hostfile", "true"], "--hostfile: cannot open '/no/such/hostfile'"),
+        (["-H", "a", "--hostfile", "/x", "true"], "either -H or --hostfile"),
+        (["-H", "a:1,b:1", "true"], "this version starts ranks on this machine only"),
+        (["-N", "0", "true"], "-N: expected a positive integer"),
+    ]
+    for args, text in cases:
+        r = run(args)
+        check(r.returncode == 2 and len(r.stderr.splitlines()) == 1 and text in r.stderr,
+              f"{args}: {r.returncode} {r.stderr!r}")
+    r = run(["true"], env=dict(os.environ, SLURM_JOB_NODELIST="n[1-"))
+    check(r.returncode == 2 and "hostlist 'n[1-': unmatched '['" in r.stderr, r.stderr)
+
+
+if __name__ == "__main__":
+    main([test_host_option_with_different_slot_counts, test_map_by_node_is_round_robin,
+          test_hostfile_and_npernode, test_slurm_allocation_sets_the_default_count,
+          test_this_machine_as_a_host_runs, test_mistakes])

@@ -1,0 +1,157 @@
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <sstream>
+
+#include "common/error.hpp"
+#include "exec/allocation.hpp"
+#include "exec/job_map.hpp"
+
+using pe::expand_hostlist;
+using V = std::vector<std::string>;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const pe::UsageError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+pe::Allocation alloc(std::vector<pe::HostSlots> nodes) {
+  pe::Allocation a;
+  a.source = "test";
+  a.limited = true;
+  a.nodes = std::move(nodes);
+  return a;
+}
+
+std::vector<std::vector<int>> ranks_per_node(const pe::JobMap& m) {
+  std::vector<std::vector<int>> v;
+  for (const auto& n : m.nodes) v.push_back(n.ranks);
+  return v;
+}
+
+}  // namespace
+
+TEST(HostlistTest, ExpandsRangesWithPaddingPrefixesAndSuffixes) {
+  EXPECT_EQ(expand_hostlist("n[1-4,7]"), (V{"n1", "n2", "n3", "n4", "n7"}));
+  EXPECT_EQ(expand_hostlist("gpu-[01-03]"), (V{"gpu-01", "gpu-02", "gpu-03"}));
+  EXPECT_EQ(expand_hostlist("a[8-10]"), (V{"a8", "a9", "a10"}));
+  EXPECT_EQ(expand_hostlist("a[1-2],b[3-4]"), (V{"a1", "a2", "b3", "b4"}));
+  EXPECT_EQ(expand_hostlist("login,c[001-002]-ib"), (V{"login", "c001-ib", "c002-ib"}));
+  EXPECT_EQ(expand_hostlist("r[1-2]n[1-2]"), (V{"r1n1", "r1n2", "r2n1", "r2n2"}));
+  EXPECT_EQ(expand_hostlist("single"), (V{"single"}));
+}
+
+TEST(HostlistTest, RejectsMalformedLists) {
+  for (const char* bad : {"", "n[1-", "n1-2]", "n[[1]]", "n[]", "n[3-1]", "n[a-b]", "n[1-2-3]", "a,,b",
+                          "n[-1]", "n[0-99999999999]"}) {
+    std::string e = error_of([&] { expand_hostlist(bad); });
+    EXPECT_EQ(e.rfind("hostlist", 0), 0u) << bad << ": " << e;
+  }
+}
+
+TEST(CountsTest, ExpandsSlurmRepeatSyntax) {
+  EXPECT_EQ(pe::expand_counts("SLURM_TASKS_PER_NODE", "2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(pe::expand_counts("X", "72(x2),36"), (std::vector<int>{72, 72, 36}));
+  EXPECT_EQ(pe::expand_counts("X", "4"), (std::vector<int>{4}));
+  for (const char* bad : {"", "2(x", "2(x0)", "x", "2(y3)", "-1", "1,,2"})
+    EXPECT_NE(error_of([&] { pe::expand_counts("SLURM_TASKS_PER_NODE", bad); }).find("SLURM_TASKS_PER_NODE"),
+              std::string::npos) << bad;
+}
+
+TEST(HostfileTest, ReadsOpenMpiFormsCommentsAndDuplicates) {
+  std::istringstream in("# cluster\n\nn1 slots=2 max_slots=4\nn2:3   # fast one\nn3\nn1 slots=1\n");
+  auto h = pe::parse_hostfile(in, "hf");
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].host, "n1");
+  EXPECT_EQ(h[0].slots, 3);
+  EXPECT_EQ(h[1].slots, 3);
+  EXPECT_EQ(h[2].slots, 1);
+}
+
+TEST(HostfileTest, ReportsTheLineOfAMistake) {
+  std::istringstream bad("n1 slots=2\nn2 cpus=4\n");
+  EXPECT_EQ(error_of([&] { pe::parse_hostfile(bad, "hf"); }),
+            "hf:2: unknown 'cpus=4' (expected slots=N or max_slots=N)");
+  std::istringstream bad2("n1 slots=x\n");
+  EXPECT_EQ(error_of([&] { pe::parse_hostfile(bad2, "hf"); }), "hf:1: bad slot count 'x'");
+  std::istringstream empty("# nothing\n");
+  EXPECT_EQ(error_of([&] { pe::parse_hostfile(empty, "hf"); }), "hf: no hosts");
+  std::istringstream badhost("n/1\n");
+  EXPECT_NE(error_of([&] { pe::parse_hostfile(badhost, "hf"); }).find("bad host name"), std::string::npos);
+}
+
+TEST(HostListOptionTest, AddsUpMentions) {
+  auto h = pe::parse_host_list("a:1,b:3,a");
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0].slots, 2);
+  EXPECT_EQ(h[1].slots, 3);
+  EXPECT_NE(error_of([] { pe::parse_host_list("a:,b"); }).find("bad slot count"), std::string::npos);
+  EXPECT_NE(error_of([] { pe::parse_host_list(",a"); }).find("bad host name"), std::string::npos);
+}
+
+TEST(SlurmTest, ReadsTheAllocationFromTheEnvironment) {
+  auto a = pe::slurm_allocation({{"SLURM_JOB_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "2(x2),1"},
+                                 {"SLURM_JOB_ID", "42"}});
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->source, "SLURM job 42");
+  EXPECT_EQ(a->total_slots(), 5);
+  EXPECT_EQ(a->nodes[2].host, "n3");
+  auto cpus = pe::slurm_allocation({{"SLURM_NODELIST", "c1"}, {"SLURM_JOB_CPUS_PER_NODE", "8"}});
+  EXPECT_EQ(cpus->total_slots(), 8);
+  EXPECT_FALSE(pe::slurm_allocation({{"PATH", "/bin"}}));
+  EXPECT_NE(error_of([] { pe::slurm_allocation({{"SLURM_JOB_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}}); })
+                .find("names 2 nodes but SLURM_JOB_NODELIST='n[1-3]' has 3"),
+            std::string::npos);
+}
+
+TEST(MapJobTest, FillsNodesBySlotOrRoundRobinByNode) {
+  auto a = alloc({{"a", 1}, {"b", 3}});
+  EXPECT_EQ(ranks_per_node(pe::map_job(a, {})), (std::vector<std::vector<int>>{{0}, {1, 2, 3}}));
+  pe::MapRequest by_node;
+  by_node.by_node = true;
+  EXPECT_EQ(ranks_per_node(pe::map_job(a, by_node)), (std::vector<std::vector<int>>{{0}, {1, 2, 3}}));
+  auto even = alloc({{"a", 2}, {"b", 2}});
+  EXPECT_EQ(ranks_per_node(pe::map_job(even, by_node)), (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  pe::MapRequest two;
+  two.np = 2;
+  auto m = pe::map_job(even, two);
+  EXPECT_EQ(m.nodes.size(), 1u);  // nodes without ranks are left out
+  EXPECT_EQ(m.ranks[1].local_rank, 1);
+}
+
+TEST(MapJobTest, EnforcesSlotsUnlessOversubscribed) {
+  auto a = alloc({{"a", 2}, {"b", 2}});
+  pe::MapRequest r;
+  r.np = 5;
+  EXPECT_EQ(error_of([&] { pe::map_job(a, r); }),
+            "-n 5 but test has 4 slots (add --oversubscribe to place more ranks than slots)");
+  r.oversubscribe = true;
+  EXPECT_EQ(ranks_per_node(pe::map_job(a, r)), (std::vector<std::vector<int>>{{0, 1, 2}, {3, 4}}));
+}
+
+TEST(MapJobTest, NperNode) {
+  auto a = alloc({{"a", 4}, {"b", 4}, {"c", 4}});
+  pe::MapRequest r;
+  r.npernode = 2;
+  EXPECT_EQ(ranks_per_node(pe::map_job(a, r)), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}}));
+  r.np = 3;
+  EXPECT_EQ(ranks_per_node(pe::map_job(a, r)), (std::vector<std::vector<int>>{{0, 1}, {2}}));
+  r.np = 7;
+  EXPECT_NE(error_of([&] { pe::map_job(a, r); }).find("needs 4 nodes"), std::string::npos);
+  r.np = 0;
+  r.npernode = 5;
+  EXPECT_NE(error_of([&] { pe::map_job(a, r); }).find("node a has 4 slot(s)"), std::string::npos);
+}
+
+TEST(LocalHostTest, RecognisesThisMachine) {
+  EXPECT_TRUE(pe::is_local_host("localhost", "node7.cluster"));
+  EXPECT_TRUE(pe::is_local_host("node7", "node7.cluster"));
+  EXPECT_TRUE(pe::is_local_host("node7.cluster", "node7.cluster"));
+  EXPECT_FALSE(pe::is_local_host("node8", "node7.cluster"));
+}
