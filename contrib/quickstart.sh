@@ -20,6 +20,7 @@ packages=(
   libevent-dev libhwloc-dev hwloc-nox libpmix-dev libpmix-bin
   libboost-program-options-dev libspdlog-dev libfmt-dev libgtest-dev
   libopenmpi-dev openmpi-bin python3 python3-torch python3-mpi4py procps
+  clang libclang-rt-14-dev
 )
 
 install_missing() {
