@@ -10,6 +10,15 @@ DUMP = ["sh", "-c", 'echo "$RANK|$PYTORCH_EXEC_DOMAIN|${PYTORCH_EXEC_CPUS-unset}
         '$(grep Cpus_allowed_list /proc/self/status | cut -f2)|${PYTORCH_EXEC_GPU-unset}"']
 
 
+def cpu_list(text):
+    """The set of CPUs in a kernel/hwloc list such as "0-3,8"."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def fixture(name):
     return os.path.join(FIX, name + ".xml")
 
@@ -38,13 +47,19 @@ def test_binding_is_real_and_announced():
     r = run(["-n", "2", "--bind-to", "core", "--report-bindings"] + DUMP)
     check(r.returncode == 0, r.stderr)
     rows = sorted(l.split("|") for l in r.stdout.splitlines())
-    ncpu = os.cpu_count() or 1
     for rank, (rk, domain, cpus, allowed, gpu) in enumerate(rows):
         check(rk == str(rank) and domain == "0", f"{rows}")
         check(cpus == allowed, f"rank {rank}: PYTORCH_EXEC_CPUS={cpus} but the kernel says {allowed}")
-        check(cpus == str(rank % ncpu), f"rank {rank} bound to {cpus}")
         check(gpu == "unset", "PYTORCH_EXEC_GPU set on a machine without GPUs")
-    check(re.search(r"rank 1 on \S+: GPU none, domain 0, NIC \S+, cpus 1", r.stderr) or ncpu < 2, r.stderr)
+        check(re.search(rf"rank {rank} on \S+: GPU none, domain 0, NIC \S+, cpus {re.escape(cpus)}$",
+                        r.stderr, re.M), r.stderr)
+    # Rank 0 gets the first core we may use: its hardware threads, as the kernel lists them.
+    first = min(os.sched_getaffinity(0))
+    with open(f"/sys/devices/system/cpu/cpu{first}/topology/thread_siblings_list") as f:
+        core0 = f.read().strip()
+    check(rows[0][2] == core0, f"rank 0 bound to {rows[0][2]}, expected the first core = {core0}")
+    if os.sched_getaffinity(0) - cpu_list(core0):
+        check(rows[0][2] != rows[1][2], f"two ranks on one core with more cores free: {rows}")
 
 
 def test_no_binding_by_default_without_gpus():
