@@ -18,7 +18,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 packages=(
   build-essential pkg-config autoconf automake libtool autoconf-archive
   libevent-dev libhwloc-dev hwloc-nox libpmix-dev libpmix-bin
-  libboost-program-options-dev libspdlog-dev libfmt-dev libgtest-dev
+  libboost-program-options-dev libspdlog-dev libfmt-dev libgtest-dev libssl-dev
   libopenmpi-dev openmpi-bin python3 python3-torch python3-mpi4py procps
   clang libclang-rt-14-dev
 )
