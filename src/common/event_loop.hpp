@@ -47,7 +47,7 @@ class EventLoop {
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
 
-  // Runs until stop() or until nothing is registered.
+  // Runs until stop().
   void run();
   void stop();
 

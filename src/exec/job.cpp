@@ -185,20 +185,19 @@ void JobController::on_abort(int generation, int rank, pid_t pid, int status, co
   on_rank_failed(std::move(f));
 }
 
+// The first failure of a generation: restart the group while the budget lasts (a program that
+// cannot be executed or bound is not retried), else stop everything and report it.
 void JobController::on_rank_failed(Failure f) {
-  {
-    failure_ = std::move(f);
-    const Failure& e = *failure_;
-    if (restarts_ < cfg_.max_restarts && e.exec_errno == 0) {
-      say(describe_failure(*failure_) + "; restarting all " + std::to_string(map_.world_size) +
-          " ranks (restart " + std::to_string(restarts_ + 1) + " of " +
-          std::to_string(cfg_.max_restarts) + ")");
-      state_ = State::Restarting;
-    } else {
-      state_ = State::Failing;
-    }
-    stop_workers(SIGTERM);
+  failure_ = std::move(f);
+  if (restarts_ < cfg_.max_restarts && failure_->exec_errno == 0) {
+    say(describe_failure(*failure_) + "; restarting all " + std::to_string(map_.world_size) +
+        " ranks (restart " + std::to_string(restarts_ + 1) + " of " +
+        std::to_string(cfg_.max_restarts) + ")");
+    state_ = State::Restarting;
+  } else {
+    state_ = State::Failing;
   }
+  stop_workers(SIGTERM);
 }
 
 void JobController::stop_workers(int sig) {
