@@ -219,6 +219,102 @@ int parse_count(const std::string& opt, const std::string& v, long long min) {
   return static_cast<int>(*n);
 }
 
+// -n, --nproc-per-node, -H, --hostfile, -N.
+void validate_counts(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
+  c.np = ctx.default_np;
+  c.np_given = raw.np.has_value();
+  if (raw.np) c.np = parse_count("-n", *raw.np, 1);
+  if (raw.hosts && raw.hostfile) throw UsageError("give either -H or --hostfile, not both");
+  if (raw.hosts) {
+    if (raw.hosts->empty()) throw UsageError("-H: the host list is empty");
+    c.hosts = *raw.hosts;
+  }
+  if (raw.hostfile) {
+    if (raw.hostfile->empty()) throw UsageError("--hostfile: the file name is empty");
+    c.hostfile = *raw.hostfile;
+  }
+  if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
+  if (raw.nproc_per_node) {
+    int per_node = parse_count("--nproc-per-node", *raw.nproc_per_node, 1);
+    if (raw.hosts || raw.hostfile || raw.npernode) {
+      if (raw.npernode && c.npernode != per_node)
+        throw UsageError("-N and --nproc-per-node disagree");
+      c.npernode = per_node;  // ranks per node of the allocation
+    } else {
+      if (raw.np && per_node != c.np)
+        throw UsageError("-n " + std::to_string(c.np) + " and --nproc-per-node " +
+                         std::to_string(per_node) + " disagree on a single node");
+      c.np = per_node;
+      c.np_given = true;
+    }
+  }
+}
+
+// -x VAR[=VALUE]: VAR alone takes its value from the launching environment.
+void validate_exports(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
+  for (const auto& x : raw.exports) {
+    auto eq = x.find('=');
+    std::string name = x.substr(0, eq);
+    if (!is_env_name(name))
+      throw UsageError("-x: '" + name + "' is not a valid environment variable name (in '" + x +
+                       "')");
+    if (eq != std::string::npos) {
+      c.exports.emplace_back(name, x.substr(eq + 1));
+      continue;
+    }
+    auto it = ctx.env.find(name);
+    if (it == ctx.env.end())
+      throw UsageError("-x: " + name + " is not set here (use -x " + name + "=VALUE)");
+    c.exports.emplace_back(name, it->second);
+  }
+}
+
+void validate_output(const RawOptions& raw, LaunchConfig& c) {
+  c.tag_output = raw.tag_output;
+  c.timestamp_output = raw.timestamp_output;
+  if (raw.output_filename) {
+    std::string dir = *raw.output_filename;
+    const std::string nocopy = ":nocopy";
+    if (dir.size() >= nocopy.size() && dir.compare(dir.size() - nocopy.size(), nocopy.size(), nocopy) == 0) {
+      dir.resize(dir.size() - nocopy.size());
+      c.output_copy = false;
+    }
+    if (dir.empty()) throw UsageError("--output-filename: the directory name is empty");
+    c.output_dir = dir;
+  }
+}
+
+// --stdin none|all|RANK (after the process count is known).
+void validate_stdin(const RawOptions& raw, LaunchConfig& c) {
+  if (raw.stdin_target) {
+    const std::string& s = *raw.stdin_target;
+    if (s == "none") {
+      c.stdin_mode = StdinMode::None;
+    } else if (s == "all") {
+      c.stdin_mode = StdinMode::All;
+    } else if (auto r = parse_int(s, 0, INT_MAX)) {
+      if (*r >= c.np)
+        throw UsageError("--stdin: rank " + s + " does not exist (the job has " +
+                         std::to_string(c.np) + " ranks)");
+      c.stdin_mode = StdinMode::OneRank;
+      c.stdin_rank = static_cast<int>(*r);
+    } else {
+      throw UsageError("--stdin: expected none, all or a rank number, got '" + s + "'");
+    }
+  }
+}
+
+void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
+  if (raw.kill_grace) {
+    auto g = parse_seconds(*raw.kill_grace);
+    if (!g)
+      throw UsageError("--kill-grace: expected a non-negative number of seconds, got '" +
+                       *raw.kill_grace + "'");
+    c.kill_grace = *g;
+  }
+  if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
+}
+
 void validate_mapping(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
   auto one_of = [](const std::string& opt, const std::string& v, std::initializer_list<const char*> ok) {
     for (const char* o : ok)
@@ -309,33 +405,7 @@ std::string help_text() {
 LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ctx) {
   LaunchConfig c;
   c.verbosity = raw.verbosity;
-  c.np = ctx.default_np;
-  c.np_given = raw.np.has_value();
-  if (raw.np) c.np = parse_count("-n", *raw.np, 1);
-  if (raw.hosts && raw.hostfile) throw UsageError("give either -H or --hostfile, not both");
-  if (raw.hosts) {
-    if (raw.hosts->empty()) throw UsageError("-H: the host list is empty");
-    c.hosts = *raw.hosts;
-  }
-  if (raw.hostfile) {
-    if (raw.hostfile->empty()) throw UsageError("--hostfile: the file name is empty");
-    c.hostfile = *raw.hostfile;
-  }
-  if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
-  if (raw.nproc_per_node) {
-    int per_node = parse_count("--nproc-per-node", *raw.nproc_per_node, 1);
-    if (raw.hosts || raw.hostfile || raw.npernode) {
-      if (raw.npernode && c.npernode != per_node)
-        throw UsageError("-N and --nproc-per-node disagree");
-      c.npernode = per_node;  // ranks per node of the allocation
-    } else {
-      if (raw.np && per_node != c.np)
-        throw UsageError("-n " + std::to_string(c.np) + " and --nproc-per-node " +
-                         std::to_string(per_node) + " disagree on a single node");
-      c.np = per_node;
-      c.np_given = true;
-    }
-  }
+  validate_counts(raw, ctx, c);
   validate_mapping(raw, ctx, c);
   if (raw.command.empty() && raw.display_topology && !raw.dry_run && !raw.display_map) {
     c.display_only = true;  // pytorch_exec --display-topology: print and exit
@@ -350,58 +420,11 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
     if (raw.wdir->empty()) throw UsageError("--wdir: the directory name is empty");
     c.wdir = *raw.wdir;
   }
-  for (const auto& x : raw.exports) {
-    auto eq = x.find('=');
-    std::string name = x.substr(0, eq);
-    if (!is_env_name(name))
-      throw UsageError("-x: '" + name + "' is not a valid environment variable name (in '" + x +
-                       "')");
-    if (eq != std::string::npos) {
-      c.exports.emplace_back(name, x.substr(eq + 1));
-      continue;
-    }
-    auto it = ctx.env.find(name);
-    if (it == ctx.env.end())
-      throw UsageError("-x: " + name + " is not set here (use -x " + name + "=VALUE)");
-    c.exports.emplace_back(name, it->second);
-  }
+  validate_exports(raw, ctx, c);
   c.oversubscribe = raw.oversubscribe;
-  c.tag_output = raw.tag_output;
-  c.timestamp_output = raw.timestamp_output;
-  if (raw.output_filename) {
-    std::string dir = *raw.output_filename;
-    const std::string nocopy = ":nocopy";
-    if (dir.size() >= nocopy.size() && dir.compare(dir.size() - nocopy.size(), nocopy.size(), nocopy) == 0) {
-      dir.resize(dir.size() - nocopy.size());
-      c.output_copy = false;
-    }
-    if (dir.empty()) throw UsageError("--output-filename: the directory name is empty");
-    c.output_dir = dir;
-  }
-  if (raw.stdin_target) {
-    const std::string& s = *raw.stdin_target;
-    if (s == "none") {
-      c.stdin_mode = StdinMode::None;
-    } else if (s == "all") {
-      c.stdin_mode = StdinMode::All;
-    } else if (auto r = parse_int(s, 0, INT_MAX)) {
-      if (*r >= c.np)
-        throw UsageError("--stdin: rank " + s + " does not exist (the job has " +
-                         std::to_string(c.np) + " ranks)");
-      c.stdin_mode = StdinMode::OneRank;
-      c.stdin_rank = static_cast<int>(*r);
-    } else {
-      throw UsageError("--stdin: expected none, all or a rank number, got '" + s + "'");
-    }
-  }
-  if (raw.kill_grace) {
-    auto g = parse_seconds(*raw.kill_grace);
-    if (!g)
-      throw UsageError("--kill-grace: expected a non-negative number of seconds, got '" +
-                       *raw.kill_grace + "'");
-    c.kill_grace = *g;
-  }
-  if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
+  validate_output(raw, c);
+  validate_stdin(raw, c);
+  validate_failure_handling(raw, c);
   if (raw.run_id) {
     if (raw.run_id->empty()) throw UsageError("--run-id: the id is empty");
     c.run_id = *raw.run_id;

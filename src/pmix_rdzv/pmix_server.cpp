@@ -29,7 +29,9 @@ namespace {
 PmixServer::Impl* g_impl = nullptr;  // PMIx is process-global; so are its upcalls
 constexpr auto kRegisterTimeout = std::chrono::seconds(10);
 
-// Waits for a pmix_op_cbfunc_t, with a timeout.
+// Waits for a pmix_op_cbfunc_t, with a timeout.  Allocate with new and release with done():
+// after a timeout PMIx may still call back, so the waiter is then left alive (a small leak on a
+// path that ends the job) instead of being freed under the callback.
 struct OpWait {
   std::mutex m;
   std::condition_variable cv;
@@ -42,12 +44,20 @@ struct OpWait {
     w->done = true;
     w->cv.notify_all();
   }
-  void wait(const std::string& what) {
-    std::unique_lock<std::mutex> lock(m);
-    if (!cv.wait_for(lock, kRegisterTimeout, [this] { return done; }))
-      throw TimeoutError(what + ": PMIx did not answer within 10 s");
-    check(status, what);
+  // Waits, then frees itself; throws TimeoutError (not freed) or PmixError (freed).
+  void wait_and_release(const std::string& what) {
+    pmix_status_t st;
+    {
+      std::unique_lock<std::mutex> lock(m);
+      if (!cv.wait_for(lock, kRegisterTimeout, [this] { return done; }))
+        throw TimeoutError(what + ": PMIx did not answer within 10 s");
+      st = status;
+    }
+    delete this;
+    check(st, what);
   }
+  // PMIx refused to start the operation: its callback will not come.
+  void release() { delete this; }
 };
 
 // pmix_info_t list built with PMIx's own list API.
@@ -264,40 +274,44 @@ PmixServer::~PmixServer() {
   std::filesystem::remove_all(impl_->tmpdir, ec);
 }
 
-void PmixServer::register_namespace(const NamespaceInfo& info) {
-  const auto& local = info.node_ranks.at(static_cast<size_t>(info.this_node));
-  std::vector<std::string> per_node;
-  for (const auto& ranks : info.node_ranks) {
-    std::vector<std::string> r;
-    for (int x : ranks) r.push_back(std::to_string(x));
-    per_node.push_back(join(r, ","));
-  }
-  std::vector<std::string> local_s;
-  for (int x : local) local_s.push_back(std::to_string(x));
-  char* node_regex = nullptr;
-  char* proc_regex = nullptr;
-  check(PMIx_generate_regex(join(info.hosts, ",").c_str(), &node_regex), "PMIx_generate_regex");
-  check(PMIx_generate_ppn(join(per_node, ";").c_str(), &proc_regex), "PMIx_generate_ppn");
-  std::string nsdir = impl_->tmpdir + "/" + info.nspace;
-  ::mkdir(nsdir.c_str(), 0700);
+namespace {
 
-  InfoList il;
+std::string rank_list(const std::vector<int>& ranks) {
+  std::vector<std::string> r;
+  for (int x : ranks) r.push_back(std::to_string(x));
+  return join(r, ",");
+}
+
+using CString = std::unique_ptr<char, decltype(&::free)>;
+
+// Job-, application- and node-level keys.
+void add_job_info(InfoList& il, const NamespaceInfo& info, const std::string& tmpdir,
+                  const std::string& nsdir, const std::string& topo_xml) {
+  std::vector<std::string> per_node;
+  for (const auto& ranks : info.node_ranks) per_node.push_back(rank_list(ranks));
+  char* nodes = nullptr;
+  char* procs = nullptr;
+  check(PMIx_generate_regex(join(info.hosts, ",").c_str(), &nodes), "PMIx_generate_regex");
+  CString node_regex(nodes, &::free);
+  check(PMIx_generate_ppn(join(per_node, ";").c_str(), &procs), "PMIx_generate_ppn");
+  CString proc_regex(procs, &::free);
+  const auto& local = info.node_ranks.at(static_cast<size_t>(info.this_node));
   il.str(PMIX_JOBID, info.nspace);
   il.u32(PMIX_UNIV_SIZE, static_cast<uint32_t>(info.world_size));
   il.u32(PMIX_JOB_SIZE, static_cast<uint32_t>(info.world_size));
   il.u32(PMIX_MAX_PROCS, static_cast<uint32_t>(info.world_size));
   il.u32(PMIX_NUM_NODES, static_cast<uint32_t>(info.hosts.size()));
   il.u32(PMIX_JOB_NUM_APPS, 1);
-  il.add(PMIX_NODE_MAP, node_regex, PMIX_REGEX);
-  il.add(PMIX_PROC_MAP, proc_regex, PMIX_REGEX);
-  il.str(PMIX_TMPDIR, impl_->tmpdir);
+  il.add(PMIX_NODE_MAP, node_regex.get(), PMIX_REGEX);
+  il.add(PMIX_PROC_MAP, proc_regex.get(), PMIX_REGEX);
+  il.str(PMIX_TMPDIR, tmpdir);
   il.str(PMIX_NSDIR, nsdir);
   // Open MPI 4.1's ess/pmi loads this instead of discovering the machine in every rank.
-  if (!impl_->topo_xml.empty()) il.str(PMIX_LOCAL_TOPO, impl_->topo_xml);
+  if (!topo_xml.empty()) il.str(PMIX_LOCAL_TOPO, topo_xml);
   // This node.
   il.str(PMIX_HOSTNAME, info.hosts.at(static_cast<size_t>(info.this_node)));
   il.u32(PMIX_NODEID, static_cast<uint32_t>(info.this_node));
-  il.str(PMIX_LOCAL_PEERS, join(local_s, ","));
+  il.str(PMIX_LOCAL_PEERS, rank_list(local));
   il.u32(PMIX_LOCAL_SIZE, static_cast<uint32_t>(local.size()));
   il.u32(PMIX_NODE_SIZE, static_cast<uint32_t>(local.size()));
   il.rank(PMIX_LOCALLDR, local.empty() ? 0 : static_cast<pmix_rank_t>(local.front()));
@@ -305,10 +319,12 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   il.u32(PMIX_APPNUM, 0);
   il.rank(PMIX_APPLDR, 0);
   il.u32(PMIX_APP_SIZE, static_cast<uint32_t>(info.world_size));
-  // Every process of the job: where it runs.  No PMIX_LOCALITY_STRING: the ranks are not bound,
-  // and PMIx's rule is that an unbound process has no locality (Open MPI then treats local peers
-  // as sharing the node).  Binding (topology mapping) will add it.
-  std::vector<pmix_data_array_t> procs;
+}
+
+// Every process of the job: where it runs.  No PMIX_LOCALITY_STRING: the ranks are not bound,
+// and PMIx's rule is that an unbound process has no locality (Open MPI then treats local peers
+// as sharing the node).  Binding (topology mapping) will add it.
+void add_proc_info(InfoList& il, const NamespaceInfo& info, const std::string& nsdir) {
   for (size_t node = 0; node < info.node_ranks.size(); ++node) {
     const auto& ranks = info.node_ranks[node];
     for (size_t lr = 0; lr < ranks.size(); ++lr) {
@@ -330,36 +346,67 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
       PMIX_DATA_ARRAY_DESTRUCT(&arr);
     }
   }
-  ::free(node_regex);
-  ::free(proc_regex);
-  pmix_data_array_t all;
-  il.convert(&all);
-  OpWait w;
-  pmix_status_t st = PMIx_server_register_nspace(info.nspace.c_str(), static_cast<int>(local.size()),
-                                                 static_cast<pmix_info_t*>(all.array), all.size,
-                                                 OpWait::cb, &w);
-  if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, &w);
-  else check(st, "PMIx_server_register_nspace " + info.nspace);
-  w.wait("PMIx_server_register_nspace " + info.nspace);
-  PMIX_DATA_ARRAY_DESTRUCT(&all);
+}
+
+// Registers every local client, then waits for all of them (one PMIx round trip at a time
+// would add up over many ranks).
+void register_clients(const NamespaceInfo& info, const std::vector<int>& local) {
+  std::vector<OpWait*> waits;
+  pmix_status_t failed = PMIX_SUCCESS;
+  int failed_rank = -1;
   for (int r : local) {
     pmix_proc_t proc;
     PMIX_LOAD_PROCID(&proc, info.nspace.c_str(), static_cast<pmix_rank_t>(r));
-    OpWait cw;
-    st = PMIx_server_register_client(&proc, ::getuid(), ::getgid(), nullptr, OpWait::cb, &cw);
-    if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, &cw);
-    else check(st, "PMIx_server_register_client");
-    cw.wait("PMIx_server_register_client " + info.nspace + ":" + std::to_string(r));
+    auto* w = new OpWait;
+    pmix_status_t st = PMIx_server_register_client(&proc, ::getuid(), ::getgid(), nullptr, OpWait::cb, w);
+    if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, w);
+    if (st != PMIX_SUCCESS && st != PMIX_OPERATION_SUCCEEDED) {
+      w->release();
+      failed = st;
+      failed_rank = r;
+      break;
+    }
+    waits.push_back(w);
   }
+  for (size_t i = 0; i < waits.size(); ++i)
+    waits[i]->wait_and_release("PMIx_server_register_client " + info.nspace + ":" + std::to_string(local[i]));
+  check(failed, "PMIx_server_register_client " + info.nspace + ":" + std::to_string(failed_rank));
+}
+
+}  // namespace
+
+void PmixServer::register_namespace(const NamespaceInfo& info) {
+  const auto& local = info.node_ranks.at(static_cast<size_t>(info.this_node));
+  std::string nsdir = impl_->tmpdir + "/" + info.nspace;
+  ::mkdir(nsdir.c_str(), 0700);
+  InfoList il;
+  add_job_info(il, info, impl_->tmpdir, nsdir, impl_->topo_xml);
+  add_proc_info(il, info, nsdir);
+  pmix_data_array_t all;
+  il.convert(&all);
+  auto* w = new OpWait;
+  pmix_status_t st = PMIx_server_register_nspace(info.nspace.c_str(), static_cast<int>(local.size()),
+                                                 static_cast<pmix_info_t*>(all.array), all.size,
+                                                 OpWait::cb, w);
+  if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, w);
+  if (st != PMIX_SUCCESS && st != PMIX_OPERATION_SUCCEEDED) {
+    w->release();
+    PMIX_DATA_ARRAY_DESTRUCT(&all);
+    check(st, "PMIx_server_register_nspace " + info.nspace);
+  }
+  // PMIx keeps using `all` until it calls back: free it only after a completed wait.
+  w->wait_and_release("PMIx_server_register_nspace " + info.nspace);
+  PMIX_DATA_ARRAY_DESTRUCT(&all);
+  register_clients(info, local);
   logger("pmix")->info("namespace {} registered: {} ranks, {} here", info.nspace,
-                        info.world_size, local.size());
+                       info.world_size, local.size());
 }
 
 void PmixServer::deregister_namespace(const std::string& nspace) {
-  OpWait w;
-  PMIx_server_deregister_nspace(nspace.c_str(), OpWait::cb, &w);
+  auto* w = new OpWait;
+  PMIx_server_deregister_nspace(nspace.c_str(), OpWait::cb, w);
   try {
-    w.wait("PMIx_server_deregister_nspace " + nspace);
+    w->wait_and_release("PMIx_server_deregister_nspace " + nspace);
   } catch (const Error& e) {
     logger("pmix")->warn("{}", e.what());
   }
