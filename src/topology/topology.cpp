@@ -88,6 +88,16 @@ int Topology::numa_count() const { return hwloc_get_nbobjs_by_type(topo_, HWLOC_
 int Topology::core_count() const { return hwloc_get_nbobjs_by_type(topo_, HWLOC_OBJ_CORE); }
 int Topology::pu_count() const { return hwloc_get_nbobjs_by_type(topo_, HWLOC_OBJ_PU); }
 
+void Topology::locate(hwloc_obj_t pci, PciDevice& where) const {
+  where.pci = pci_of(pci);
+  hwloc_obj_t hb = host_bridge_of(pci);
+  for (const auto& rc : rcs_)
+    if (rc.obj == hb) where.root_complex = rc.index;
+  where.numa = nearest_numa(topo_, pci);
+  where.cpuset = cpuset_of(topo_, pci);
+  where.obj = pci;
+}
+
 void Topology::discover() {
   for (hwloc_obj_t b = nullptr; (b = hwloc_get_next_bridge(topo_, b));) {
     if (b->attr->bridge.upstream_type != HWLOC_OBJ_BRIDGE_HOST) continue;
@@ -100,12 +110,7 @@ void Topology::discover() {
     rc.obj = b;
     rcs_.push_back(rc);
   }
-  auto rc_index = [this](hwloc_obj_t o) {
-    hwloc_obj_t hb = host_bridge_of(o);
-    for (const auto& rc : rcs_)
-      if (rc.obj == hb) return rc.index;
-    return -1;
-  };
+
   for (hwloc_obj_t d = nullptr; (d = hwloc_get_next_pcidev(topo_, d));) {
     const auto& pa = d->attr->pcidev;
     unsigned cls = pa.class_id;
@@ -128,11 +133,7 @@ void Topology::discover() {
       if (model.empty())
         if (const char* m = hwloc_obj_get_info_by_name(d, "PCIDevice")) model = m;
       g.model = model;
-      g.pci = pci_of(d);
-      g.root_complex = rc_index(d);
-      g.numa = nearest_numa(topo_, d);
-      g.cpuset = cpuset_of(topo_, d);
-      g.obj = d;
+      locate(d, g);
       gpus_.push_back(g);
       continue;
     }
@@ -141,11 +142,7 @@ void Topology::discover() {
       Nic n;
       n.name = !ofed.empty() ? ofed : !netdevs.empty() ? netdevs.front() : pci_of(d).str();
       n.netdevs = netdevs;
-      n.pci = pci_of(d);
-      n.root_complex = rc_index(d);
-      n.numa = nearest_numa(topo_, d);
-      n.cpuset = cpuset_of(topo_, d);
-      n.obj = d;
+      locate(d, n);
       nics_.push_back(n);
     }
   }

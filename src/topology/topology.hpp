@@ -24,10 +24,8 @@ struct PciAddress {
   std::string str() const;  // "0000:3b:00.0"
 };
 
-struct Gpu {
-  int index = 0;                 // CUDA/NVML index when hwloc names one, else discovery order
-  std::string name;              // "cuda0", "nvml3", or the PCI address
-  std::string model;             // hwloc's GPUModel / PCI device name when known
+// Where a PCI device sits.
+struct PciDevice {
   PciAddress pci;
   int root_complex = -1;         // index into Topology::root_complexes()
   int numa = -1;                 // logical index of the nearest NUMA node, -1 when unknown
@@ -35,14 +33,15 @@ struct Gpu {
   hwloc_obj_t obj = nullptr;     // the PCI device
 };
 
-struct Nic {
+struct Gpu : PciDevice {
+  int index = 0;                 // CUDA/NVML index when hwloc names one, else discovery order
+  std::string name;              // "cuda0", "nvml3", or the PCI address
+  std::string model;             // hwloc's GPUModel / PCI device name when known
+};
+
+struct Nic : PciDevice {
   std::string name;              // "mlx5_0" (OpenFabrics) or the network interface name
   std::vector<std::string> netdevs;  // network interfaces of this device ("ib0", "eth0")
-  PciAddress pci;
-  int root_complex = -1;
-  int numa = -1;
-  std::string cpuset;
-  hwloc_obj_t obj = nullptr;
 };
 
 struct RootComplex {
@@ -78,6 +77,7 @@ class Topology {
   friend std::unique_ptr<Topology> load_topology(const LoadOptions&);
   Topology() = default;
   void discover();
+  void locate(hwloc_obj_t pci, PciDevice& where) const;
 
   hwloc_topology_t topo_ = nullptr;
   std::string source_;
