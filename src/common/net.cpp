@@ -2,9 +2,15 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/error.hpp"
@@ -31,6 +37,129 @@ std::string local_hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof buf - 1) != 0) return "localhost";
   return buf;
+}
+
+}  // namespace pe
+
+namespace pe {
+namespace {
+
+struct sockaddr_in ipv4(const std::string& addr, int port) {
+  struct sockaddr_in sa {};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
+    throw Error("not an IPv4 address: '" + addr + "'");
+  return sa;
+}
+
+std::string address_string(const struct sockaddr_in& sa) {
+  char buf[INET_ADDRSTRLEN] = {};
+  return ::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf) ? buf : "";
+}
+
+std::string resolve_ipv4(const std::string& host) {
+  struct in_addr a;
+  if (::inet_pton(AF_INET, host.c_str(), &a) == 1) return host;
+  struct addrinfo hints {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &res);
+  if (rc != 0 || !res) throw Error("cannot resolve host '" + host + "': " + ::gai_strerror(rc));
+  std::string s = address_string(*reinterpret_cast<struct sockaddr_in*>(res->ai_addr));
+  ::freeaddrinfo(res);
+  return s;
+}
+
+}  // namespace
+
+UniqueFd listen_tcp(const std::string& addr, int port, int* bound_port) {
+  auto sa = ipv4(addr, port);
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  PE_CHECK_ERRNO(fd.valid(), "socket");
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  PE_CHECK_ERRNO(::bind(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) == 0,
+                 "bind " + addr + ":" + std::to_string(port));
+  PE_CHECK_ERRNO(::listen(fd.get(), 4096) == 0, "listen");
+  socklen_t len = sizeof sa;
+  PE_CHECK_ERRNO(::getsockname(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), &len) == 0,
+                 "getsockname");
+  if (bound_port) *bound_port = ntohs(sa.sin_port);
+  return fd;
+}
+
+UniqueFd accept_tcp(int listen_fd, std::string* peer_addr) {
+  struct sockaddr_in sa {};
+  socklen_t len = sizeof sa;
+  UniqueFd fd(::accept4(listen_fd, reinterpret_cast<struct sockaddr*>(&sa), &len,
+                        SOCK_CLOEXEC | SOCK_NONBLOCK));
+  if (fd.valid() && peer_addr) *peer_addr = address_string(sa) + ":" + std::to_string(ntohs(sa.sin_port));
+  return fd;
+}
+
+UniqueFd connect_tcp(const std::string& host, int port, double timeout) {
+  std::string target = host + ":" + std::to_string(port);
+  auto sa = ipv4(resolve_ipv4(host), port);
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  PE_CHECK_ERRNO(fd.valid(), "socket");
+  if (::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0) {
+    if (errno != EINPROGRESS) throw SystemError("connect to " + target, errno);
+    struct pollfd p {fd.get(), POLLOUT, 0};
+    int rc;
+    do rc = ::poll(&p, 1, static_cast<int>(timeout * 1000));
+    while (rc < 0 && errno == EINTR);
+    if (rc == 0) throw TimeoutError("connect to " + target + ": no answer within " +
+                                    std::to_string(static_cast<int>(timeout)) + " s");
+    int err = 0;
+    socklen_t len = sizeof err;
+    ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+    if (rc < 0 || err) throw SystemError("connect to " + target, rc < 0 ? errno : err);
+  }
+  return fd;
+}
+
+std::string peer_address(int fd) {
+  struct sockaddr_in sa {};
+  socklen_t len = sizeof sa;
+  if (::getpeername(fd, reinterpret_cast<struct sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET)
+    return "";
+  return address_string(sa);
+}
+
+std::string local_address(int fd) {
+  struct sockaddr_in sa {};
+  socklen_t len = sizeof sa;
+  if (::getsockname(fd, reinterpret_cast<struct sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET)
+    return "";
+  return address_string(sa);
+}
+
+void tune_control_socket(int fd, int seconds) {
+  int one = 1, idle = std::max(1, seconds / 2), intvl = 1, cnt = std::max(1, seconds - idle);
+  unsigned user_timeout = static_cast<unsigned>(seconds) * 1000u;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+  ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+}
+
+std::vector<std::string> local_ipv4_addresses() {
+  std::vector<std::string> out, loopback;
+  struct ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return {"127.0.0.1"};
+  for (auto* i = ifs; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
+    std::string a = address_string(*reinterpret_cast<struct sockaddr_in*>(i->ifa_addr));
+    ((i->ifa_flags & IFF_LOOPBACK) ? loopback : out).push_back(a);
+  }
+  ::freeifaddrs(ifs);
+  out.insert(out.end(), loopback.begin(), loopback.end());
+  if (out.empty()) out.push_back("127.0.0.1");
+  return out;
 }
 
 }  // namespace pe

@@ -2,6 +2,9 @@
 #pragma once
 
 #include <string>
+#include <vector>
+
+#include "common/unique_fd.hpp"
 
 namespace pe {
 
@@ -10,5 +13,22 @@ namespace pe {
 int find_free_port(const std::string& addr);
 
 std::string local_hostname();
+
+// A listening TCP socket on addr:port (port 0: any), non-blocking, close-on-exec.  Throws
+// SystemError.  The port actually bound is returned in *bound_port.
+UniqueFd listen_tcp(const std::string& addr, int port, int* bound_port);
+// Accepts one connection (non-blocking, close-on-exec); an invalid fd when none is pending.
+UniqueFd accept_tcp(int listen_fd, std::string* peer_addr);
+// Connects to host:port within `timeout` seconds (host: an IPv4 address or a name).  Returns
+// the connected, non-blocking socket; throws SystemError or TimeoutError naming the target.
+UniqueFd connect_tcp(const std::string& host, int port, double timeout);
+// The peer's / this end's IPv4 address of a connected socket ("" when unknown).
+std::string peer_address(int fd);
+std::string local_address(int fd);
+// TCP keepalive probes so that a vanished peer is noticed within about `seconds`, and
+// TCP_NODELAY.
+void tune_control_socket(int fd, int seconds);
+// This machine's IPv4 addresses, the loopback ones last.
+std::vector<std::string> local_ipv4_addresses();
 
 }  // namespace pe

@@ -8,6 +8,10 @@
 namespace pe {
 
 std::vector<std::string> split(const std::string& s, char sep);
+// Words separated by blanks; single or double quotes group words ("a 'b c'" -> a, b c).
+// Throws pe::UsageError for an unterminated quote.
+std::vector<std::string> split_words(const std::string& s);
+std::string join(const std::vector<std::string>& v, const std::string& sep);
 
 // Parses a whole string as a base-10 integer in [min, max]; nullopt for anything else
 // (empty, sign where not allowed, trailing junk, overflow).

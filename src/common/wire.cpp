@@ -29,6 +29,13 @@ Writer& Writer::str(std::string_view s) {
   return *this;
 }
 
+Writer& Writer::blob(std::string_view s) {
+  if (s.size() > kMaxPayload) throw WireError("data field of " + std::to_string(s.size()) + " bytes is too long");
+  u32(static_cast<uint32_t>(s.size()));
+  buf_.append(s);
+  return *this;
+}
+
 const char* Reader::take(size_t n) {
   if (n > remaining())
     throw WireError("truncated payload: " + std::to_string(n) + " bytes wanted, " +

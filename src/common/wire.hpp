@@ -41,6 +41,7 @@ class Writer {
   Writer& u64(uint64_t v);
   Writer& i32(int32_t v) { return u32(static_cast<uint32_t>(v)); }
   Writer& str(std::string_view s);  // u32 length + bytes; throws WireError above kMaxString
+  Writer& blob(std::string_view s); // the same for bulk data, up to kMaxPayload (read: str(kMaxPayload))
   const std::string& data() const { return buf_; }
   std::string take() { return std::move(buf_); }
 
@@ -74,6 +75,7 @@ std::string encode_frame(uint16_t type, std::string_view payload, uint16_t flags
 class FrameDecoder {
  public:
   explicit FrameDecoder(uint32_t max_payload = kMaxPayload) : max_(max_payload) {}
+  void set_max_payload(uint32_t max_payload) { max_ = max_payload; }
   void feed(const char* data, size_t len);
   // The next complete frame, if any; throws WireError for a bad magic or an oversized length
   // as soon as the header has arrived.

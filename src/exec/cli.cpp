@@ -38,6 +38,9 @@ const OptDef kOptions[] = {
     {"hostfile", 0, Kind::Value, "Processes", "FILE",
      "run on the hosts of an Open MPI hostfile (\"host slots=N\" or \"host:N\" lines)"},
     {"npernode", 'N', Kind::Value, "Processes", "N", "ranks per node"},
+    {"launch-agent", 0, Kind::Value, "Processes", "CMD",
+     "start each node's pytorch_execd with CMD, {host} standing for the node (appended when "
+     "absent); default: srun in a SLURM allocation, else ssh"},
     {"oversubscribe", 0, Kind::Flag, "Processes", nullptr,
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
      "-n is never limited)"},
@@ -234,6 +237,10 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
     c.hostfile = *raw.hostfile;
   }
   if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
+  if (raw.launch_agent) {
+    if (split_words(*raw.launch_agent).empty()) throw UsageError("--launch-agent: the command is empty");
+    c.launch_agent = *raw.launch_agent;
+  }
   if (raw.nproc_per_node) {
     int per_node = parse_count("--nproc-per-node", *raw.nproc_per_node, 1);
     if (raw.hosts || raw.hostfile || raw.npernode) {
@@ -293,7 +300,7 @@ void validate_stdin(const RawOptions& raw, LaunchConfig& c) {
     } else if (s == "all") {
       c.stdin_mode = StdinMode::All;
     } else if (auto r = parse_int(s, 0, INT_MAX)) {
-      if (*r >= c.np)
+      if (*r >= c.np && c.np_given)  // otherwise checked against the job map (check_stdin_rank)
         throw UsageError("--stdin: rank " + s + " does not exist (the job has " +
                          std::to_string(c.np) + " ranks)");
       c.stdin_mode = StdinMode::OneRank;
@@ -381,6 +388,7 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   r.hosts = get<std::string>(vm, "host");
   r.hostfile = get<std::string>(vm, "hostfile");
   r.npernode = get<std::string>(vm, "npernode");
+  r.launch_agent = get<std::string>(vm, "launch-agent");
   r.wdir = get<std::string>(vm, "wdir");
   r.exports = get<std::vector<std::string>>(vm, "x").value_or(std::vector<std::string>{});
   r.output_filename = get<std::string>(vm, "output-filename");
@@ -444,6 +452,12 @@ int check_executable(const std::string& path) {
 }
 
 }  // namespace
+
+void check_stdin_rank(const LaunchConfig& c, int world_size) {
+  if (c.stdin_mode == StdinMode::OneRank && c.stdin_rank >= world_size)
+    throw UsageError("--stdin: rank " + std::to_string(c.stdin_rank) + " does not exist (the job has " +
+                     std::to_string(world_size) + " ranks)");
+}
 
 std::string resolve_program(const std::string& program, const std::string& wdir,
                             const std::string& path_env) {

@@ -22,6 +22,7 @@ struct RawOptions {
   std::optional<std::string> hosts;      // -H
   std::optional<std::string> hostfile;
   std::optional<std::string> npernode;   // -N
+  std::optional<std::string> launch_agent;
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
   bool oversubscribe = false;
@@ -65,6 +66,9 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
 // Finds the program as execvp would (PATH search for a bare name, relative to `wdir` for a
 // relative path) and checks it can be executed.  Throws ProgramError (127 not found,
 // 126 not executable) or UsageError (missing --wdir).
+// --stdin RANK against the job's size once it is mapped (-n may come from the allocation).
+void check_stdin_rank(const LaunchConfig& c, int world_size);
+
 std::string resolve_program(const std::string& program, const std::string& wdir,
                             const std::string& path_env);
 

@@ -14,6 +14,8 @@
 #include "common/log.hpp"
 #include "common/net.hpp"
 #include "exec/job_map.hpp"
+#include "exec/allocation.hpp"
+#include "exec/remote_workers.hpp"
 
 namespace pe {
 namespace {
@@ -52,9 +54,14 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, std::string host, Job
 JobController::~JobController() = default;
 
 int JobController::run() {
-  plan_ = plan_node(cfg_, map_.world_size);
-  if (cfg_.display_topology) std::cout << topo::format_topology(*plan_.topology, plan_.analysis) << std::flush;
-  if (cfg_.display_map) std::cout << format_job_map(map_, {&plan_}) << std::flush;
+  bool local = map_.nodes.size() == 1 && is_local_host(map_.nodes[0].host, host_);
+  if (!cfg_.dry_run) setup_stdin(local);
+  if (local)
+    workers_ = std::make_unique<LocalWorkers>(loop_, *this, cfg_, env_, map_, job_id_, stdin_how_);
+  else
+    workers_ = std::make_unique<RemoteWorkers>(loop_, *this, cfg_, env_, map_, job_id_, host_,
+                                               stdin_how_ == StdinHow::Forward);
+  if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
@@ -62,42 +69,20 @@ int JobController::run() {
   ::signal(SIGPIPE, SIG_IGN);
   grace_timer_ = loop_.timer([this] {
     logger("exec")->info("kill grace of {} s is over: SIGKILL", cfg_.kill_grace);
-    agent_->signal_all(SIGKILL);
+    workers_->signal_all(SIGKILL);
     kill_timer_.arm(kAfterKillTimeout);
   });
   kill_timer_ = loop_.timer([this] {
-    say("timed out waiting for " + std::to_string(agent_->live()) +
+    say("timed out waiting for " + std::to_string(workers_->live()) +
         " killed process(es) to exit; giving up");
     finish(exit_status_ ? exit_status_ : 1);
   });
-  agent_ = std::make_unique<NodeAgent>(loop_, *this, &modex_, "pytorch_exec." + job_id_,
-                                       plan_.topology->raw());
-  setup_stdin();
-  start_generation();
+  workers_->prepare([this] {
+    if (state_ == State::Preparing) start_generation();
+  });
   if (state_ != State::Done) loop_.run();
+  workers_.reset();  // stops daemons and reaps what is left before the status is returned
   return exit_status_;
-}
-
-std::vector<WorkerSpec> JobController::worker_specs(const GenerationInfo& gen) {
-  std::vector<WorkerSpec> specs;
-  std::vector<std::string> argv{cfg_.program_arg0};
-  argv.insert(argv.end(), cfg_.args.begin(), cfg_.args.end());
-  for (int rank = 0; rank < map_.world_size; ++rank) {
-    WorkerSpec w;
-    w.rank = rank;
-    w.spawn.path = cfg_.program;
-    w.spawn.argv = argv;
-    const auto& where = plan_.ranks.at(static_cast<size_t>(map_.ranks[static_cast<size_t>(rank)].local_rank));
-    w.spawn.envp = to_envp(worker_environment(env_, cfg_.exports, map_, rank, gen, locality_of(where)));
-    w.spawn.cpus = where.os_cpus;
-    w.spawn.wdir = cfg_.wdir;
-    bool gets_stdin = cfg_.stdin_mode == StdinMode::All ||
-                      (cfg_.stdin_mode == StdinMode::OneRank && rank == cfg_.stdin_rank);
-    if (gets_stdin && stdin_how_ == StdinHow::Forward && !stdin_eof_) w.spawn.stdin_pipe = true;
-    if (gets_stdin && stdin_how_ == StdinHow::Direct) w.spawn.stdin_fd = 0;
-    specs.push_back(std::move(w));
-  }
-  return specs;
 }
 
 void JobController::start_generation() {
@@ -107,44 +92,23 @@ void JobController::start_generation() {
   gen.generation = generation_;
   gen.restart_count = restarts_;
   gen.max_restarts = cfg_.max_restarts;
-  gen.master_addr = "127.0.0.1";
-  gen.master_port = find_free_port(gen.master_addr);
-  long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
-  gen.oversubscribed = ncpu > 0 && map_.world_size > ncpu;
-  pmix::NamespaceInfo ns;
-  ns.nspace = "pytorch_exec." + job_id_ + "." + std::to_string(generation_);
-  ns.world_size = map_.world_size;
-  for (const auto& node : map_.nodes) {
-    ns.hosts.push_back(node.host);
-    ns.node_ranks.push_back(node.ranks);
-  }
-  ns.this_node = 0;
-  ns.oversubscribed = gen.oversubscribed;
+  gen.master_addr = workers_->master_addr();
+  gen.master_port = workers_->master_port();
   state_ = State::Running;
   exited_ok_ = 0;
   failure_.reset();
-  logger("exec")->info("generation {}: {} ranks, MASTER_ADDR={} MASTER_PORT={}", generation_,
-                       map_.world_size, gen.master_addr, gen.master_port);
-  auto specs = worker_specs(gen);
-  // "All" on a file: every rank reads it from the start, through its own open file description.
-  std::vector<UniqueFd> own_stdin;
-  if (stdin_how_ == StdinHow::Direct && cfg_.stdin_mode == StdinMode::All) {
-    for (auto& w : specs) {
-      own_stdin.emplace_back(::open("/proc/self/fd/0", O_RDONLY | O_CLOEXEC));
-      w.spawn.stdin_fd = own_stdin.back().get();
-    }
-  }
-  if (cfg_.report_bindings)
-    for (int rank = 0; rank < map_.world_size; ++rank)
-      say("generation " + std::to_string(generation_) + " rank " + std::to_string(rank) + " on " +
-          host_ + ": " + topo::describe_placement(plan_.ranks.at(static_cast<size_t>(rank))));
+  logger("exec")->info("generation {}: {} ranks on {} node(s), MASTER_ADDR={} MASTER_PORT={}",
+                       generation_, map_.world_size, map_.nodes.size(), gen.master_addr,
+                       gen.master_port);
   try {
-    agent_->start(generation_, std::move(specs), &ns);
+    workers_->start(gen);
+    if (workers_->stdin_backlog() == 0) on_stdin_drained();
   } catch (const Error& e) {
     say(std::string("cannot start the workers: ") + e.what());
     exit_status_ = 1;
     state_ = State::Failing;
     stop_workers(SIGTERM);
+    if (workers_->live() == 0) on_all_stopped();
   }
 }
 
@@ -161,7 +125,7 @@ void JobController::on_exit(const WorkerExit& e) {
     Failure f;
     f.rank = e.rank;
     f.pid = e.pid;
-    f.host = host_;
+    f.host = workers_->host_of_rank(e.rank);
     f.status = e.status;
     f.exec_errno = e.exec_errno;
     f.bind_failed = e.bind_failed;
@@ -169,7 +133,7 @@ void JobController::on_exit(const WorkerExit& e) {
     f.unfinalized = e.pmix_unfinalized;
     on_rank_failed(std::move(f));
   }
-  if (agent_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();
+  if (workers_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();
 }
 
 void JobController::on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) {
@@ -177,7 +141,7 @@ void JobController::on_abort(int generation, int rank, pid_t pid, int status, co
   Failure f;
   f.rank = rank;
   f.pid = pid;
-  f.host = host_;
+  f.host = workers_->host_of_rank(rank);
   f.status = status;
   f.program = cfg_.program;
   f.aborted = true;
@@ -200,9 +164,25 @@ void JobController::on_rank_failed(Failure f) {
   stop_workers(SIGTERM);
 }
 
+// A daemon could not be started or went away: the job cannot go on (elastic membership is a
+// later feature), so everything else is stopped and the job fails, naming the node.
+void JobController::on_node_lost(const std::string& host, const std::string& why) {
+  if (state_ == State::Done) return;
+  say("node " + host + ": " + why);
+  if (!exit_status_) exit_status_ = 1;
+  failure_.reset();
+  if (state_ == State::Preparing) {
+    finish(exit_status_);
+    return;
+  }
+  state_ = State::Failing;
+  stop_workers(SIGTERM);
+  if (workers_->live() == 0) on_all_stopped();
+}
+
 void JobController::stop_workers(int sig) {
-  agent_->signal_all(sig);
-  if (agent_->live() > 0 && !grace_timer_.pending() && !kill_timer_.pending())
+  workers_->signal_all(sig);
+  if (workers_->live() > 0 && !grace_timer_.pending() && !kill_timer_.pending())
     grace_timer_.arm(cfg_.kill_grace);
 }
 
@@ -237,23 +217,23 @@ void JobController::on_all_stopped() {
 
 void JobController::on_signal(int sig) {
   if (sig == SIGUSR1 || sig == SIGUSR2) {
-    agent_->signal_all(sig);
+    workers_->signal_all(sig);
     return;
   }
   if (state_ == State::Done) return;
   if (state_ == State::Interrupted) {
     say("second signal: killing all processes now");
     grace_timer_.disarm();
-    agent_->signal_all(SIGKILL);
+    workers_->signal_all(SIGKILL);
     if (!kill_timer_.pending()) kill_timer_.arm(kAfterKillTimeout);
     return;
   }
-  logger("exec")->info("signal {} received: forwarding to {} processes", sig, agent_->live());
+  logger("exec")->info("signal {} received: forwarding to {} processes", sig, workers_->live());
   interrupt_signal_ = sig;
   state_ = State::Interrupted;
   grace_timer_.disarm();
   stop_workers(sig);
-  if (agent_->live() == 0) on_all_stopped();
+  if (workers_->live() == 0) on_all_stopped();
 }
 
 void JobController::finish(int status) {
@@ -263,10 +243,17 @@ void JobController::finish(int status) {
   loop_.stop();
 }
 
-void JobController::setup_stdin() {
+void JobController::setup_stdin(bool local) {
   if (cfg_.stdin_mode == StdinMode::None) return;
   struct stat st;
   if (::fstat(0, &st) != 0) return;  // closed: /dev/null
+  if (S_ISCHR(st.st_mode) && !::isatty(0) && !local) return;  // /dev/null and the like
+  if (S_ISREG(st.st_mode) && !local) {
+    stdin_how_ = StdinHow::Forward;  // a file cannot be polled: read it piece by piece
+    stdin_file_ = true;
+    loop_.post([this] { on_stdin_readable(); });
+    return;
+  }
   if (S_ISREG(st.st_mode) || (S_ISCHR(st.st_mode) && !::isatty(0))) {
     stdin_how_ = StdinHow::Direct;  // files and /dev/null cannot be polled; hand them over
     return;
@@ -280,26 +267,40 @@ void JobController::setup_stdin() {
 }
 
 void JobController::on_stdin_readable() {
+  if (state_ == State::Preparing) {  // nobody to give it to yet: resumed by start_generation
+    stdin_event_.disarm();
+    stdin_paused_ = true;
+    return;
+  }
   char buf[65536];
   ssize_t n = ::read(0, buf, sizeof buf);
   if (n < 0 && (errno == EINTR || errno == EAGAIN)) return;
   if (n <= 0) {
     stdin_eof_ = true;
     stdin_event_ = Event();
-    agent_->stdin_close_all();
+    workers_->stdin_close_all();
     return;
   }
   std::string_view data(buf, static_cast<size_t>(n));
   if (cfg_.stdin_mode == StdinMode::All) {
-    for (int r = 0; r < map_.world_size; ++r) agent_->stdin_write(r, data);
+    for (int r = 0; r < map_.world_size; ++r) workers_->stdin_write(r, data);
   } else {
-    agent_->stdin_write(cfg_.stdin_rank, data);
+    workers_->stdin_write(cfg_.stdin_rank, data);
   }
-  if (agent_->stdin_backlog() > kStdinBacklogLimit) stdin_event_.disarm();
+  if (workers_->stdin_backlog() > kStdinBacklogLimit) {
+    stdin_event_.disarm();
+    stdin_paused_ = true;
+  } else if (stdin_file_) {
+    loop_.post([this] { if (!stdin_eof_ && state_ != State::Done) on_stdin_readable(); });
+  }
 }
 
 void JobController::on_stdin_drained() {
-  if (stdin_how_ == StdinHow::Forward && !stdin_eof_ && stdin_event_ && !stdin_event_.pending())
+  if (stdin_how_ != StdinHow::Forward || stdin_eof_ || !stdin_paused_) return;
+  stdin_paused_ = false;
+  if (stdin_file_)
+    loop_.post([this] { if (!stdin_eof_ && state_ != State::Done) on_stdin_readable(); });
+  else
     stdin_event_ = loop_.watch_readable(0, [this] { on_stdin_readable(); });
 }
 

@@ -15,23 +15,22 @@
 #include "exec/failure.hpp"
 #include "exec/launch_config.hpp"
 #include "exec/node_agent.hpp"
-#include "exec/node_plan.hpp"
 #include "exec/stdio.hpp"
 #include "exec/worker_env.hpp"
-#include "pmix_rdzv/modex_router.hpp"
+#include "exec/workers.hpp"
 
 namespace pe {
 
 class JobController : public AgentListener {
  public:
-  // `map` has one node, this machine (multi-node launches go through pytorch_execd).
+  // A map of one node, this machine, runs in-process; any other through pytorch_execd daemons.
   JobController(LaunchConfig cfg, EnvMap env, std::string host, JobMap map);
   ~JobController() override;
   // Runs the job to its end; returns pytorch_exec's exit status.
   int run();
 
  private:
-  enum class State { Running, Restarting, Failing, Interrupted, Done };
+  enum class State { Preparing, Running, Restarting, Failing, Interrupted, Done };
 
   void start_generation();
   std::vector<WorkerSpec> worker_specs(const GenerationInfo& gen);
@@ -39,12 +38,13 @@ class JobController : public AgentListener {
   void on_exit(const WorkerExit& e) override;
   void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
   void on_rank_failed(Failure f);
+  void on_node_lost(const std::string& host, const std::string& why) override;
   void on_stdin_drained() override;
   void on_signal(int sig);
   void stop_workers(int sig);
   void on_all_stopped();
   void finish(int status);
-  void setup_stdin();
+  void setup_stdin(bool local);
   void on_stdin_readable();
 
   LaunchConfig cfg_;
@@ -52,13 +52,11 @@ class JobController : public AgentListener {
   std::string host_;
   std::string job_id_;
   EventLoop loop_;
-  pmix::LocalModexRouter modex_;
   OutputSink sink_;
   JobMap map_;
-  NodePlan plan_;                    // before agent_: the agent borrows its topology
-  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<WorkerSet> workers_;
 
-  State state_ = State::Running;
+  State state_ = State::Preparing;
   int generation_ = 0;
   int restarts_ = 0;
   int exited_ok_ = 0;
@@ -71,9 +69,10 @@ class JobController : public AgentListener {
   Event kill_timer_;
 
   // Standard input.
-  enum class StdinHow { DevNull, Forward, Direct };
   StdinHow stdin_how_ = StdinHow::DevNull;
   bool stdin_eof_ = false;
+  bool stdin_file_ = false;    // a regular file forwarded to other nodes: read without polling
+  bool stdin_paused_ = false;  // the backlog limit was reached
   Event stdin_event_;
 };
 

@@ -20,6 +20,8 @@ struct LaunchConfig {
   std::string program_arg0;          // the program as the user typed it (argv[0] of workers)
   std::vector<std::string> args;     // arguments after the program
   bool oversubscribe = false;        // more ranks than slots (allocations, hostfiles)
+  bool slurm = false;                // the allocation is SLURM's: daemons are started with srun
+  std::string launch_agent;          // --launch-agent "CMD {host}"; empty: ssh (or srun)
 
   // Mapping and binding (strings as on the command line, already checked).
   std::string map_by;                // "" = default

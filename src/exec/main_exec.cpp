@@ -25,6 +25,7 @@ int fail(const std::string& msg, int status) {
 
 pe::JobMap make_map(pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
   pe::Allocation alloc = pe::find_allocation(cfg.hosts, cfg.hostfile, env, host);
+  cfg.slurm = alloc.source.rfind("SLURM", 0) == 0;
   if (!alloc.limited) {
     if (cfg.npernode > 0 && !cfg.np_given) cfg.np = cfg.npernode;
     return pe::map_single_node(alloc.nodes[0].host, cfg.np);
@@ -81,12 +82,9 @@ int real_main(int argc, char** argv) {
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
   pe::init_logging(cfg.verbosity, spec ? spec : "", host);
   pe::JobMap map = make_map(cfg, ctx.env, host);
-  if (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)) {
-    if (cfg.dry_run) return print_dry_run(cfg, map, host);
-    throw pe::UsageError("the job map spans " + std::to_string(map.nodes.size()) + " node(s) (" +
-                         map.nodes[0].host + (map.nodes.size() > 1 ? ", ..." : "") +
-                         "); this version starts ranks on this machine only (--dry-run shows the map)");
-  }
+  pe::check_stdin_rank(cfg, map.world_size);
+  if (cfg.dry_run && (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)))
+    return print_dry_run(cfg, map, host);
   auto path = ctx.env.count("PATH") ? ctx.env["PATH"] : std::string("/usr/bin:/bin");
   // A dry run starts nothing: the program need not exist here.
   cfg.program = cfg.dry_run ? cfg.program_arg0 : pe::resolve_program(cfg.program_arg0, cfg.wdir, path);

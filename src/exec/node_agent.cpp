@@ -86,6 +86,11 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs, const pmix:
   }
 }
 
+void NodeAgent::dmodex_request(const std::string& nspace, int rank, pmix::ModexDone done) {
+  if (!pmix_) return done(-1, "");
+  pmix_->dmodex_request(nspace, rank, std::move(done));
+}
+
 void NodeAgent::signal_all(int sig) {
   for (auto& [pid, w] : workers_) {
     logger("agent")->debug("signal {} to process group {} (rank {})", sig, pid, w->rank);

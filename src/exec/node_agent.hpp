@@ -51,6 +51,8 @@ class AgentListener {
   virtual void on_stdin_drained() {}
   // A worker called PMIx_Abort (MPI_Abort).
   virtual void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) = 0;
+  // Multi-node jobs: a node's daemon could not be started, or it (or its node) went away.
+  virtual void on_node_lost(const std::string& host, const std::string& why) { (void)host, (void)why; }
 };
 
 class NodeAgent : public pmix::ServerListener {
@@ -78,6 +80,9 @@ class NodeAgent : public pmix::ServerListener {
   void stdin_write(int rank, std::string_view data);
   void stdin_close_all();
   size_t stdin_backlog() const { return stdin_backlog_; }
+
+  // Multi-node: another node asks for what a local client committed (see PmixServer).
+  void dmodex_request(const std::string& nspace, int rank, pmix::ModexDone done);
 
  private:
   struct Worker;

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "common/log.hpp"
+#include "common/strings.hpp"
 
 namespace pe::pmix {
 
@@ -82,11 +83,6 @@ class InfoList {
   void* list_;
 };
 
-std::string join(const std::vector<std::string>& v, const char* sep) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? sep : "") + v[i];
-  return s;
-}
 
 }  // namespace
 
@@ -400,6 +396,30 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   register_clients(info, local);
   logger("pmix")->info("namespace {} registered: {} ranks, {} here", info.nspace,
                        info.world_size, local.size());
+}
+
+void PmixServer::dmodex_request(const std::string& nspace, int rank, ModexDone done) {
+  struct Request {
+    EventLoop* loop;
+    ModexDone done;
+  };
+  auto* req = new Request{&impl_->loop, std::move(done)};
+  pmix_proc_t proc;
+  PMIX_LOAD_PROCID(&proc, nspace.c_str(), static_cast<pmix_rank_t>(rank));
+  auto cb = [](pmix_status_t st, char* data, size_t sz, void* cbdata) {
+    auto* r = static_cast<Request*>(cbdata);
+    std::string copy(data ? data : "", data ? sz : 0);
+    r->loop->post([r, st, copy]() mutable {
+      r->done(st, std::move(copy));
+      delete r;
+    });
+  };
+  pmix_status_t st = PMIx_server_dmodex_request(&proc, cb, req);
+  if (st != PMIX_SUCCESS) {
+    auto d = std::move(req->done);
+    delete req;
+    d(st, "");
+  }
 }
 
 void PmixServer::deregister_namespace(const std::string& nspace) {

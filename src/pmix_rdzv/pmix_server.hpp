@@ -70,6 +70,9 @@ class PmixServer {
   void deregister_namespace(const std::string& nspace);
   // PMIx_server_setup_fork for one local client: the variables to add to its environment.
   std::vector<std::string> setup_fork(const std::string& nspace, int rank);
+  // Another node asks for what local client `rank` of `nspace` committed
+  // (PMIx_server_dmodex_request); done() runs on the loop thread.
+  void dmodex_request(const std::string& nspace, int rank, ModexDone done);
   // The server's private temporary directory (removed when the server goes).
   const std::string& tmpdir() const;
 

@@ -1,6 +1,7 @@
 """Allocations: -H, --hostfile and a SLURM allocation's variables, mapped by slot or node,
 shown with --dry-run; a job on this machine only runs; mistakes are one line."""
 import os
+import re
 
 from harness import check, main, run, tmpdir
 
@@ -56,13 +57,16 @@ def test_mistakes():
         (["-H", "a:x", "true"], "bad slot count 'x'"),
         (["--hostfile", "/no/such/hostfile", "true"], "--hostfile: cannot open '/no/such/hostfile'"),
         (["-H", "a", "--hostfile", "/x", "true"], "either -H or --hostfile"),
-        (["-H", "a:1,b:1", "true"], "this version starts ranks on this machine only"),
         (["-N", "0", "true"], "-N: expected a positive integer"),
     ]
     for args, text in cases:
         r = run(args)
         check(r.returncode == 2 and len(r.stderr.splitlines()) == 1 and text in r.stderr,
               f"{args}: {r.returncode} {r.stderr!r}")
+    # Hosts that ssh cannot reach: the daemon that could not start is named, nothing hangs.
+    r = run(["-H", "no-such-host-a.invalid:1,no-such-host-b.invalid:1", "true"], timeout=60)
+    check(r.returncode != 0 and re.search(r"node no-such-host-[ab]\.invalid: (its daemon could not be "
+                                          r"started|cannot start its daemon)", r.stderr), r.stderr)
     r = run(["true"], env=dict(os.environ, SLURM_JOB_NODELIST="n[1-"))
     check(r.returncode == 2 and "hostlist 'n[1-': unmatched '['" in r.stderr, r.stderr)
 

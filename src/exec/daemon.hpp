@@ -1,0 +1,71 @@
+// pytorch_execd: the node daemon of a multi-node job.  It connects to the front end,
+// authenticates with the job's secret, receives the job description, and then runs its node's
+// workers through a NodeAgent with a PMIx server: it starts generations, signals, feeds stdin,
+// and reports output, exits and aborts.  PMIx fences and direct-modex requests of its clients
+// travel over the same connection.  When the connection closes, for whatever reason, it kills its
+// workers and exits: nothing is left on the node.
+//
+// Threading: everything runs on the event-loop thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/event_loop.hpp"
+#include "exec/control.hpp"
+#include "exec/node_agent.hpp"
+#include "exec/node_plan.hpp"
+#include "pmix_rdzv/modex_router.hpp"
+
+namespace pe {
+
+struct DaemonOptions {
+  std::vector<std::pair<std::string, int>> connect;  // front-end addresses, tried in order
+  std::string node;                                  // this node's name in the job map
+  std::string secret;                                // raw bytes
+  double connect_timeout = 30.0;
+};
+
+class Daemon : public AgentListener, public pmix::ModexRouter {
+ public:
+  explicit Daemon(DaemonOptions opts);
+  ~Daemon() override;
+  // Runs until the front end goes away; returns the daemon's exit status.
+  int run();
+
+ private:
+  void handshake();
+  void on_frame(wire::Frame& f);
+  void on_job(const wire::Frame& f);
+  void on_start(const wire::Frame& f);
+  void on_closed(const std::string& why);
+  void send_port();
+  // AgentListener
+  void on_output(int generation, int rank, Stream s, std::string_view lines) override;
+  void on_exit(const WorkerExit& e) override;
+  void on_stdin_drained() override;
+  void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
+  // ModexRouter
+  void fence(const std::string& nspace, bool collect, std::string data, pmix::ModexDone done) override;
+  void direct_modex(const std::string& nspace, int rank, pmix::ModexDone done) override;
+
+  DaemonOptions opts_;
+  EventLoop loop_;
+  std::unique_ptr<ctrl::Connection> conn_;
+  std::vector<Event> signal_events_;
+  ctrl::JobDescription job_;
+  bool have_job_ = false;
+  EnvMap env_;
+  NodePlan plan_;
+  std::unique_ptr<NodeAgent> agent_;
+  int status_ = 0;
+  // Fences and direct-modex requests waiting for the front end.
+  std::map<std::string, uint32_t> fence_seq_;                          // per namespace
+  std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;
+  uint64_t next_dmodex_ = 1;
+  std::map<uint64_t, pmix::ModexDone> dmodex_;
+};
+
+}  // namespace pe

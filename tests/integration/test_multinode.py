@@ -1,0 +1,282 @@
+"""Multi-node jobs through pytorch_execd daemons, on this machine: the "nodes" are names given
+with -H, and each daemon is started by a launch agent (`env -i ... PE_NODE={host}`), so the
+daemons, the authenticated control plane, the PMIx traffic between nodes, stdio, signals,
+restarts and failures are the real ones.  Separate network hosts are in test_netns.py, SLURM
+in test_slurm.py."""
+import os
+import re
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import time
+
+from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env,
+                     processes_with_marker, run, script, start, tmpdir, wait_until)
+
+BIN = tmpdir()
+MPI_SRC = os.path.join(SRCDIR, "tests", "mpi")
+
+
+def agent(marker, extra=""):
+    """A launch agent that starts the daemon with a clean environment, as ssh would."""
+    return (f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={marker} PE_NODE={{host}} {extra}").strip()
+
+
+def job_env(extra=None):
+    env = marker_env(extra)
+    env.update({"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"})
+    return env
+
+
+def test_environment_on_unequal_nodes():
+    env = job_env({"NOT_CARRIED": "1", "TORCH_CARRIED": "yes"})
+    show = script("#!/bin/sh\necho \"$RANK $WORLD_SIZE $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK "
+                  "$GROUP_WORLD_SIZE $PE_NODE $MASTER_ADDR:$MASTER_PORT ${NOT_CARRIED:-unset} "
+                  "$TORCH_CARRIED $EXPORTED $OMPI_COMM_WORLD_RANK $PYTORCH_EXEC_NODE\"\n")
+    r = run(["-H", "a:1,b:3", "--launch-agent", agent(env["PE_TEST_MARKER"]), "-x", "EXPORTED=x1",
+             show], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    rows = sorted(line.split() for line in r.stdout.splitlines())
+    check(len(rows) == 4, f"output: {r.stdout!r}")
+    masters = {row[7] for row in rows}
+    check(len(masters) == 1 and not masters.pop().endswith(":0"), f"MASTER_ADDR/PORT differ: {rows}")
+    want = [["0", "4", "0", "1", "0", "2", "a"], ["1", "4", "0", "3", "1", "2", "b"],
+            ["2", "4", "1", "3", "1", "2", "b"], ["3", "4", "2", "3", "1", "2", "b"]]
+    check([row[:7] for row in rows] == want, f"rank table: {rows}")
+    for row in rows:
+        check(row[8:12] == ["unset", "yes", "x1", row[0]], f"carried environment: {row}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_torch_gloo_allreduce_across_nodes():
+    env = job_env()
+    r = run(["-H", "a:1,b:3", "--launch-agent", agent(env["PE_TEST_MARKER"]), SYSTEM_PYTHON,
+             os.path.join(SRCDIR, "examples", "hello_allreduce.py")], env=env, timeout=120)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    check("allreduce over 4 ranks: [6.0, 10.0, 14.0, 18.0] (correct)" in r.stdout, r.stdout)
+
+
+def build_mpi():
+    if not shutil.which("mpicc"):
+        return False
+    for p in ("collectives", "abort", "ring"):
+        r = subprocess.run(["mpicc", "-O1", "-o", os.path.join(BIN, p), os.path.join(MPI_SRC, p + ".c")],
+                           capture_output=True, text=True)
+        check(r.returncode == 0, f"mpicc {p}.c: {r.stderr}")
+    return True
+
+
+def test_mpi_programs_wire_up_across_nodes():
+    if not build_mpi():
+        print("  (mpicc not found: MPI part not run)")
+        return
+    env = job_env()
+    ag = agent(env["PE_TEST_MARKER"], "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo")
+    r = run(["-H", "a:2,b:1,c:3", "--launch-agent", ag, "-vv", os.path.join(BIN, "collectives")],
+            env=env, timeout=120)
+    check(r.returncode == 0 and "collectives over 6 ranks: ok" in r.stdout, f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
+    check(re.search(r"fence \S+ #0 complete: \d+ bytes from 3 nodes", r.stderr),
+          "the PMIx fence did not go through the control plane")
+    r = run(["-H", "a:2,b:2", "--launch-agent", ag, os.path.join(BIN, "ring")], env=env, timeout=120)
+    check(r.returncode == 0 and "token 20 (ok)" in r.stdout, f"ring: {r.stdout} {r.stderr}")
+    env2 = job_env({"ABORT_RANK": "3", "ABORT_CODE": "7"})
+    ag2 = agent(env2["PE_TEST_MARKER"], "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo ABORT_RANK=3 ABORT_CODE=7")
+    r = run(["-H", "a:2,b:2", "--launch-agent", ag2, os.path.join(BIN, "abort")], env=env2, timeout=60)
+    check(r.returncode == 7, f"MPI_Abort: exit {r.returncode}: {r.stderr}")
+    check(re.search(r"rank 3 \(pid \d+ on b\)", r.stderr), f"abort message: {r.stderr}")
+    assert_no_leftovers(env2["PE_TEST_MARKER"])
+
+
+def test_failure_names_rank_and_node():
+    env = job_env()
+    fail = script("#!/bin/sh\nif [ \"$RANK\" = 2 ]; then echo boom-on-$PE_NODE >&2; exit 3; fi\nsleep 30\n")
+    t0 = time.monotonic()
+    r = run(["-H", "a:2,b:2", "--launch-agent", agent(env["PE_TEST_MARKER"]), "--kill-grace", "1", fail],
+            env=env, timeout=60)
+    check(r.returncode == 3, f"exit {r.returncode}: {r.stderr}")
+    check(re.search(r"rank 2 \(pid \d+ on b\) exited with status 3", r.stderr), r.stderr)
+    check("boom-on-b" in r.stderr, f"stderr tail missing: {r.stderr}")
+    check(time.monotonic() - t0 < 20, "the other ranks were not stopped")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_group_restart_across_nodes():
+    env = job_env()
+    d = tmpdir()
+    body = (f"#!/bin/sh\nif [ \"$RANK\" = 3 ] && [ ! -e {d}/failed ]; then touch {d}/failed; exit 1; fi\n"
+            "echo \"rank $RANK restart $TORCHELASTIC_RESTART_COUNT gen $PYTORCH_EXEC_GENERATION\"\n")
+    r = run(["-H", "a:2,b:2", "--launch-agent", agent(env["PE_TEST_MARKER"]), "--max-restarts", "2",
+             "--kill-grace", "1", script(body)], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    lines = sorted(l for l in r.stdout.splitlines() if l.endswith("gen 1"))
+    check(lines == [f"rank {i} restart 1 gen 1" for i in range(4)], f"output: {r.stdout}")
+    check("restarting all 4 ranks (restart 1 of 2)" in r.stderr, r.stderr)
+
+
+def test_stdin_reaches_a_rank_on_another_node():
+    env = job_env()
+    data = "".join(f"line {i}\n" for i in range(20000))
+    r = run(["-H", "a:1,b:2", "--launch-agent", agent(env["PE_TEST_MARKER"]), "--stdin", "2",
+             "sh", "-c", "if [ $RANK = 2 ]; then wc -l; fi"], env=env, input=data, timeout=60)
+    check(r.returncode == 0 and r.stdout.strip() == "20000", f"exit {r.returncode}: {r.stdout!r} {r.stderr}")
+
+
+def test_signal_reaches_every_node():
+    env = job_env()
+    body = "#!/bin/sh\ntrap 'echo term-$RANK-$PE_NODE; exit 0' TERM\necho up\nwhile :; do sleep 0.1; done\n"
+    p = start(["-H", "a:1,b:2", "--launch-agent", agent(env["PE_TEST_MARKER"]), script(body)], env=env,
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = []
+    for _ in range(3):
+        out.append(p.stdout.readline())
+    p.send_signal(signal.SIGTERM)
+    rest, err = p.communicate(timeout=30)
+    got = sorted(l for l in (rest.splitlines()) if l.startswith("term"))
+    check(got == ["term-0-a", "term-1-b", "term-2-b"], f"{out} {rest!r} {err}")
+    check(p.returncode == 143, f"exit {p.returncode}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def control_port(p):
+    """Reads -v output until the control-plane line; returns (port, lines read)."""
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(r"control plane on port (\d+)", line)
+        if m:
+            return int(m.group(1)), seen
+    raise AssertionError(f"no control-plane line: {seen}")
+
+
+def frame(ftype, payload):
+    return b"PEX1" + struct.pack("<HHI", ftype, 0, len(payload)) + payload
+
+
+def test_strangers_are_dropped_and_the_job_goes_on():
+    env = job_env()
+    d = tmpdir()
+    body = f"#!/bin/sh\nwhile [ ! -e {d}/go ]; do sleep 0.05; done\necho done-$RANK\n"
+    p = start(["-v", "-H", "a:1,b:1", "--launch-agent", agent(env["PE_TEST_MARKER"]), script(body)],
+              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port, _ = control_port(p)
+        # Garbage bytes.
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.sendall(os.urandom(64))
+        s.settimeout(5)
+        try:
+            while s.recv(4096):
+                pass
+        except (ConnectionResetError, socket.timeout):
+            pass
+        s.close()
+        # A well-formed hello with a wrong proof, claiming to be node a.
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.settimeout(5)
+        challenge = s.recv(4096)
+        check(challenge[:4] == b"PEX1", f"no challenge: {challenge!r}")
+        name = b"a"
+        payload = struct.pack("<I", len(name)) + name + struct.pack("<I", 32) + os.urandom(32) \
+            + struct.pack("<I", 32) + os.urandom(32)
+        s.sendall(frame(2, payload))
+        closed = False
+        try:
+            closed = s.recv(4096) == b""
+        except ConnectionResetError:
+            closed = True
+        check(closed, "a wrong proof got an answer")
+        s.close()
+        # An oversized frame header.
+        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s.recv(4096)
+        s.sendall(b"PEX1" + struct.pack("<HHI", 2, 0, 1 << 30))
+        s.settimeout(5)
+        try:
+            check(s.recv(4096) == b"", "an oversized frame was not dropped")
+        except ConnectionResetError:
+            pass
+        s.close()
+        open(os.path.join(d, "go"), "w").close()
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0, f"exit {p.returncode}: {err[-2000:]}")
+    check(sorted(out.split()) == ["done-0", "done-1"], f"output: {out!r}")
+    check(err.count("dropped connection") >= 3, f"drops not logged: {err[-3000:]}")
+    check("authentication failed" in err, err[-3000:])
+
+
+def start_running_job(command, stderr=subprocess.PIPE):
+    """A 2 x 2 job whose ranks each print one line and then keep running; returns (Popen, marker)."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    p = start(["-H", "a:2,b:2", "--launch-agent", agent(marker), "sh", "-c", command],
+              env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    for _ in range(4):
+        p.stdout.readline()
+    return p, marker
+
+
+def test_losing_a_daemon_ends_the_job_naming_the_node():
+    p, marker = start_running_job("echo up; exec sleep 60")
+
+    def daemon_of(node):
+        for pid in processes_with_marker(marker):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    argv = f.read().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if argv and argv[0].endswith(b"pytorch_execd") and node.encode() in argv:
+                return pid
+        return None
+
+    pid = daemon_of("b")
+    check(pid is not None, "daemon of node b not found")
+    os.kill(pid, signal.SIGKILL)
+    out, err = p.communicate(timeout=30)
+    check(p.returncode != 0, f"exit {p.returncode}")
+    check("node b: lost contact with its daemon" in err, f"stderr: {err}")
+    assert_no_leftovers(marker, timeout=5)
+
+
+def test_killing_the_front_end_leaves_nothing_on_any_node():
+    p, marker = start_running_job("echo up; sleep 60 & wait", stderr=subprocess.DEVNULL)
+    check(len(processes_with_marker(marker)) >= 10, "expected daemons, workers and their children")
+    p.kill()
+    p.wait()
+    assert_no_leftovers(marker, timeout=5)
+
+
+def test_a_daemon_that_cannot_start_is_named():
+    env = job_env()
+    t0 = time.monotonic()
+    r = run(["-H", "a:1,b:1", "--launch-agent", "false", "true"], env=env, timeout=30)
+    check(r.returncode != 0, "exit 0")
+    check(re.search(r"node (a|b): its daemon could not be started \(false exited with status 1\)", r.stderr),
+          r.stderr)
+    check(time.monotonic() - t0 < 10, "slow to notice")
+    r = run(["-H", "a:1,b:1", "--launch-agent", "no-such-agent-xyz {host}", "true"], env=env, timeout=30)
+    check(r.returncode != 0 and "no-such-agent-xyz" in r.stderr and r.stderr.count("\n") <= 3, r.stderr)
+    r = run(["-H", "a:1", "--launch-agent", "  ", "true"], env=env, timeout=30)
+    check(r.returncode == 2 and "--launch-agent" in r.stderr, r.stderr)
+    r = run(["-H", "a:1", "--launch-agent", "env 'x", "true"], env=env, timeout=30)
+    check(r.returncode == 2 and "unterminated quote" in r.stderr, r.stderr)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+if __name__ == "__main__":
+    main([test_environment_on_unequal_nodes, test_torch_gloo_allreduce_across_nodes,
+          test_mpi_programs_wire_up_across_nodes, test_failure_names_rank_and_node,
+          test_group_restart_across_nodes, test_stdin_reaches_a_rank_on_another_node,
+          test_signal_reaches_every_node, test_strangers_are_dropped_and_the_job_goes_on,
+          test_losing_a_daemon_ends_the_job_naming_the_node,
+          test_killing_the_front_end_leaves_nothing_on_any_node, test_a_daemon_that_cannot_start_is_named])
