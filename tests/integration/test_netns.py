@@ -1,0 +1,101 @@
+"""Multi-node jobs across network namespaces: four separate hosts with their own addresses
+(netns.py), daemons started with --launch-agent "ip netns exec {host}", the front end in a fifth
+namespace.  torch's MASTER_ADDR must be reachable from the other hosts; Open MPI programs wire up
+over TCP between them; cutting a host's link ends the job with its name and leaves nothing
+behind.  Needs root (skips otherwise)."""
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import netns
+from harness import (EXEC, SRCDIR, SYSTEM_PYTHON, TestFailure, assert_no_leftovers, check, main,
+                     marker_env, need_torch, script, skip, tmpdir)
+
+BED = None
+BIN = tmpdir()
+
+
+def pe(args, env, timeout=120, **kw):
+    """pytorch_exec ARGS run in the front end's namespace."""
+    cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}"] + args
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        raise TestFailure(f"{' '.join(args)} did not finish within {timeout} s") from e
+
+
+def hosts(spec):
+    """'1:1,2:3' -> '<h1>:1,<h2>:3'"""
+    return ",".join(f"{BED.nodes[int(i) - 1]}:{n}" for i, n in (x.split(":") for x in spec.split(",")))
+
+
+def test_each_host_has_its_address():
+    env = marker_env()
+    r = pe(["-H", hosts("1:1,2:1,3:1,4:1"), "sh", "-c",
+            "echo $RANK $(ip -4 -o addr show pe0 | awk '{print $4}') $MASTER_ADDR"], env)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    rows = sorted(r.stdout.split("\n")[:-1])
+    want = [f"{i} {BED.addr(i + 1)}/24 {BED.addr(1)}" for i in range(4)]
+    check(rows == want, f"{rows} != {want}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_torch_gloo_allreduce_across_hosts():
+    need_torch()
+    env = marker_env()
+    r = pe(["-H", hosts("1:1,2:2,3:1,4:2"), "-x", "GLOO_SOCKET_IFNAME=pe0", SYSTEM_PYTHON,
+            os.path.join(SRCDIR, "examples", "hello_allreduce.py")], env, timeout=180)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    check("allreduce over 6 ranks: [15.0, 21.0, 27.0, 33.0] (correct)" in r.stdout, r.stdout)
+
+
+def test_mpi_across_hosts():
+    if not shutil.which("mpicc"):
+        print("  (mpicc not found: not run)")
+        return
+    prog = os.path.join(BIN, "collectives")
+    r = subprocess.run(["mpicc", "-O1", "-o", prog, os.path.join(SRCDIR, "tests", "mpi", "collectives.c")],
+                       capture_output=True, text=True)
+    check(r.returncode == 0, r.stderr)
+    env = marker_env({"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "pe0"})
+    r = pe(["-H", hosts("1:2,2:2,3:2,4:2"), prog], env)
+    check(r.returncode == 0 and "collectives over 8 ranks: ok" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
+
+
+def test_cut_link_ends_the_job_naming_the_host():
+    env = marker_env()
+    d = tmpdir()
+    body = f"#!/bin/sh\necho up > {d}/up.$RANK\nexec sleep 120\n"
+    cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}",
+           "--kill-grace", "1", "-H", hosts("1:1,2:1,3:1"), script(body)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(d)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check(len(os.listdir(d)) == 3, "ranks did not start")
+        t0 = time.monotonic()
+        BED.cut(3)
+        out, err = p.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 1, f"exit {p.returncode}: {err}")
+    check(re.search(rf"node {BED.nodes[2]}: lost contact with its daemon", err), err)
+    print(f"  partition noticed after {took:.1f} s")
+    # The cut-off host notices too: its daemon kills its worker.
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
+
+
+if __name__ == "__main__":
+    why = netns.available()
+    if why:
+        skip(why)
+    with netns.NetnsBed(4) as BED:
+        main([test_each_host_has_its_address, test_torch_gloo_allreduce_across_hosts,
+              test_mpi_across_hosts, test_cut_link_ends_the_job_naming_the_host])
