@@ -41,6 +41,9 @@ const OptDef kOptions[] = {
     {"launch-agent", 0, Kind::Value, "Processes", "CMD",
      "start each node's pytorch_execd with CMD, {host} standing for the node (appended when "
      "absent); default: srun in a SLURM allocation, else ssh"},
+    {"tree-radix", 0, Kind::Value, "Processes", "N",
+     "control-plane fan-out: at most N daemons talk to pytorch_exec, each relaying for N more "
+     "(default 32)"},
     {"oversubscribe", 0, Kind::Flag, "Processes", nullptr,
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
      "-n is never limited)"},
@@ -237,6 +240,7 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
     c.hostfile = *raw.hostfile;
   }
   if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
+  if (raw.tree_radix) c.tree_radix = parse_count("--tree-radix", *raw.tree_radix, 1);
   if (raw.launch_agent) {
     if (split_words(*raw.launch_agent).empty()) throw UsageError("--launch-agent: the command is empty");
     c.launch_agent = *raw.launch_agent;
@@ -389,6 +393,7 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   r.hostfile = get<std::string>(vm, "hostfile");
   r.npernode = get<std::string>(vm, "npernode");
   r.launch_agent = get<std::string>(vm, "launch-agent");
+  r.tree_radix = get<std::string>(vm, "tree-radix");
   r.wdir = get<std::string>(vm, "wdir");
   r.exports = get<std::vector<std::string>>(vm, "x").value_or(std::vector<std::string>{});
   r.output_filename = get<std::string>(vm, "output-filename");

@@ -23,6 +23,7 @@ struct RawOptions {
   std::optional<std::string> hostfile;
   std::optional<std::string> npernode;   // -N
   std::optional<std::string> launch_agent;
+  std::optional<std::string> tree_radix;
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
   bool oversubscribe = false;

@@ -1,6 +1,6 @@
-// The control plane between pytorch_exec (the front end) and the pytorch_execd daemons: message
-// types, the job description every daemon receives, and a framed, non-blocking connection on the
-// event loop.  Frames are the codec of common/wire.hpp; connections are authenticated as
+// The control plane's connections between pytorch_exec (the front end) and the pytorch_execd
+// daemons: a framed, non-blocking connection on the event loop, and the accepting side of the
+// handshake.  Messages are in control_codec.hpp; connections are authenticated as
 // common/auth.hpp describes before anything else is accepted on them.
 //
 // Threading: a Connection is used on its event loop's thread only.
@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,59 +17,9 @@
 #include "common/event_loop.hpp"
 #include "common/unique_fd.hpp"
 #include "common/wire.hpp"
-#include "exec/job_map.hpp"
-#include "exec/launch_config.hpp"
-#include "exec/node_agent.hpp"
-#include "exec/worker_env.hpp"
+#include "exec/control_codec.hpp"
 
 namespace pe::ctrl {
-
-enum class Msg : uint16_t {
-  // Handshake (auth.hpp).
-  Challenge = 1,   // F->D nonce_f
-  Hello = 2,       // D->F node name, nonce_d, proof
-  Welcome = 3,     // F->D proof
-  // Front end to daemon.
-  Job = 10,        // JobDescription
-  Start = 11,      // GenerationInfo
-  Signal = 12,     // i32 signal
-  Stdin = 13,      // i32 rank, bytes
-  StdinClose = 14,
-  FenceDone = 15,  // str nspace, u32 seq, i32 status, bytes
-  DmodexReq = 16,  // u64 id, str nspace, i32 rank (both directions)
-  DmodexResp = 17, // u64 id, i32 status, bytes (both directions)
-  // Daemon to front end.
-  Ready = 30,      // i32 free port
-  Output = 31,     // i32 generation, i32 rank, u8 stream, bytes
-  Exit = 32,       // WorkerExit
-  Abort = 33,      // i32 generation, i32 rank, i32 pid, i32 status, str message
-  Fence = 34,      // str nspace, u32 seq, u8 collect, bytes
-  StartFailed = 35,  // i32 workers started, str message
-  StdinDrained = 36,
-  Port = 37,       // i32 free port for the next generation
-};
-
-const char* msg_name(uint16_t type);
-
-// Everything a daemon needs to run its node's part of the job.
-struct JobDescription {
-  std::string job_id;
-  int node = 0;                 // index into map.nodes
-  LaunchConfig cfg;
-  EnvMap env;                   // carried environment
-  bool replace_env = false;     // true: env is the whole environment (SLURM), else added to the daemon's
-  bool stdin_forwarded = false; // some ranks get a stdin pipe
-  JobMap map;
-};
-
-std::string encode_job(const JobDescription& j);
-JobDescription decode_job(std::string_view payload);  // throws wire::WireError
-
-std::string encode_generation(const GenerationInfo& g);
-GenerationInfo decode_generation(std::string_view payload);
-
-std::string encode_exit(const WorkerExit& e);
-WorkerExit decode_exit(std::string_view payload);
 
 // A connected, non-blocking socket carrying frames.  Incoming frames go to on_frame; a
 // malformed one (WireError) or one that on_frame rejects by throwing WireError closes the
@@ -114,6 +65,39 @@ class Connection {
   FrameFn on_frame_;
   ClosedFn on_closed_;
   bool in_callback_ = false;
+};
+
+// The accepting side of the handshake, for the front end and for relaying daemons: listens on
+// every address, challenges each new connection, and hands over those that prove they know the
+// secret and name a node `check` accepts.  Everything else is dropped and logged (warn); a
+// connection has 10 s to complete the handshake, and frames before it are limited to 4 KiB.
+class Acceptor {
+ public:
+  // "" accepts node `name`; anything else is the reason to refuse it.
+  using CheckFn = std::function<std::string(const std::string& name)>;
+  using AcceptedFn = std::function<void(const std::string& name, std::unique_ptr<Connection> conn)>;
+
+  Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted);
+  ~Acceptor();
+  Acceptor(const Acceptor&) = delete;
+  Acceptor& operator=(const Acceptor&) = delete;
+  int port() const { return port_; }
+
+ private:
+  struct Pending;
+  void on_accept();
+  void on_frame(Pending* p, wire::Frame& f);
+  void drop(Pending* p, const std::string& why);
+  void forget(Pending* p);
+
+  EventLoop& loop_;
+  const std::string& secret_;
+  CheckFn check_;
+  AcceptedFn accepted_;
+  UniqueFd fd_;
+  int port_ = 0;
+  Event accept_ev_;
+  std::vector<std::unique_ptr<Pending>> pending_;
 };
 
 }  // namespace pe::ctrl

@@ -66,10 +66,10 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {}
 
 Daemon::~Daemon() = default;
 
-void Daemon::handshake() {
+void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) {
   UniqueFd fd;
   std::string errors;
-  for (const auto& [host, port] : opts_.connect) {
+  for (const auto& [host, port] : targets) {
     try {
       fd = connect_tcp(host, port, opts_.connect_timeout);
       break;
@@ -77,7 +77,7 @@ void Daemon::handshake() {
       errors += std::string(errors.empty() ? "" : "; ") + e.what();
     }
   }
-  if (!fd.valid()) throw IoError("cannot reach the front end: " + errors);
+  if (!fd.valid()) throw IoError(std::string("cannot reach ") + (redirected_ ? "the parent daemon" : "the front end") + ": " + errors);
   tune_control_socket(fd.get(), kKeepaliveSeconds);
   std::string peer = peer_address(fd.get());
   auto deadline = std::chrono::steady_clock::now() +
@@ -98,14 +98,17 @@ void Daemon::handshake() {
   if (!auth::proof_matches(auth::frontend_proof(opts_.secret, nonce_f, nonce_d, opts_.node), proof))
     throw Error("the front end at " + peer + " failed to prove it knows the job's secret");
   conn_ = std::make_unique<ctrl::Connection>(loop_, std::move(fd), peer);
+  int epoch = ++conn_epoch_;
   conn_->on_frame([this](wire::Frame& f) { on_frame(f); });
-  conn_->on_closed([this](const std::string& why) { loop_.post([this, why] { on_closed(why); }); });
+  conn_->on_closed([this, epoch](const std::string& why) {
+    loop_.post([this, epoch, why] { if (epoch == conn_epoch_) on_closed(why); });
+  });
+  conn_->send(ctrl::Msg::Joined);
 }
 
 int Daemon::run() {
   ::signal(SIGPIPE, SIG_IGN);
-  handshake();
-  opts_.secret.assign(opts_.secret.size(), '\0');
+  handshake(opts_.connect);
   // srun and the launch agents forward signals; the workers get them, the front end decides.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
     signal_events_.push_back(loop_.watch_signal(sig, [this, sig] {
@@ -114,6 +117,8 @@ int Daemon::run() {
     }));
   loop_.run();
   agent_.reset();  // kills and reaps whatever is left
+  children_.clear();
+  opts_.secret.assign(opts_.secret.size(), '\0');
   return status_;
 }
 
@@ -129,9 +134,26 @@ void Daemon::on_closed(const std::string& why) {
   loop_.stop();
 }
 
+// From upstream: for us, for every node (handled here and passed down), or for a node below us.
 void Daemon::on_frame(wire::Frame& f) {
+  if (redirected_) return;
+  if (f.type != static_cast<uint16_t>(ctrl::Msg::Routed)) return handle(f);
+  ctrl::Routed r = ctrl::unwrap(f.payload);
+  if (r.node == ctrl::kAllNodes) {
+    for (auto& [id, c] : children_) c->send(ctrl::Msg::Routed, f.payload);
+    return handle(r.inner);
+  }
+  if (static_cast<int>(r.node) == job_.node && have_job_) return handle(r.inner);
+  if (!have_job_ && r.inner.type == static_cast<uint16_t>(ctrl::Msg::Job)) return handle(r.inner);
+  for (auto& [id, c] : children_)
+    if (ctrl::in_subtree(id, static_cast<int>(r.node), job_.tree_radix)) return c->send(ctrl::Msg::Routed, f.payload);
+  // A node below us that is gone: its loss has been reported.
+}
+
+void Daemon::handle(wire::Frame& f) {
   using ctrl::Msg;
   auto type = static_cast<Msg>(f.type);
+  if (type == Msg::Redirect && !have_job_) return on_redirect(f);
   if (!have_job_ && type != Msg::Job)
     throw wire::WireError(std::string("unexpected ") + ctrl::msg_name(f.type) + " before the job");
   wire::Reader r(f.payload);
@@ -204,6 +226,85 @@ void Daemon::on_frame(wire::Frame& f) {
   }
 }
 
+// We are below another daemon in the tree: connect to it instead (it is listening already).
+void Daemon::on_redirect(const wire::Frame& f) {
+  wire::Reader r(f.payload);
+  uint32_t n = r.u32();
+  if (n == 0 || n > 256) throw wire::WireError("bad address count");
+  std::vector<std::string> addrs;
+  for (uint32_t i = 0; i < n; ++i) addrs.push_back(r.str(256));
+  int port = r.i32();
+  r.finish();
+  if (port <= 0 || port > 65535) throw wire::WireError("bad port");
+  std::vector<std::pair<std::string, int>> targets;
+  for (auto& a : addrs) targets.emplace_back(a, port);
+  redirected_ = true;
+  loop_.post([this, targets] {
+    conn_.reset();
+    try {
+      handshake(targets);
+      redirected_ = false;
+    } catch (const std::exception& e) {
+      say(opts_.node, e.what());
+      status_ = 1;
+      loop_.stop();
+    }
+  });
+}
+
+// Our children in the tree connect to us; what they send goes up with their node id on it.
+void Daemon::start_relay() {
+  auto kids = ctrl::tree_children(job_.node, job_.tree_radix, static_cast<int>(job_.map.nodes.size()));
+  if (kids.empty()) {
+    opts_.secret.assign(opts_.secret.size(), '\0');
+    return;
+  }
+  acceptor_ = std::make_unique<ctrl::Acceptor>(
+      loop_, opts_.secret,
+      [this](const std::string& name) -> std::string {
+        for (size_t i = 0; i < job_.map.nodes.size(); ++i) {
+          if (job_.map.nodes[i].host != name) continue;
+          if (ctrl::tree_parent(static_cast<int>(i), job_.tree_radix) != job_.node)
+            return "node '" + name + "' is not a child of this node";
+          if (children_.count(static_cast<int>(i))) return "node '" + name + "' is already connected";
+          return "";
+        }
+        return "node '" + name + "' is not in the job";
+      },
+      [this](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
+        for (size_t i = 0; i < job_.map.nodes.size(); ++i)
+          if (job_.map.nodes[i].host == name) return on_child(static_cast<int>(i), std::move(conn));
+      });
+}
+
+void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
+  ctrl::Connection* c = conn.get();
+  children_[node] = std::move(conn);
+  c->on_frame([this, node](wire::Frame& f) {
+    if (!conn_) return;
+    if (f.type == static_cast<uint16_t>(ctrl::Msg::Routed)) {
+      ctrl::Routed r = ctrl::unwrap(f.payload);
+      if (r.node >= job_.map.nodes.size() || !ctrl::in_subtree(node, static_cast<int>(r.node), job_.tree_radix))
+        throw wire::WireError("routed frame from a node not below this child");
+      conn_->send(ctrl::Msg::Routed, f.payload);
+    } else {
+      conn_->send(ctrl::Msg::Routed, ctrl::wrap(static_cast<uint32_t>(node), f.type, f.payload));
+    }
+  });
+  c->on_closed([this, node](const std::string& why) {
+    loop_.post([this, node, why] {
+      auto it = children_.find(node);
+      if (it == children_.end()) return;
+      children_.erase(it);
+      if (!conn_) return;
+      wire::Writer w;
+      w.str("lost contact with its daemon (" + why + ", seen by node " + job_.map.nodes[static_cast<size_t>(job_.node)].host + ")");
+      conn_->send(ctrl::Msg::Routed, ctrl::wrap(static_cast<uint32_t>(node), static_cast<uint16_t>(ctrl::Msg::Lost), w.data()));
+    });
+  });
+  logger("ctrl")->info("child node {} ({}) connected", node, job_.map.nodes[static_cast<size_t>(node)].host);
+}
+
 void Daemon::on_job(const wire::Frame& f) {
   job_ = ctrl::decode_job(f.payload);
   have_job_ = true;
@@ -229,8 +330,12 @@ void Daemon::on_job(const wire::Frame& f) {
     conn_->send(ctrl::Msg::StartFailed, w.data());
     return;
   }
+  start_relay();
   wire::Writer w;
-  w.i32(find_free_port("0.0.0.0"));
+  w.i32(find_free_port("0.0.0.0")).i32(acceptor_ ? acceptor_->port() : 0);
+  auto addrs = local_ipv4_addresses();
+  w.u32(static_cast<uint32_t>(addrs.size()));
+  for (const auto& a : addrs) w.str(a);
   conn_->send(ctrl::Msg::Ready, w.data());
 }
 

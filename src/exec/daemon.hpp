@@ -36,8 +36,12 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   int run();
 
  private:
-  void handshake();
+  void handshake(const std::vector<std::pair<std::string, int>>& targets);
   void on_frame(wire::Frame& f);
+  void handle(wire::Frame& f);
+  void on_redirect(const wire::Frame& f);
+  void start_relay();
+  void on_child(int node, std::unique_ptr<ctrl::Connection> conn);
   void on_job(const wire::Frame& f);
   void on_start(const wire::Frame& f);
   void on_closed(const std::string& why);
@@ -53,7 +57,12 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
 
   DaemonOptions opts_;
   EventLoop loop_;
-  std::unique_ptr<ctrl::Connection> conn_;
+  std::unique_ptr<ctrl::Connection> conn_;  // to the front end or, in a tree, to our parent
+  int conn_epoch_ = 0;                       // which connection a posted close notice is about
+  bool redirected_ = false;
+  // Relaying for our children in the control-plane tree.
+  std::unique_ptr<ctrl::Acceptor> acceptor_;
+  std::map<int, std::unique_ptr<ctrl::Connection>> children_;
   std::vector<Event> signal_events_;
   ctrl::JobDescription job_;
   bool have_job_ = false;

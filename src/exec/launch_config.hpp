@@ -22,6 +22,7 @@ struct LaunchConfig {
   bool oversubscribe = false;        // more ranks than slots (allocations, hostfiles)
   bool slurm = false;                // the allocation is SLURM's: daemons are started with srun
   std::string launch_agent;          // --launch-agent "CMD {host}"; empty: ssh (or srun)
+  int tree_radix = 32;               // --tree-radix: daemons per relay in the control plane
 
   // Mapping and binding (strings as on the command line, already checked).
   std::string map_by;                // "" = default

@@ -20,9 +20,6 @@
 namespace pe {
 namespace {
 
-constexpr double kHandshakeTimeout = 10.0;  // seconds a new connection has to authenticate
-constexpr uint32_t kHandshakeMaxPayload = 4096;
-constexpr int kKeepaliveSeconds = 10;
 constexpr double kLauncherExitWait = 5.0;
 
 // Variables carried to daemons started over ssh or a launch agent (besides -x).
@@ -58,20 +55,19 @@ std::string execd_path() {
 struct RemoteWorkers::Node {
   int index = 0;
   std::string host;
-  std::unique_ptr<ctrl::Connection> conn;
-  std::string addr;        // the daemon's address as we see it
+  int via = 0;             // the node (a child of the front end) whose connection reaches it
+  std::unique_ptr<ctrl::Connection> conn;     // children of the front end only
+  std::unique_ptr<ctrl::Connection> waiting;  // a deeper node's first connection, until redirected
+  bool connected = false;  // its daemon got through the handshake (to us or to its parent)
+  std::string addr;        // the daemon's address as we see it (children of the front end)
+  std::vector<std::string> addrs;  // its own addresses, and
+  int child_port = 0;      // where its children in the tree connect
+  bool job_sent = false;
   bool ready = false;
   bool lost = false;
   size_t live = 0;
   size_t stdin_inflight = 0;
   int port = 0;            // a port free on the node, for MASTER_PORT
-};
-
-struct RemoteWorkers::Pending {
-  std::unique_ptr<ctrl::Connection> conn;
-  std::string nonce_f;
-  Event timer;
-  bool dead = false;
 };
 
 struct RemoteWorkers::Launcher {
@@ -93,13 +89,19 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
     n->index = static_cast<int>(i);
     n->host = map_.nodes[i].host;
     node_by_host_[n->host] = n->index;
+    int top = n->index;
+    while (ctrl::tree_parent(top, cfg_.tree_radix) >= 0) top = ctrl::tree_parent(top, cfg_.tree_radix);
+    n->via = top;
     nodes_.push_back(std::move(n));
   }
 }
 
 RemoteWorkers::~RemoteWorkers() {
-  for (auto& n : nodes_) n->conn.reset();  // daemons see the close, kill what is left, exit
-  pending_.clear();
+  acceptor_.reset();
+  for (auto& n : nodes_) {  // daemons see the close, kill what is left, exit
+    n->conn.reset();
+    n->waiting.reset();
+  }
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLauncherExitWait);
   for (auto& l : launchers_) {
     while (!l->exited && std::chrono::steady_clock::now() < deadline) {
@@ -171,9 +173,20 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
   ready_ = std::move(ready);
   if (::access(execd_.c_str(), X_OK) != 0)
     throw ProgramError("cannot find pytorch_execd next to pytorch_exec (" + execd_ + ")", 1);
-  listen_fd_ = listen_tcp("0.0.0.0", 0, &port_);
+  acceptor_ = std::make_unique<ctrl::Acceptor>(
+      loop_, secret_,
+      [this](const std::string& name) -> std::string {
+        auto it = node_by_host_.find(name);
+        if (it == node_by_host_.end()) return "node '" + name + "' is not in the job";
+        const Node& n = *nodes_[static_cast<size_t>(it->second)];
+        if (n.connected || n.waiting || n.lost) return "node '" + name + "' is already connected";
+        return "";
+      },
+      [this](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
+        on_authenticated(*nodes_[static_cast<size_t>(node_by_host_.at(name))], std::move(conn));
+      });
+  port_ = acceptor_->port();
   addresses_ = local_ipv4_addresses();
-  accept_ev_ = loop_.watch_readable(listen_fd_.get(), [this] { on_accept(); });
   sigchld_ev_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
   double timeout = daemon_timeout(env_);
   ready_timer_ = loop_.timer([this, timeout] {
@@ -259,78 +272,53 @@ void RemoteWorkers::on_sigchld() {
     logger("ctrl")->info("{} (pid {}) {}", l->what, l->proc.pid, describe_wait_status(status));
     for (int i : l->nodes) {
       Node& n = *nodes_[static_cast<size_t>(i)];
-      if (!n.conn && !n.lost)
+      if (!n.connected && !n.lost)
         node_lost(n, "its daemon could not be started (" + l->what + " " + describe_wait_status(status) + ")");
     }
   }
 }
 
-void RemoteWorkers::on_accept() {
-  for (;;) {
-    std::string peer;
-    UniqueFd fd = accept_tcp(listen_fd_.get(), &peer);
-    if (!fd.valid()) return;
-    tune_control_socket(fd.get(), kKeepaliveSeconds);
-    auto p = std::make_unique<Pending>();
-    Pending* pp = p.get();
-    p->conn = std::make_unique<ctrl::Connection>(loop_, std::move(fd), peer, kHandshakeMaxPayload);
-    p->nonce_f = auth::random_bytes(auth::kNonceBytes);
-    p->conn->on_frame([this, pp](wire::Frame& f) { on_pending_frame(pp, f); });
-    p->conn->on_closed([this, pp](const std::string& why) { drop_pending(pp, why); });
-    p->timer = loop_.timer([this, pp] { drop_pending(pp, "no handshake within 10 s"); });
-    p->timer.arm(kHandshakeTimeout);
-    wire::Writer w;
-    w.str(p->nonce_f);
-    p->conn->send(ctrl::Msg::Challenge, w.data());
-    pending_.push_back(std::move(p));
+void RemoteWorkers::on_authenticated(Node& n, std::unique_ptr<ctrl::Connection> conn) {
+  if (ctrl::tree_parent(n.index, cfg_.tree_radix) >= 0) {
+    n.waiting = std::move(conn);  // redirected to its parent once that one is ready
+    n.waiting->on_frame([](wire::Frame&) {});  // its "joined" counts when it reaches its parent
+    n.waiting->on_closed([this, np = &n](const std::string& why) {
+      loop_.post([this, np, why] { if (np->waiting) node_lost(*np, "lost contact with its daemon (" + why + ")"); });
+    });
+    redirect_waiting();
+    return;
   }
-}
-
-void RemoteWorkers::drop_pending(Pending* p, const std::string& why) {
-  if (p->dead) return;
-  p->dead = true;
-  logger("ctrl")->warn("control plane: dropped connection from {}: {}", p->conn->peer(), why);
-  p->conn->close();
-  p->timer.disarm();
-  loop_.post([this, p] {
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [p](const auto& q) { return q.get() == p; }),
-                   pending_.end());
-  });
-}
-
-void RemoteWorkers::on_pending_frame(Pending* p, wire::Frame& f) {
-  if (p->dead) return;
-  if (f.type != static_cast<uint16_t>(ctrl::Msg::Hello))
-    throw wire::WireError(std::string("out-of-order ") + ctrl::msg_name(f.type) + " frame before authentication");
-  wire::Reader r(f.payload);
-  std::string name = r.str(1024);
-  std::string nonce_d = r.str(auth::kNonceBytes);
-  std::string proof = r.str(auth::kProofBytes);
-  r.finish();
-  if (!auth::proof_matches(auth::daemon_proof(secret_, p->nonce_f, nonce_d, name), proof))
-    return drop_pending(p, "authentication failed (node '" + name + "')");
-  auto it = node_by_host_.find(name);
-  if (it == node_by_host_.end()) return drop_pending(p, "node '" + name + "' is not in the job");
-  Node& n = *nodes_[static_cast<size_t>(it->second)];
-  if (n.conn || n.lost) return drop_pending(p, "node '" + name + "' is already connected");
-  wire::Writer w;
-  w.str(auth::frontend_proof(secret_, p->nonce_f, nonce_d, name));
-  p->conn->send(ctrl::Msg::Welcome, w.data());
-  p->dead = true;
-  p->timer.disarm();
-  n.conn = std::move(p->conn);
+  n.conn = std::move(conn);
+  n.connected = true;
   n.addr = peer_address(n.conn->fd());
-  n.conn->set_max_payload(wire::kMaxPayload);
   Node* np = &n;
-  n.conn->on_frame([this, np](wire::Frame& fr) { on_node_frame(*np, fr); });
+  n.conn->on_frame([this, np](wire::Frame& fr) { on_child_frame(*np, fr); });
   n.conn->on_closed([this, np](const std::string& why) {
     loop_.post([this, np, why] { node_lost(*np, "lost contact with its daemon (" + why + ")"); });
   });
-  loop_.post([this, p] {
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [p](const auto& q) { return q.get() == p; }),
-                   pending_.end());
-  });
   logger("ctrl")->info("node {} ({}) connected from {}", n.index, n.host, n.addr);
+}
+
+// Deeper nodes whose parent is ready go to it.
+void RemoteWorkers::redirect_waiting() {
+  for (auto& n : nodes_) {
+    if (!n->waiting) continue;
+    Node& parent = *nodes_[static_cast<size_t>(ctrl::tree_parent(n->index, cfg_.tree_radix))];
+    if (!parent.ready) continue;
+    wire::Writer w;
+    w.u32(static_cast<uint32_t>(parent.addrs.size()));
+    for (const auto& a : parent.addrs) w.str(a);
+    w.i32(parent.child_port);
+    n->waiting->send(ctrl::Msg::Redirect, w.data());
+    n->waiting->flush_and_close(1.0);
+    auto* c = n->waiting.release();
+    loop_.post([c] { delete c; });
+    n->connected = true;
+    logger("ctrl")->info("node {} ({}) sent to its parent, node {}", n->index, n->host, parent.index);
+  }
+}
+
+void RemoteWorkers::send_job(Node& n) {
   ctrl::JobDescription j;
   j.job_id = job_id_;
   j.node = n.index;
@@ -342,21 +330,56 @@ void RemoteWorkers::on_pending_frame(Pending* p, wire::Frame& f) {
   j.env = carried_environment();
   j.replace_env = slurm_;
   j.stdin_forwarded = stdin_forwarded_;
+  j.tree_radix = cfg_.tree_radix;
   j.map = map_;
-  n.conn->send(ctrl::Msg::Job, ctrl::encode_job(j));
+  send_to(n, ctrl::Msg::Job, ctrl::encode_job(j));
+}
+
+void RemoteWorkers::send_to(Node& n, ctrl::Msg type, std::string_view payload) {
+  if (n.conn) return n.conn->send(type, payload);
+  Node& top = *nodes_[static_cast<size_t>(n.via)];
+  if (top.conn) top.conn->send(ctrl::Msg::Routed, ctrl::wrap(static_cast<uint32_t>(n.index), static_cast<uint16_t>(type), payload));
+}
+
+void RemoteWorkers::broadcast(ctrl::Msg type, std::string_view payload) {
+  std::string routed = ctrl::wrap(ctrl::kAllNodes, static_cast<uint16_t>(type), payload);
+  for (auto& n : nodes_)
+    if (n->conn) n->conn->send(ctrl::Msg::Routed, routed);
+}
+
+// A frame from a child of the front end: its own, or one it relays for a node below it.
+void RemoteWorkers::on_child_frame(Node& child, wire::Frame& f) {
+  if (f.type != static_cast<uint16_t>(ctrl::Msg::Routed)) return on_node_frame(child, f);
+  ctrl::Routed r = ctrl::unwrap(f.payload);
+  if (r.node >= nodes_.size() || !ctrl::in_subtree(child.index, static_cast<int>(r.node), cfg_.tree_radix))
+    throw wire::WireError("routed frame from node " + std::to_string(r.node) + ", not below node " +
+                          std::to_string(child.index));
+  Node& from = *nodes_[r.node];
+  if (r.inner.type == static_cast<uint16_t>(ctrl::Msg::Lost)) {
+    wire::Reader rd(r.inner.payload);
+    std::string why = rd.str();
+    return node_lost(from, why);
+  }
+  if (from.lost) return;
+  on_node_frame(from, r.inner);
 }
 
 void RemoteWorkers::node_lost(Node& n, const std::string& why) {
   if (n.lost) return;
-  n.lost = true;
-  n.ready = false;
-  n.live = 0;
-  n.stdin_inflight = 0;
-  if (n.conn) {
-    n.conn->close();
-    // Destroyed later: this may run inside one of the connection's callbacks.
-    auto* c = n.conn.release();
-    loop_.post([c] { delete c; });
+  // The nodes below it in the tree go with it (their daemons see their parent go and exit).
+  for (auto& m : nodes_) {
+    if (m->lost || !ctrl::in_subtree(n.index, m->index, cfg_.tree_radix)) continue;
+    m->lost = true;
+    m->ready = false;
+    m->live = 0;
+    m->stdin_inflight = 0;
+    for (auto* c : {&m->conn, &m->waiting}) {
+      if (!*c) continue;
+      (*c)->close();
+      // Destroyed later: this may run inside one of the connection's callbacks.
+      auto* raw = c->release();
+      loop_.post([raw] { delete raw; });
+    }
   }
   logger("ctrl")->info("node {} ({}) lost: {}", n.index, n.host, why);
   listener_.on_node_lost(n.host, why);
@@ -380,12 +403,27 @@ void RemoteWorkers::on_node_frame(Node& n, wire::Frame& f) {
     return rank;
   };
   switch (static_cast<Msg>(f.type)) {
-    case Msg::Ready:
-      n.port = r.i32();
+    case Msg::Joined:
       r.finish();
+      if (n.job_sent) throw wire::WireError("joined twice");
+      n.connected = true;
+      n.job_sent = true;
+      send_job(n);
+      return;
+    case Msg::Ready: {
+      n.port = r.i32();
+      n.child_port = r.i32();
+      uint32_t count = r.u32();
+      if (count > 256) throw wire::WireError("too many addresses");
+      n.addrs.clear();
+      for (uint32_t i = 0; i < count; ++i) n.addrs.push_back(r.str(256));
+      r.finish();
+      n.connected = true;
       n.ready = true;
+      redirect_waiting();
       check_ready();
       return;
+    }
     case Msg::Port:
       n.port = r.i32();
       r.finish();
@@ -461,8 +499,7 @@ void RemoteWorkers::on_fence(Node& n, wire::Reader& r) {
   logger("ctrl")->debug("fence {} #{} complete: {} bytes from {} nodes", ns, seq, all.size(), nodes_.size());
   wire::Writer w;
   w.str(ns).u32(seq).i32(0).blob(all);
-  for (auto& node : nodes_)
-    if (node->conn) node->conn->send(ctrl::Msg::FenceDone, w.data());
+  broadcast(ctrl::Msg::FenceDone, w.data());
   fences_.erase({ns, seq});
 }
 
@@ -473,17 +510,17 @@ void RemoteWorkers::on_dmodex_request(Node& n, wire::Reader& r) {
   r.finish();
   if (rank < 0 || rank >= map_.world_size) throw wire::WireError("dmodex request for bad rank");
   Node& owner = *nodes_[static_cast<size_t>(map_.ranks[static_cast<size_t>(rank)].node)];
-  if (!owner.conn) {
+  if (owner.lost) {
     wire::Writer w;
     w.u64(id).i32(-1).blob("");
-    n.conn->send(ctrl::Msg::DmodexResp, w.data());
+    send_to(n, ctrl::Msg::DmodexResp, w.data());
     return;
   }
   uint64_t mine = next_dmodex_++;
   dmodex_[mine] = DmodexRoute{n.index, id};
   wire::Writer w;
   w.u64(mine).str(ns).i32(rank);
-  owner.conn->send(ctrl::Msg::DmodexReq, w.data());
+  send_to(owner, ctrl::Msg::DmodexReq, w.data());
 }
 
 void RemoteWorkers::on_dmodex_response(Node&, wire::Reader& r) {
@@ -496,10 +533,10 @@ void RemoteWorkers::on_dmodex_response(Node&, wire::Reader& r) {
   DmodexRoute route = it->second;
   dmodex_.erase(it);
   Node& to = *nodes_[static_cast<size_t>(route.from_node)];
-  if (!to.conn) return;
+  if (to.lost) return;
   wire::Writer w;
   w.u64(route.from_id).i32(st).blob(data);
-  to.conn->send(ctrl::Msg::DmodexResp, w.data());
+  send_to(to, ctrl::Msg::DmodexResp, w.data());
 }
 
 std::string RemoteWorkers::master_addr() {
@@ -515,19 +552,17 @@ void RemoteWorkers::start(const GenerationInfo& gen) {
   generation_ = gen.generation;
   fences_.clear();
   dmodex_.clear();
-  std::string payload = ctrl::encode_generation(gen);
   for (auto& n : nodes_) {
-    if (!n->conn) throw Error("node " + n->host + " is not connected");
+    if (n->lost) throw Error("node " + n->host + " is not connected");
     n->live = map_.nodes[static_cast<size_t>(n->index)].ranks.size();
-    n->conn->send(ctrl::Msg::Start, payload);
   }
+  broadcast(ctrl::Msg::Start, ctrl::encode_generation(gen));
 }
 
 void RemoteWorkers::signal_all(int sig) {
   wire::Writer w;
   w.i32(sig);
-  for (auto& n : nodes_)
-    if (n->conn && n->live > 0) n->conn->send(ctrl::Msg::Signal, w.data());
+  broadcast(ctrl::Msg::Signal, w.data());
 }
 
 size_t RemoteWorkers::live() const {
@@ -538,16 +573,15 @@ size_t RemoteWorkers::live() const {
 
 void RemoteWorkers::stdin_write(int rank, std::string_view data) {
   Node& n = *nodes_[static_cast<size_t>(map_.ranks.at(static_cast<size_t>(rank)).node)];
-  if (!n.conn) return;
+  if (n.lost) return;
   wire::Writer w;
   w.i32(rank).blob(data);
-  n.conn->send(ctrl::Msg::Stdin, w.data());
+  send_to(n, ctrl::Msg::Stdin, w.data());
   n.stdin_inflight += data.size();
 }
 
 void RemoteWorkers::stdin_close_all() {
-  for (auto& n : nodes_)
-    if (n->conn) n->conn->send(ctrl::Msg::StdinClose);
+  broadcast(ctrl::Msg::StdinClose, {});
 }
 
 size_t RemoteWorkers::stdin_backlog() const {

@@ -51,15 +51,16 @@ class RemoteWorkers : public WorkerSet {
 
  private:
   struct Node;
-  struct Pending;
   struct Launcher;
   void launch_daemons();
   void start_launcher(std::vector<std::string> argv, std::vector<int> nodes, bool secret_on_stdin);
-  void on_accept();
-  void on_pending_frame(Pending* p, wire::Frame& f);
-  void drop_pending(Pending* p, const std::string& why);
+  void on_authenticated(Node& n, std::unique_ptr<ctrl::Connection> conn);
+  void redirect_waiting();
+  void send_job(Node& n);
+  void send_to(Node& n, ctrl::Msg type, std::string_view payload);
+  void broadcast(ctrl::Msg type, std::string_view payload);
+  void on_child_frame(Node& child, wire::Frame& f);
   void on_node_frame(Node& n, wire::Frame& f);
-  void on_node_closed(Node& n, const std::string& why);
   void node_lost(Node& n, const std::string& why);
   void on_sigchld();
   void on_fence(Node& n, wire::Reader& r);
@@ -80,13 +81,12 @@ class RemoteWorkers : public WorkerSet {
   bool slurm_ = false;
   bool stdin_forwarded_ = false;
   std::string execd_;  // path of pytorch_execd
-  UniqueFd listen_fd_;
+  std::unique_ptr<ctrl::Acceptor> acceptor_;
   int port_ = 0;
   std::vector<std::string> addresses_;  // where daemons can reach us
-  Event accept_ev_, sigchld_ev_, ready_timer_;
+  Event sigchld_ev_, ready_timer_;
   std::vector<std::unique_ptr<Node>> nodes_;
   std::map<std::string, int> node_by_host_;
-  std::vector<std::unique_ptr<Pending>> pending_;
   std::vector<std::unique_ptr<Launcher>> launchers_;
   std::function<void()> ready_;
   bool prepared_ = false;

@@ -89,6 +89,38 @@ def test_mpi_programs_wire_up_across_nodes():
     assert_no_leftovers(env2["PE_TEST_MARKER"])
 
 
+TREE_HOSTS = "a:1,b:1,c:2,d:1,e:1,f:1,g:1"  # with --tree-radix 2: a, b talk to us; c, d via a; e, f via b; g via c
+
+
+def test_control_plane_tree():
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    r = run(["-v", "--tree-radix", "2", "-H", TREE_HOSTS, "--launch-agent", agent(marker), "--tag-output",
+             "sh", "-c", "echo $RANK $PE_NODE $GROUP_RANK"], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    rows = sorted(l.split(":", 1)[1] for l in r.stdout.splitlines())
+    check(rows == ["0 a 0", "1 b 1", "2 c 2", "3 c 2", "4 d 3", "5 e 4", "6 f 5", "7 g 6"], f"{rows}")
+    for child, parent in (("c", "a"), ("d", "a"), ("e", "b"), ("f", "b"), ("g", "c")):
+        check(re.search(rf"@{parent} ctrl info: child node \d \({child}\) connected", r.stderr),
+              f"{child} did not connect through {parent}: {r.stderr[-3000:]}")
+    check(len(re.findall(r"@vm ctrl info: node \d \(\w\) connected from", r.stderr.replace(socket.gethostname(), "vm"))) == 2,
+          "more than 2 daemons talk to the front end")
+    if build_mpi():
+        r = run(["--tree-radix", "2", "-H", TREE_HOSTS, "--launch-agent",
+                 agent(marker, "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo"), os.path.join(BIN, "collectives")],
+                env=env, timeout=120)
+        check(r.returncode == 0 and "collectives over 8 ranks: ok" in r.stdout, f"{r.stdout} {r.stderr[-3000:]}")
+    # Losing a relay loses the nodes below it; the job ends naming it, nothing is left anywhere.
+    p = start(["--tree-radix", "2", "-H", TREE_HOSTS, "--launch-agent", agent(marker), "sh", "-c",
+               "echo up; exec sleep 60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for _ in range(8):
+        p.stdout.readline()
+    os.kill(daemon_of(marker, "a"), signal.SIGKILL)
+    out, err = p.communicate(timeout=30)
+    check(p.returncode == 1 and "node a: lost contact with its daemon" in err, f"exit {p.returncode}: {err}")
+    assert_no_leftovers(marker, timeout=5)
+
+
 def test_failure_names_rank_and_node():
     env = job_env()
     fail = script("#!/bin/sh\nif [ \"$RANK\" = 2 ]; then echo boom-on-$PE_NODE >&2; exit 3; fi\nsleep 30\n")
@@ -214,6 +246,19 @@ def test_strangers_are_dropped_and_the_job_goes_on():
     check("authentication failed" in err, err[-3000:])
 
 
+def daemon_of(marker, node):
+    """The pid of the pytorch_execd of `node`."""
+    for pid in processes_with_marker(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except FileNotFoundError:
+            continue
+        if argv and argv[0].endswith(b"pytorch_execd") and node.encode() in argv:
+            return pid
+    raise AssertionError(f"daemon of node {node} not found")
+
+
 def start_running_job(command, stderr=subprocess.PIPE):
     """A 2 x 2 job whose ranks each print one line and then keep running; returns (Popen, marker)."""
     env = job_env()
@@ -228,19 +273,7 @@ def start_running_job(command, stderr=subprocess.PIPE):
 def test_losing_a_daemon_ends_the_job_naming_the_node():
     p, marker = start_running_job("echo up; exec sleep 60")
 
-    def daemon_of(node):
-        for pid in processes_with_marker(marker):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    argv = f.read().split(b"\0")
-            except FileNotFoundError:
-                continue
-            if argv and argv[0].endswith(b"pytorch_execd") and node.encode() in argv:
-                return pid
-        return None
-
-    pid = daemon_of("b")
-    check(pid is not None, "daemon of node b not found")
+    pid = daemon_of(marker, "b")
     os.kill(pid, signal.SIGKILL)
     out, err = p.communicate(timeout=30)
     check(p.returncode != 0, f"exit {p.returncode}")
@@ -275,7 +308,7 @@ def test_a_daemon_that_cannot_start_is_named():
 
 if __name__ == "__main__":
     main([test_environment_on_unequal_nodes, test_torch_gloo_allreduce_across_nodes,
-          test_mpi_programs_wire_up_across_nodes, test_failure_names_rank_and_node,
+          test_mpi_programs_wire_up_across_nodes, test_control_plane_tree, test_failure_names_rank_and_node,
           test_group_restart_across_nodes, test_stdin_reaches_a_rank_on_another_node,
           test_signal_reaches_every_node, test_strangers_are_dropped_and_the_job_goes_on,
           test_losing_a_daemon_ends_the_job_naming_the_node,
