@@ -147,6 +147,26 @@ def test_group_restart_across_nodes():
     check("restarting all 4 ranks (restart 1 of 2)" in r.stderr, r.stderr)
 
 
+def test_output_volume_and_line_integrity_across_nodes():
+    env = job_env()
+    writer = script(
+        "#!/usr/bin/python3\nimport os, sys\nr = os.environ['RANK']\n"
+        "line = (r + ':' + 'x' * 97 + '\\n')\n"
+        "for i in range(50000):\n    sys.stdout.write(line)\n"
+        "sys.stderr.write('err-' + r)\n", suffix=".py")
+    r = run(["-H", "a:2,b:2", "--launch-agent", agent(env["PE_TEST_MARKER"]), writer], env=env, timeout=120)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
+    lines = r.stdout.split("\n")
+    check(lines[-1] == "", "output does not end with a newline")
+    counts = {}
+    for line in lines[:-1]:
+        rank, _, body = line.partition(":")
+        check(body == "x" * 97, f"a mixed or cut line: {line[:120]!r}")
+        counts[rank] = counts.get(rank, 0) + 1
+    check(counts == {str(i): 50000 for i in range(4)}, f"line counts {counts}")
+    check(sorted(r.stderr.split()) == ["err-0", "err-1", "err-2", "err-3"], f"partial last lines: {r.stderr!r}")
+
+
 def test_stdin_reaches_a_rank_on_another_node():
     env = job_env()
     data = "".join(f"line {i}\n" for i in range(20000))
@@ -309,7 +329,7 @@ def test_a_daemon_that_cannot_start_is_named():
 if __name__ == "__main__":
     main([test_environment_on_unequal_nodes, test_torch_gloo_allreduce_across_nodes,
           test_mpi_programs_wire_up_across_nodes, test_control_plane_tree, test_failure_names_rank_and_node,
-          test_group_restart_across_nodes, test_stdin_reaches_a_rank_on_another_node,
+          test_group_restart_across_nodes, test_output_volume_and_line_integrity_across_nodes, test_stdin_reaches_a_rank_on_another_node,
           test_signal_reaches_every_node, test_strangers_are_dropped_and_the_job_goes_on,
           test_losing_a_daemon_ends_the_job_naming_the_node,
           test_killing_the_front_end_leaves_nothing_on_any_node, test_a_daemon_that_cannot_start_is_named])
