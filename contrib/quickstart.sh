@@ -20,7 +20,8 @@ packages=(
   libevent-dev libhwloc-dev hwloc-nox libpmix-dev libpmix-bin
   libboost-program-options-dev libspdlog-dev libfmt-dev libgtest-dev libssl-dev
   libopenmpi-dev openmpi-bin python3 python3-torch python3-mpi4py procps
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev iproute2
+  munge slurm-wlm slurmd slurmctld slurm-client
 )
 
 install_missing() {

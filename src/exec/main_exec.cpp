@@ -11,6 +11,7 @@
 #include "common/net.hpp"
 #include "exec/allocation.hpp"
 #include "exec/cli.hpp"
+#include "exec/direct_launch.hpp"
 #include "exec/job.hpp"
 #include "exec/node_plan.hpp"
 
@@ -81,6 +82,8 @@ int real_main(int argc, char** argv) {
   std::string host = pe::local_hostname();
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
   pe::init_logging(cfg.verbosity, spec ? spec : "", host);
+  // A task of `srun --mpi=pmix ... pytorch_exec PROGRAM`: become that rank of the program.
+  if (pe::is_step_task(ctx.env) && !cfg.dry_run) pe::direct_exec(cfg, ctx.env, pe::step_identity(ctx.env));
   pe::JobMap map = make_map(cfg, ctx.env, host);
   pe::check_stdin_rank(cfg, map.world_size);
   if (cfg.dry_run && (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)))

@@ -75,6 +75,7 @@ struct RemoteWorkers::Launcher {
   std::vector<int> nodes;
   ChildProcess proc;
   Event out_ev, err_ev;
+  LineBuffer out_buf, err_buf;
   bool exited = false;
 };
 
@@ -211,7 +212,7 @@ void RemoteWorkers::launch_daemons() {
     }
     std::string count = std::to_string(nodes_.size());
     std::vector<std::string> argv{"srun", "--nodes=" + count, "--ntasks=" + count, "--ntasks-per-node=1",
-                                  "--nodelist=" + join(hosts, ","), "--overlap", "--mpi=none",
+                                  "--nodelist=" + join(hosts, ","), "--overlap", "--whole", "--mpi=none",
                                   "--cpu-bind=none", "--kill-on-bad-exit=0", "--export=ALL",
                                   "--job-name=pytorch_execd", "--input=none"};
     auto d = daemon_argv(0, true);
@@ -246,16 +247,30 @@ void RemoteWorkers::start_launcher(std::vector<std::string> argv, std::vector<in
     write_all(l->proc.stdin_w.get(), line.data(), line.size());
   }
   l->proc.stdin_w.reset();
-  // The launchers' own output (ssh or srun errors, daemon messages) goes to our stderr as is.
+  // The launchers' own output (ssh or srun errors, daemon messages) goes to our stderr, line by
+  // line, except srun's note that the cluster cannot bind CPUs (we asked it not to).
   Launcher* lp = l.get();
   auto forward = [this, lp](bool out) {
     UniqueFd& fd = out ? lp->proc.stdout_r : lp->proc.stderr_r;
+    LineBuffer& lb = out ? lp->out_buf : lp->err_buf;
     char buf[65536];
     ssize_t n = ::read(fd.get(), buf, sizeof buf);
+    std::string text;
     if (n > 0) {
-      write_all(2, buf, static_cast<size_t>(n));
+      text = std::string(lb.append(buf, static_cast<size_t>(n)));
     } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
       (out ? lp->out_ev : lp->err_ev) = Event();
+      text = lb.take_rest();
+      if (!text.empty()) text += "\n";
+    }
+    for (const auto& line : split(text, '\n')) {
+      if (line.empty()) continue;
+      if (line.find("lacks support for cpu binding") != std::string::npos) {
+        logger("ctrl")->debug("{}: {}", lp->what, line);
+        continue;
+      }
+      std::string l2 = line + "\n";
+      write_all(2, l2.data(), l2.size());
     }
   };
   l->out_ev = loop_.watch_readable(l->proc.stdout_r.get(), [forward] { forward(true); });

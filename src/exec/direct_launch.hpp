@@ -1,0 +1,51 @@
+// Direct launch: `srun --mpi=pmix -N 4 -n 8 pytorch_exec ./train`.  Every task of the step is a
+// pytorch_exec; none starts daemons.  Each takes its identity from what slurmstepd gave the task
+// (PMIX_RANK from its PMIx server, SLURM_NTASKS, SLURM_LOCALID, SLURM_NODEID, the step's node list
+// and tasks per node), builds the same worker environment as a launched job, and execs the
+// program in place.
+//
+// It does not connect to the PMIx server itself: SLURM's PMIx server (22.05, PMIx 4.2) serves
+// one client connection per task, and a task that connected (even one that finalized) makes the
+// program's own PMIx_Init (MPI_Init) fail.  Tested with Open MPI 4.1 under srun --mpi=pmix.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "exec/job_map.hpp"
+#include "exec/launch_config.hpp"
+#include "exec/worker_env.hpp"
+
+namespace pe {
+
+struct StepIdentity {
+  std::string source;          // "PMIx" (srun --mpi=pmix) or "SLURM" (no PMIx)
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  std::vector<int> local_peers;  // global ranks on this node, in local-rank order
+  int node = 0;
+  int nnodes = 1;
+  std::string master_host;     // rank 0's host
+  std::string job_id, step_id;
+};
+
+// Whether this process is a task of a SLURM job step (and not a rank of a pytorch_exec job).
+bool is_step_task(const EnvMap& env);
+
+// The task's identity.  Throws Error when the variables are missing or disagree.
+StepIdentity step_identity(const EnvMap& env);
+
+// The job map of the step as far as this task needs it (its own node in full).
+JobMap step_map(const StepIdentity& id);
+
+// MASTER_PORT of a step: the same on every task, derived from the job and step ids, in
+// [20000, 60000).
+int step_master_port(const std::string& job_id, const std::string& step_id);
+
+// Rejects options that contradict the step (-n other than its size, -H, --hostfile, ...), builds
+// the environment and execs the program.  Returns only by throwing.
+[[noreturn]] void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity& id);
+
+}  // namespace pe

@@ -1,0 +1,129 @@
+"""pytorch_exec under a real SLURM: four virtual nodes on this machine (contrib/slurm/testbed.sh:
+munged, slurmctld and four slurmd).  `salloc -N 4 pytorch_exec` starts one pytorch_execd per node
+with srun; `srun --mpi=pmix ... pytorch_exec PROGRAM` is the direct launch.  Open MPI programs and
+a torch gloo allreduce run both ways.  Needs root and SLURM (skips otherwise)."""
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from harness import (EXEC, SRCDIR, SYSTEM_PYTHON, TestFailure, assert_no_leftovers, check, main,
+                     marker_env, need_torch, skip)
+
+TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
+# Each virtual node has a private /tmp: what srun runs lives here, under the build tree.
+WORK = os.path.join(os.getcwd(), "slurm-work")
+ENV = {}
+OMPI_TCP = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}
+
+TORCH_CHECK = r'''
+import os, socket, sys
+import torch, torch.distributed as dist
+e = os.environ
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+assert rank == int(e["RANK"]) and world == int(e["WORLD_SIZE"]) == 8, (rank, world)
+assert int(e["LOCAL_WORLD_SIZE"]) == 2 and int(e["GROUP_WORLD_SIZE"]) == 4, e
+assert int(e["GROUP_RANK"]) == rank // 2 and int(e["LOCAL_RANK"]) == rank % 2, e
+t = torch.tensor([float(rank + 1)])
+dist.all_reduce(t)
+assert t.item() == 36.0, t
+print(f"rank {rank} node {e['GROUP_RANK']} ok {e['MASTER_ADDR']}:{e['MASTER_PORT']}", flush=True)
+dist.destroy_process_group()
+'''
+
+
+def sh(cmd, env, timeout=120):
+    try:
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise TestFailure(f"{' '.join(cmd)} did not finish within {timeout} s") from e
+
+
+def build():
+    os.makedirs(WORK, exist_ok=True)
+    if shutil.which("mpicc"):
+        for p in ("hello", "collectives"):
+            r = subprocess.run(["mpicc", "-O1", "-o", os.path.join(WORK, p), os.path.join(SRCDIR, "tests", "mpi", p + ".c")],
+                               capture_output=True, text=True)
+            check(r.returncode == 0, r.stderr)
+    with open(os.path.join(WORK, "torch_check.py"), "w") as f:
+        f.write(TORCH_CHECK)
+
+
+def test_salloc_starts_daemons_mpi():
+    if not shutil.which("mpicc"):
+        print("  (mpicc not found: not run)")
+        return
+    env = marker_env(OMPI_TCP)
+    env.update(ENV)
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, "--tag-output", os.path.join(WORK, "collectives")], env)
+    check(r.returncode == 0 and "collectives over 8 ranks: ok" in r.stdout, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, os.path.join(WORK, "hello")], env)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    got = sorted(l.split(" on ")[0] for l in r.stdout.splitlines())
+    check(got == sorted(f"hello rank {i} of 8" for i in range(8)), f"{r.stdout}")
+    # -n defaults to the allocation's tasks; each node's ranks are its own.
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, "sh", "-c", "echo $RANK $GROUP_RANK $LOCAL_RANK $SLURM_JOB_ID"], env)
+    rows = sorted(l.split()[:3] for l in r.stdout.splitlines())
+    check(rows == sorted([str(i), str(i // 2), str(i % 2)] for i in range(8)), f"{r.stdout} {r.stderr}")
+    check(len({l.split()[3] for l in r.stdout.splitlines()}) == 1, "workers do not see the job's environment")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
+def test_salloc_torch_and_failure_names_the_node():
+    need_torch()
+    env = marker_env()
+    env.update(ENV)
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, SYSTEM_PYTHON, os.path.join(WORK, "torch_check.py")],
+           env, timeout=180)
+    check(r.returncode == 0 and r.stdout.count(" ok ") == 8, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, "--kill-grace", "1", "sh", "-c",
+            "if [ $RANK = 5 ]; then exit 4; fi; exec sleep 30"], env)
+    check(r.returncode == 4 and re.search(r"rank 5 \(pid \d+ on n3\) exited with status 4", r.stderr),
+          f"exit {r.returncode}: {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
+def test_srun_direct_launch():
+    env = marker_env(OMPI_TCP)
+    env.update(ENV)
+    need_torch()
+    r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, SYSTEM_PYTHON, os.path.join(WORK, "torch_check.py")],
+           env, timeout=180)
+    check(r.returncode == 0 and r.stdout.count(" ok ") == 8, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    masters = {l.split()[-1] for l in r.stdout.splitlines()}
+    check(len(masters) == 1 and masters.pop().startswith("n1:"), f"MASTER_ADDR/PORT: {r.stdout}")
+    if shutil.which("mpicc"):
+        r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, os.path.join(WORK, "collectives")], env)
+        check(r.returncode == 0 and "collectives over 8 ranks: ok" in r.stdout, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+        r = sh(["srun", "--mpi=pmix", "-N", "2", "-n", "3", EXEC, os.path.join(WORK, "hello")], env)
+        check(r.returncode == 0 and r.stdout.count("of 3 on") == 3 and "MISMATCH" not in r.stdout, r.stdout + r.stderr)
+    r = sh(["srun", "--mpi=none", "-N", "2", "-n", "3", EXEC, "sh", "-c", "echo $RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"], env)
+    check(sorted(r.stdout.splitlines()) == ["0 0 2 0", "1 1 2 0", "2 0 1 1"], f"{r.stdout} {r.stderr}")
+    r = sh(["srun", "--mpi=pmix", "-N", "1", "-n", "2", EXEC, "-n", "3", "true"], env)
+    check(r.returncode != 0 and "-n 3 does not match the SLURM step's 2 tasks" in r.stderr, r.stderr)
+    r = sh(["srun", "-N", "1", "-n", "1", EXEC, "--max-restarts", "1", "true"], env)
+    check(r.returncode != 0 and "--max-restarts needs pytorch_exec to supervise" in r.stderr, r.stderr)
+
+
+if __name__ == "__main__":
+    if os.geteuid() != 0:
+        skip("the SLURM test bed needs root")
+    missing = [b for b in ("munged", "slurmctld", "slurmd", "srun", "salloc") if not shutil.which(b)]
+    if missing:
+        skip(f"SLURM is not installed ({', '.join(missing)} missing: apt-get install munge slurm-wlm)")
+    was_up = subprocess.run([TESTBED, "status"], capture_output=True).returncode == 0
+    r = subprocess.run([TESTBED, "start"], capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        print(f"FAIL: the SLURM test bed did not start: {r.stderr}")
+        sys.exit(1)
+    ENV["SLURM_CONF"] = r.stdout.strip().split("=", 1)[1]
+    try:
+        build()
+        main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node, test_srun_direct_launch])
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+        if not was_up:
+            subprocess.run([TESTBED, "stop"], capture_output=True, timeout=120)
