@@ -81,6 +81,15 @@ def test_mpi_programs_wire_up_across_nodes():
           "the PMIx fence did not go through the control plane")
     r = run(["-H", "a:2,b:2", "--launch-agent", ag, os.path.join(BIN, "ring")], env=env, timeout=120)
     check(r.returncode == 0 and "token 20 (ok)" in r.stdout, f"ring: {r.stdout} {r.stderr}")
+    # Values of ranks on another node without a collecting fence: direct modex between nodes.
+    pc = subprocess.run(["pkg-config", "--cflags", "--libs", "pmix"], capture_output=True, text=True)
+    dm = os.path.join(BIN, "pmix_dmodex")
+    r = subprocess.run(["cc", "-o", dm, os.path.join(MPI_SRC, "pmix_dmodex.c")] + pc.stdout.split(),
+                       capture_output=True, text=True)
+    check(pc.returncode == 0 and r.returncode == 0, f"cc pmix_dmodex.c: {pc.stderr} {r.stderr}")
+    r = run(["-H", "a:2,b:2", "--launch-agent", ag, "-v", dm], env=env, timeout=60)
+    check(r.returncode == 0 and r.stdout.count("ok") == 4, f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
+    check(re.search(r"@a pmix info: upcall direct_modex \S+:[23]", r.stderr), "no direct modex from node a")
     env2 = job_env({"ABORT_RANK": "3", "ABORT_CODE": "7"})
     ag2 = agent(env2["PE_TEST_MARKER"], "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo ABORT_RANK=3 ABORT_CODE=7")
     r = run(["-H", "a:2,b:2", "--launch-agent", ag2, os.path.join(BIN, "abort")], env=env2, timeout=60)
