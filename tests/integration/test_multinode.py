@@ -83,11 +83,11 @@ def test_mpi_programs_wire_up_across_nodes():
     check(r.returncode == 0 and "token 20 (ok)" in r.stdout, f"ring: {r.stdout} {r.stderr}")
     # Values of ranks on another node without a collecting fence: direct modex between nodes.
     pc = subprocess.run(["pkg-config", "--cflags", "--libs", "pmix"], capture_output=True, text=True)
-    dm = os.path.join(BIN, "pmix_dmodex")
-    r = subprocess.run(["cc", "-o", dm, os.path.join(MPI_SRC, "pmix_dmodex.c")] + pc.stdout.split(),
+    dm = os.path.join(BIN, "pmix_client")
+    r = subprocess.run(["cc", "-o", dm, os.path.join(MPI_SRC, "pmix_client.c")] + pc.stdout.split(),
                        capture_output=True, text=True)
-    check(pc.returncode == 0 and r.returncode == 0, f"cc pmix_dmodex.c: {pc.stderr} {r.stderr}")
-    r = run(["-H", "a:2,b:2", "--launch-agent", ag, "-v", dm], env=env, timeout=60)
+    check(pc.returncode == 0 and r.returncode == 0, f"cc pmix_client.c: {pc.stderr} {r.stderr}")
+    r = run(["-H", "a:2,b:2", "--launch-agent", ag, "-v", dm, "dmodex"], env=env, timeout=60)
     check(r.returncode == 0 and r.stdout.count("ok") == 4, f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
     check(re.search(r"@a pmix info: upcall direct_modex \S+:[23]", r.stderr), "no direct modex from node a")
     env2 = job_env({"ABORT_RANK": "3", "ABORT_CODE": "7"})
