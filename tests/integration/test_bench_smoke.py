@@ -28,6 +28,7 @@ def test_mpi_launch_benchmark_runs():
 def test_launch_benchmark_runs():
     out = bench("launch", "--runs", "1", "--np", "4")
     check("ratio pytorch_exec -n 4 /bin/true / mpirun" in out, out)
+    check("spawn_floor 4 /bin/true" in out and "floor: starting 4 processes" in out, out)
 
 
 def test_restart_benchmark_runs():
