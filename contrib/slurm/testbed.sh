@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A SLURM cluster of four virtual nodes (n1..n4) on this machine, for tests and benchmarks:
-# munged, slurmctld and four slurmd (SLURM's MULTIPLE_SLURMD build), each slurmd in a mount
-# namespace of its own with a private /tmp (the mpi/pmix plugin's files would collide otherwise).
+# munged, slurmctld and four slurmd (SLURM's MULTIPLE_SLURMD build).  Each node has a TmpFS of
+# its own (TmpFS=.../tmp/%n): the mpi/pmix plugin's spmix_appdir_* directories of the four nodes
+# would collide in one /tmp otherwise.
 #
 #   contrib/slurm/testbed.sh start     start it (or find it running); prints what to export
 #   contrib/slurm/testbed.sh stop      stop everything it started
@@ -9,8 +10,7 @@
 #   contrib/slurm/testbed.sh env       the variables a shell needs: eval "$(testbed.sh env)"
 #
 # Needs root, munge and SLURM (Debian: munge slurm-wlm slurmd slurmctld slurm-client).  State,
-# configuration and logs live in $PE_SLURM_DIR (default /var/tmp/pytorch_exec-slurm).  Programs
-# run by srun must not live in /tmp: each virtual node has its own.
+# configuration and logs live in $PE_SLURM_DIR (default /var/tmp/pytorch_exec-slurm).
 set -euo pipefail
 
 dir=${PE_SLURM_DIR:-/var/tmp/pytorch_exec-slurm}
@@ -23,7 +23,7 @@ die() { echo "testbed.sh: $*" >&2; exit 1; }
 
 need() {
   [ "$(id -u)" -eq 0 ] || die "must run as root (slurmd and the private /tmp mounts need it)"
-  for b in munged slurmctld slurmd sinfo srun salloc unshare; do
+  for b in munged slurmctld slurmd sinfo srun salloc; do
     command -v "$b" >/dev/null || die "$b not found (apt-get install munge slurm-wlm slurmd slurmctld slurm-client)"
   done
 }
@@ -53,6 +53,7 @@ TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 AccountingStorageType=accounting_storage/none
+TmpFS=$dir/tmp/%n
 JobCompType=jobcomp/none
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
@@ -94,7 +95,6 @@ start() {
   need
   if [ -f "$conf" ] && [ "$(up)" -eq ${#nodes[@]} ]; then print_env; return 0; fi
   write_conf
-  alive "$dir/slurmctld.pid" || rm -rf "${dir:?}/state"/*  # a fresh cluster: no jobs from before
   if ! pgrep -x munged >/dev/null; then
     mkdir -p /run/munge && chown munge:munge /run/munge 2>/dev/null || true
     if id munge >/dev/null 2>&1; then
@@ -111,7 +111,7 @@ start() {
   alive "$dir/slurmctld.pid" || slurmctld -f "$conf" -i
   for n in "${nodes[@]}"; do
     alive "$dir/slurmd.$n.pid" && continue
-    unshare -m --propagation private sh -c "mount --bind '$dir/tmp/$n' /tmp && exec slurmd -f '$conf' -N $n"
+    slurmd -f "$conf" -N "$n"
   done
   wait_up
   print_env
@@ -129,6 +129,8 @@ stop() {
     for _ in $(seq 100); do kill -0 "${pids[@]}" 2>/dev/null || break; sleep 0.05; done
     kill -9 "${pids[@]}" 2>/dev/null || true
   fi
+  # Step daemons outlive slurmd; one left from before would take the next job with its id.
+  pkill -9 -x slurmstepd 2>/dev/null || true
   if grep -q ' # pytorch_exec testbed$' /etc/hosts; then
     grep -v ' # pytorch_exec testbed$' /etc/hosts > "$dir/hosts.new" && cat "$dir/hosts.new" > /etc/hosts
     rm -f "$dir/hosts.new"

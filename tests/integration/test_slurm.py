@@ -12,7 +12,6 @@ from harness import (EXEC, SRCDIR, SYSTEM_PYTHON, TestFailure, assert_no_leftove
                      marker_env, need_torch, skip)
 
 TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
-# Each virtual node has a private /tmp: what srun runs lives here, under the build tree.
 WORK = os.path.join(os.getcwd(), "slurm-work")
 ENV = {}
 OMPI_TCP = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}
