@@ -1,0 +1,106 @@
+// DataChannel: collectives for training programs started by pytorch_exec (or srun, or mpirun).
+//
+//   auto pg = pytorch_exec::dc::ProcessGroup::init();         // PMIx or env:// bootstrap
+//   pg->allreduce(grad.data(), grad.size(), dc::DType::F32, dc::Op::Sum);
+//
+// A process group connects its ranks with one transport per level: `shm` (POSIX shared memory)
+// between ranks on the same node, `tcp` between nodes (`mpi` is planned for the inter-node
+// level).  Large allreduces are rings (reduce-scatter + allgather, chunked so that reduction
+// overlaps transfer), small ones recursive doubling; with ranks on several nodes, allreduce is
+// hierarchical: reduce-scatter inside each node, a ring per shard across nodes, allgather inside
+// the node.  Every operation has a timeout; a dead peer or mismatched calls raise dc::Error on
+// every rank that notices instead of hanging.  See pytorch_dc(3).
+//
+// Thread safety: a ProcessGroup is used by one thread at a time; collectives on one group are
+// called in the same order by all of its ranks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace pytorch_exec::dc {
+
+enum class DType : uint8_t { F32, F64, F16, BF16, I32, I64, U8 };
+enum class Op : uint8_t { Sum, Prod, Min, Max, Avg };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);
+const char* op_name(Op o);
+
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+class TimeoutError : public Error {
+ public:
+  using Error::Error;
+};
+
+struct Options {
+  // Transports: "shm" or "tcp" inside a node, "tcp" across nodes.  Empty: PYTORCH_DC_INTRA /
+  // PYTORCH_DC_INTER, else PYTORCH_DC_TRANSPORT (both levels), else shm inside, tcp across.
+  std::string intra;
+  std::string inter;
+  // Default timeout of every operation, seconds (PYTORCH_DC_TIMEOUT; default 300).
+  double timeout = 0;
+  // Allreduces of at most this many bytes use recursive doubling (PYTORCH_DC_SMALL; 32 KiB).
+  size_t small_bytes = 0;
+  // Hierarchical allreduce when ranks share nodes (PYTORCH_DC_HIERARCHICAL=0 turns it off).
+  int hierarchical = -1;
+  // Carry f32 as bf16 between nodes (PYTORCH_DC_BF16_WIRE=1): half the bytes, a relative error
+  // of up to 2^-8 per hop.  Off by default.
+  int bf16_wire = -1;
+};
+
+class ProcessGroup {
+ public:
+  // Bootstrap: from PMIx when the process is a PMIx client (under pytorch_exec, srun --mpi=pmix
+  // or mpirun), else from RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (env://; a small TCP
+  // store on rank 0 at MASTER_PORT+1, or PYTORCH_DC_PORT).  The node of each rank is its host
+  // name, or PYTORCH_DC_NODE when set (to simulate several nodes on one machine).
+  static std::shared_ptr<ProcessGroup> init(const Options& opts = {});
+  // `n` ranks as threads of this process, sharing an in-memory store (tests); nodes[i] is the
+  // node of rank i (default: all on one node).
+  static std::vector<std::shared_ptr<ProcessGroup>> threads(int n, const Options& opts = {},
+                                                            std::vector<int> nodes = {});
+
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const;
+  int size() const;
+  int node() const;        // index of this rank's node (0 ... nodes-1, in order of first rank)
+  int nodes() const;
+  int local_rank() const;
+  int local_size() const;
+  const std::string& intra_transport() const;
+  const std::string& inter_transport() const;
+
+  // timeout < 0: the group's default.  `count` is in elements.
+  void allreduce(void* buf, size_t count, DType t, Op op, double timeout = -1);
+  void allreduce(const void* in, void* out, size_t count, DType t, Op op, double timeout = -1);
+  // in: size()*count elements; out: count elements, this rank's block.
+  void reduce_scatter(const void* in, void* out, size_t count, DType t, Op op, double timeout = -1);
+  // in: count elements; out: size()*count, rank r's block at r*count.  in may alias its block.
+  void allgather(const void* in, void* out, size_t count, DType t, double timeout = -1);
+  void broadcast(void* buf, size_t count, DType t, int root, double timeout = -1);
+  void barrier(double timeout = -1);
+  void send(const void* buf, size_t bytes, int peer, double timeout = -1);
+  void recv(void* buf, size_t bytes, int peer, double timeout = -1);
+  // Collective over this group: ranks with the same color form a new group, ordered by (key,
+  // rank).  A negative color returns nullptr.
+  std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);
+
+  struct Impl;
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,273 @@
+#include "dc/bootstrap.hpp"
+
+#include <pmix.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <random>
+
+#include "dc/tcp/transport.hpp"
+
+namespace pytorch_exec::dc {
+namespace {
+
+std::string env_or(const char* name, const std::string& def) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : def;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  ::gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+std::string node_name() { return env_or("PYTORCH_DC_NODE", host_name()); }
+
+uint64_t random64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+// Fields joined with '\n' (node names and addresses contain none).
+std::string join(const std::vector<std::string>& f) {
+  std::string s;
+  for (auto& x : f) s += x + '\n';
+  return s;
+}
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t a = 0;
+  for (size_t b; (b = s.find('\n', a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
+  return out;
+}
+
+int env_int(const char* name, int lo, int hi) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return -1;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  if (*end || x < lo || x > hi)
+    throw Error(std::string(name) + "=" + v + " is not a number in " + std::to_string(lo) + ".." + std::to_string(hi));
+  return static_cast<int>(x);
+}
+
+// Each process counts its groups, so that the keys of its second init() differ from the first.
+int next_generation() {
+  static std::mutex m;
+  static int n = 0;
+  std::lock_guard<std::mutex> l(m);
+  return n++;
+}
+
+// --- env:// -------------------------------------------------------------------------------
+
+World bootstrap_env(int tcp_port, double timeout) {
+  int rank = env_int("RANK", 0, 1 << 20), size = env_int("WORLD_SIZE", 1, 1 << 20);
+  if (rank < 0 || size < 0)
+    throw Error("cannot bootstrap: no PMIx server and RANK/WORLD_SIZE are not set; start the program "
+                "with pytorch_exec, srun --mpi=pmix, mpirun or torchrun, or set RANK, WORLD_SIZE, "
+                "MASTER_ADDR and MASTER_PORT");
+  if (rank >= size) throw Error("RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(size));
+  std::string master = env_or("MASTER_ADDR", size == 1 ? "127.0.0.1" : "");
+  int mport = env_int("MASTER_PORT", 1, 65534);
+  int port = env_int("PYTORCH_DC_PORT", 1, 65535);
+  if (port < 0 && mport > 0) port = mport + 1;
+  if (master.empty() || port < 0) {
+    if (size > 1) throw Error("cannot bootstrap env://: set MASTER_ADDR and MASTER_PORT (or PYTORCH_DC_PORT)");
+    port = 0;
+  }
+  World w;
+  w.rank = rank;
+  w.size = size;
+  w.how = "env";
+  std::shared_ptr<TcpStoreServer> server;
+  int bound = port;
+  if (rank == 0) server = serve_tcp_store(port, &bound);
+  w.store = connect_tcp_store(rank == 0 ? "127.0.0.1" : master, bound, timeout, server);
+  int gen = next_generation();
+  std::string g = "g" + std::to_string(gen);
+  if (rank == 0) w.store->set(g + "/session", hex(random64()));
+  std::string session = w.store->get(g + "/session", timeout);
+  w.session = std::strtoull(session.c_str(), nullptr, 16);
+  w.key = "env" + session + "." + g;
+  std::string addr = tcp_port > 0 ? tcp::local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
+  auto all = store_allgather(*w.store, g + "/who", rank, size, join({node_name(), addr}), timeout);
+  for (auto& a : all) {
+    auto f = split(a);
+    if (f.size() != 2) throw Error("bootstrap: malformed record in the store");
+    w.nodes.push_back(f[0]);
+    w.addrs.push_back(f[1]);
+  }
+  return w;
+}
+
+// --- PMIx ----------------------------------------------------------------------------------
+
+std::mutex pmix_mutex;
+int pmix_inits = 0;
+
+void finalize_pmix_at_exit() {
+  std::lock_guard<std::mutex> l(pmix_mutex);
+  for (; pmix_inits > 0; --pmix_inits) PMIx_Finalize(nullptr, 0);
+}
+
+void pmix_check(pmix_status_t rc, const std::string& what) {
+  if (rc != PMIX_SUCCESS) throw Error("PMIx bootstrap: " + what + " failed: " + PMIx_Error_string(rc));
+}
+
+std::string pmix_get_string(const pmix_proc_t& who, const std::string& key, double timeout) {
+  pmix_value_t* val = nullptr;
+  pmix_info_t info;
+  int secs = static_cast<int>(timeout) + 1;
+  PMIX_INFO_LOAD(&info, PMIX_TIMEOUT, &secs, PMIX_INT);
+  pmix_status_t rc = PMIx_Get(&who, key.c_str(), &info, 1, &val);
+  PMIX_INFO_DESTRUCT(&info);
+  pmix_check(rc, "PMIx_Get(" + key + ") of rank " + std::to_string(who.rank));
+  std::string out = val->type == PMIX_STRING && val->data.string ? val->data.string : "";
+  PMIX_VALUE_RELEASE(val);
+  return out;
+}
+
+uint32_t pmix_job_size(const pmix_proc_t& me) {
+  pmix_proc_t wild;
+  PMIX_LOAD_PROCID(&wild, me.nspace, PMIX_RANK_WILDCARD);
+  pmix_value_t* val = nullptr;
+  pmix_check(PMIx_Get(&wild, PMIX_JOB_SIZE, nullptr, 0, &val), "PMIx_Get(job size)");
+  uint32_t n = val->type == PMIX_UINT32 ? val->data.uint32 : 0;
+  PMIX_VALUE_RELEASE(val);
+  if (n == 0) throw Error("PMIx bootstrap: the job size is not known");
+  return n;
+}
+
+void pmix_put_fence(const std::string& key, const std::string& value, const pmix_proc_t& me, double timeout) {
+  pmix_value_t v;
+  PMIX_VALUE_LOAD(&v, value.c_str(), PMIX_STRING);
+  pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &v);
+  PMIX_VALUE_DESTRUCT(&v);
+  pmix_check(rc, "PMIx_Put");
+  pmix_check(PMIx_Commit(), "PMIx_Commit");
+  pmix_proc_t wild;
+  PMIX_LOAD_PROCID(&wild, me.nspace, PMIX_RANK_WILDCARD);
+  pmix_info_t info[2];
+  bool collect = true;
+  int secs = static_cast<int>(timeout) + 1;
+  PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+  PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &secs, PMIX_INT);
+  rc = PMIx_Fence(&wild, 1, info, 2);
+  PMIX_INFO_DESTRUCT(&info[0]);
+  PMIX_INFO_DESTRUCT(&info[1]);
+  pmix_check(rc, "PMIx_Fence");
+}
+
+World bootstrap_pmix(int tcp_port, double timeout) {
+  pmix_proc_t me;
+  {
+    std::lock_guard<std::mutex> l(pmix_mutex);
+    pmix_check(PMIx_Init(&me, nullptr, 0), "PMIx_Init");
+    if (pmix_inits++ == 0) std::atexit(finalize_pmix_at_exit);
+  }
+  World w;
+  w.how = "pmix";
+  w.rank = static_cast<int>(me.rank);
+  w.size = static_cast<int>(pmix_job_size(me));
+  std::string master = env_or("MASTER_ADDR", "");
+  std::string ip = tcp::local_address_toward(master.empty() ? host_name() : master);
+  std::shared_ptr<TcpStoreServer> server;
+  int store_port = 0;
+  if (w.rank == 0) server = serve_tcp_store(0, &store_port);
+  int gen = next_generation();
+  std::string key = "pytorch_dc.who." + std::to_string(gen);
+  uint64_t session = random64();
+  std::string addr = tcp_port > 0 ? ip + ":" + std::to_string(tcp_port) : "";
+  pmix_put_fence(key, join({node_name(), addr, ip + ":" + std::to_string(store_port), hex(session)}), me, timeout);
+  std::string store_addr;
+  for (int r = 0; r < w.size; ++r) {
+    pmix_proc_t p;
+    PMIX_LOAD_PROCID(&p, me.nspace, static_cast<pmix_rank_t>(r));
+    auto f = split(pmix_get_string(p, key, timeout));
+    if (f.size() != 4) throw Error("PMIx bootstrap: rank " + std::to_string(r) + " published a malformed record");
+    w.nodes.push_back(f[0]);
+    w.addrs.push_back(f[1]);
+    if (r == 0) {
+      store_addr = f[2];
+      w.session = std::strtoull(f[3].c_str(), nullptr, 16);
+    }
+  }
+  auto colon = store_addr.rfind(':');
+  w.store = connect_tcp_store(w.rank == 0 ? "127.0.0.1" : store_addr.substr(0, colon),
+                              std::atoi(store_addr.c_str() + colon + 1), timeout, server);
+  w.key = "pmix" + hex(std::hash<std::string>{}(me.nspace)) + "." + std::to_string(gen);
+  return w;
+}
+
+bool is_pmix_client() { return std::getenv("PMIX_NAMESPACE") && std::getenv("PMIX_RANK"); }
+
+}  // namespace
+
+double env_number(const char* name, double def) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return def;
+  char* end = nullptr;
+  double x = std::strtod(v, &end);
+  if (*end || x < 0) throw Error(std::string(name) + "=" + v + " is not a non-negative number");
+  return x;
+}
+
+std::vector<std::string> store_allgather(Store& store, const std::string& key, int rank, int size,
+                                         const std::string& mine, double timeout) {
+  store.set(key + "/" + std::to_string(rank), mine);
+  if (rank == 0) {
+    std::string all;
+    for (int r = 0; r < size; ++r) {
+      std::string v = r == 0 ? mine : store.get(key + "/" + std::to_string(r), timeout);
+      all += std::to_string(v.size()) + ":" + v;
+    }
+    store.set(key + "/all", all);
+  }
+  std::string all = store.get(key + "/all", timeout);
+  std::vector<std::string> out;
+  for (size_t pos = 0; pos < all.size();) {
+    size_t colon = all.find(':', pos);
+    size_t len = std::strtoull(all.c_str() + pos, nullptr, 10);
+    out.push_back(all.substr(colon + 1, len));
+    pos = colon + 1 + len;
+  }
+  if (out.size() != static_cast<size_t>(size)) throw Error("store: allgather of '" + key + "' is incomplete");
+  return out;
+}
+
+World bootstrap_process(int tcp_port, double timeout) {
+  std::string how = env_or("PYTORCH_DC_BOOTSTRAP", "");
+  if (!how.empty() && how != "pmix" && how != "env")
+    throw Error("PYTORCH_DC_BOOTSTRAP=" + how + ": expected pmix or env");
+  if (how == "pmix" || (how.empty() && is_pmix_client())) return bootstrap_pmix(tcp_port, timeout);
+  return bootstrap_env(tcp_port, timeout);
+}
+
+World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::shared_ptr<Store> store,
+                       uint64_t session, const std::string& key, int tcp_port, double timeout) {
+  World w;
+  w.rank = rank;
+  w.size = size;
+  w.how = "threads";
+  w.threads = true;
+  w.store = std::move(store);
+  w.session = session;
+  w.key = key;
+  w.nodes = std::move(nodes);
+  std::string addr = tcp_port > 0 ? "127.0.0.1:" + std::to_string(tcp_port) : "";
+  w.addrs = store_allgather(*w.store, key + "/addr", rank, size, addr, timeout);
+  return w;
+}
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,52 @@
+// How the ranks of a DataChannel group find each other.
+//
+//   PMIx:    the process is a PMIx client (PMIX_NAMESPACE and PMIX_RANK set: under pytorch_exec,
+//            srun --mpi=pmix or mpirun).  Rank and size come from PMIx; every rank puts its node
+//            name and transport address (and rank 0 its key-value store's address) with
+//            PMIx_Put/Commit and a collecting PMIx_Fence.
+//   env://:  RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables); rank 0 serves a
+//            small TCP store on MASTER_PORT+1 (or PYTORCH_DC_PORT) through which the same
+//            information is gathered.
+//   threads: ranks are threads of one process sharing an in-memory store (tests).
+// PYTORCH_DC_BOOTSTRAP=pmix|env forces one.  The node of a rank is its host name, or
+// PYTORCH_DC_NODE when set (to simulate several nodes on one machine).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dc/store.hpp"
+#include "dc/transport.hpp"
+
+namespace pytorch_exec::dc {
+
+struct World {
+  int rank = 0;
+  int size = 1;
+  std::vector<std::string> nodes;  // node name of every rank
+  std::vector<std::string> addrs;  // tcp transport address of every rank ("" without tcp)
+  std::shared_ptr<Store> store;
+  uint64_t session = 0;            // random, the same on every rank
+  std::string key;                 // unique among the groups on this machine (shm names, store keys)
+  bool threads = false;
+  std::string how;                 // "pmix", "env" or "threads"
+};
+
+// Bootstraps this process.  `tcp_port` > 0: this rank's tcp listener port, whose address is
+// exchanged.  Throws Error with a sentence that says what to set.
+World bootstrap_process(int tcp_port, double timeout);
+// Rank `rank` of `size` threads sharing `store`.  `session` and `key` are the same in all.
+World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::shared_ptr<Store> store,
+                       uint64_t session, const std::string& key, int tcp_port, double timeout);
+
+// Every rank's `mine`, in rank order, through the store (O(size) requests).  All ranks call it
+// with the same `key`.
+std::vector<std::string> store_allgather(Store& store, const std::string& key, int rank, int size,
+                                         const std::string& mine, double timeout);
+
+// The environment variable `name` as a number, or `def` when unset; Error naming it when it is
+// set to something else.
+double env_number(const char* name, double def);
+
+}  // namespace pytorch_exec::dc

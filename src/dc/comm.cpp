@@ -1,0 +1,42 @@
+#include "dc/comm.hpp"
+
+namespace pytorch_exec::dc {
+
+CallHeader make_header(Kind k, uint64_t count, DType t, Op op, uint64_t seq, int root) {
+  CallHeader h;
+  h.kind = static_cast<uint8_t>(k);
+  h.dtype = static_cast<uint8_t>(t);
+  h.op = static_cast<uint8_t>(op);
+  h.root = static_cast<uint8_t>(root);
+  h.count = count;
+  h.seq = seq;
+  return h;
+}
+
+std::string describe(const CallHeader& h) {
+  static const char* kinds[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
+                                "barrier",   "send",           "split"};
+  if (h.magic != CallHeader{}.magic || h.kind > static_cast<uint8_t>(Kind::Split) ||
+      h.dtype > static_cast<uint8_t>(DType::U8) || h.op > static_cast<uint8_t>(Op::Avg))
+    return "something that is not a collective call (unmatched send/recv?)";
+  std::string s = std::string(kinds[h.kind]) + " #" + std::to_string(h.seq) + " of " +
+                  std::to_string(h.count);
+  auto k = static_cast<Kind>(h.kind);
+  if (k == Kind::Barrier) return std::string("barrier #") + std::to_string(h.seq);
+  if (k == Kind::Send || k == Kind::Split) return s + (k == Kind::Send ? " bytes" : "");
+  s += std::string(" ") + dtype_name(static_cast<DType>(h.dtype));
+  if (k == Kind::Allreduce || k == Kind::ReduceScatter) s += std::string(" (") + op_name(static_cast<Op>(h.op)) + ")";
+  if (k == Kind::Broadcast) s += " from root " + std::to_string(h.root);
+  return s;
+}
+
+void check_header(const CallHeader& mine, const CallHeader& theirs, int from_rank) {
+  if (mine.magic == theirs.magic && mine.kind == theirs.kind && mine.dtype == theirs.dtype &&
+      mine.op == theirs.op && mine.root == theirs.root && mine.count == theirs.count &&
+      mine.seq == theirs.seq)
+    return;
+  throw Error("mismatched calls: rank " + std::to_string(from_rank) + " called " + describe(theirs) +
+              ", this rank " + describe(mine));
+}
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,52 @@
+// A Comm is the set of ranks that run one collective together over one transport: members[i]
+// is the transport peer (world rank) of the i-th member, `me` this rank's index among them.
+// Sub-groups and the levels of a hierarchical allreduce are Comms over the same transport.
+//
+// Every collective starts with a CallHeader that neighbours exchange, so that ranks that called
+// different operations (another count, dtype, op, or a different collective altogether) get a
+// clear error instead of corrupt data or a hang.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dc/transport.hpp"
+
+namespace pytorch_exec::dc {
+
+enum class Kind : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Barrier, Send, Split };
+
+struct CallHeader {
+  uint32_t magic = 0x68636470;  // "pdch"
+  uint8_t kind = 0;
+  uint8_t dtype = 0;
+  uint8_t op = 0;
+  uint8_t root = 0;  // broadcast root (low bits; the count check covers the rest)
+  uint64_t count = 0;
+  uint64_t seq = 0;  // the group's collective counter: catches calls made in different orders
+};
+static_assert(sizeof(CallHeader) == 24);
+
+CallHeader make_header(Kind k, uint64_t count, DType t, Op op, uint64_t seq, int root = 0);
+std::string describe(const CallHeader& h);
+// Throws Error when `theirs` (from member `from`) differs from `mine`.
+void check_header(const CallHeader& mine, const CallHeader& theirs, int from_rank);
+
+struct Comm {
+  Transport* t = nullptr;
+  std::vector<int> members;
+  int me = 0;
+
+  int size() const { return static_cast<int>(members.size()); }
+  int world(int i) const { return members[static_cast<size_t>(mod(i))]; }
+  int mod(int i) const {
+    int n = size();
+    return ((i % n) + n) % n;
+  }
+  Request isend(int i, const void* b, size_t n) const { return t->isend(world(i), b, n); }
+  Request irecv(int i, void* b, size_t n) const { return t->irecv(world(i), b, n); }
+  void wait(Request r, const Deadline& d) const { t->wait(r, d); }
+};
+
+}  // namespace pytorch_exec::dc

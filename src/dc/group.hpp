@@ -1,0 +1,55 @@
+// ProcessGroup::Impl: who is in the group, where they are (nodes, local ranks), and the
+// transports and Comms of each level.  Built by init()/threads() from a World, and by split().
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dc/bootstrap.hpp"
+#include "dc/comm.hpp"
+#include "dc/settings.hpp"
+#include "dc/shm/transport.hpp"
+#include "pytorch_exec/dc.hpp"
+
+namespace pytorch_exec::dc {
+
+struct Transports {
+  std::shared_ptr<Transport> tcp, mpi;
+  std::shared_ptr<Transport> get(const std::string& name) const { return name == "mpi" ? mpi : tcp; }
+};
+
+struct ProcessGroup::Impl {
+  Settings s;
+  std::shared_ptr<Store> store;
+  std::string key;  // unique name of this group (store keys, shm segment)
+  bool threads = false;
+  int rank = 0, size = 1;
+  std::vector<int> world;    // world rank (transport peer) of every group rank
+  std::vector<int> node_of;  // node index of every group rank, numbered in order of first rank
+  int node = 0, nodes = 1, local_rank = 0, local_size = 1;
+  int min_local = 1, max_local = 1;  // fewest / most ranks on one node
+  Transports tr;
+  std::shared_ptr<Transport> inter_t, intra_t;  // intra_t: the point-to-point transport inside a node
+  std::unique_ptr<shm::Node> shm;
+  Comm world_c, local_c, cross_c;  // cross_c: the ranks with this local rank on every node
+  uint64_t seq = 0;
+  int splits = 0;
+  std::string failed;
+
+  // Fills the layout and the Comms from world, node_of and rank; creates the shm segment.
+  void lay_out(const Deadline& d);
+  // Runs f; on an error the group (and the transports it shares) is aborted, so that the other
+  // ranks get an error too instead of waiting for their timeout.
+  template <typename F>
+  void guarded(F&& f);
+  Deadline deadline(double timeout, const std::string& what) const;
+};
+
+std::unique_ptr<ProcessGroup::Impl> build_group(World w, const Settings& s, int tcp_fd_port,
+                                                void* listener, const Deadline& d);
+
+// The allreduce of a group, by level and size (collectives.cpp).
+void group_allreduce(ProcessGroup::Impl& g, void* buf, size_t count, DType t, Op op, const Deadline& d);
+
+}  // namespace pytorch_exec::dc

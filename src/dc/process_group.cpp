@@ -1,0 +1,310 @@
+// The public ProcessGroup: construction (init, threads, split) and the collectives other than
+// allreduce (collectives.cpp), each guarded so that an error breaks the group on every rank.
+#include <config.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "dc/group.hpp"
+#include "dc/reduce.hpp"
+#include "dc/ring.hpp"
+#include "dc/tcp/transport.hpp"
+#include "dc/tree.hpp"
+#ifdef HAVE_MPI
+#include "dc/mpi/transport.hpp"
+#endif
+
+namespace pytorch_exec::dc {
+
+template <typename F>
+void ProcessGroup::Impl::guarded(F&& f) {
+  if (!failed.empty()) throw Error("process group is unusable after an earlier error: " + failed);
+  try {
+    f();
+  } catch (const Error& e) {
+    failed = e.what();
+    if (inter_t) inter_t->abort(failed);
+    if (intra_t) intra_t->abort(failed);
+    if (shm) shm->abort();
+    throw;
+  }
+}
+
+Deadline ProcessGroup::Impl::deadline(double timeout, const std::string& what) const {
+  return Deadline::after(timeout < 0 ? s.timeout : timeout, what);
+}
+
+void ProcessGroup::Impl::lay_out(const Deadline& d) {
+  std::vector<int> count(static_cast<size_t>(*std::max_element(node_of.begin(), node_of.end()) + 1));
+  std::vector<std::vector<int>> on_node(count.size());
+  for (int r = 0; r < size; ++r) on_node[static_cast<size_t>(node_of[static_cast<size_t>(r)])].push_back(r);
+  nodes = static_cast<int>(on_node.size());
+  node = node_of[static_cast<size_t>(rank)];
+  auto& mine = on_node[static_cast<size_t>(node)];
+  local_size = static_cast<int>(mine.size());
+  local_rank = static_cast<int>(std::find(mine.begin(), mine.end(), rank) - mine.begin());
+  min_local = max_local = local_size;
+  for (auto& v : on_node) {
+    min_local = std::min(min_local, static_cast<int>(v.size()));
+    max_local = std::max(max_local, static_cast<int>(v.size()));
+  }
+  world_c = Comm{inter_t.get(), world, rank};
+  local_c = Comm{intra_t.get(), {}, local_rank};
+  for (int r : mine) local_c.members.push_back(world[static_cast<size_t>(r)]);
+  cross_c = Comm{inter_t.get(), {}, node};
+  if (local_rank < min_local)
+    for (auto& v : on_node) cross_c.members.push_back(world[static_cast<size_t>(v[static_cast<size_t>(local_rank)])]);
+  if (s.intra == "shm" && local_size > 1)
+    shm = shm::Node::create(*store, key + ".node" + std::to_string(node), local_rank, local_size, s.shm_bytes, d);
+}
+
+namespace {
+
+std::vector<int> number_nodes(const std::vector<std::string>& names) {
+  std::map<std::string, int> index;
+  std::vector<int> out;
+  for (auto& n : names) out.push_back(index.emplace(n, static_cast<int>(index.size())).first->second);
+  return out;
+}
+
+Transports make_transports(const World& w, const Settings& s, tcp::Listener* listener, const Deadline& d) {
+  Transports tr;
+  if (s.intra == "tcp" || s.inter == "tcp")
+    tr.tcp = tcp::connect_mesh(w.rank, w.size, std::move(*listener), w.addrs, w.session, d);
+  if (s.intra == "mpi" || s.inter == "mpi") {
+#ifdef HAVE_MPI
+    if (w.threads) throw Error("the mpi transport needs one process per rank (not threads)");
+    auto gather = [&](const std::string& mine) {
+      return store_allgather(*w.store, w.key + "/mpi", w.rank, w.size, mine, s.timeout);
+    };
+    tr.mpi = mpi::create(w.rank, w.size, gather, d);
+#else
+    throw Error("the mpi transport is not available: libpytorch_dc was built without MPI");
+#endif
+  }
+  return tr;
+}
+
+std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, tcp::Listener* listener) {
+  auto d = Deadline::after(s.timeout, "process group set-up (rank " + std::to_string(w.rank) + ")");
+  auto g = std::make_unique<ProcessGroup::Impl>();
+  g->s = s;
+  g->tr = make_transports(w, s, listener, d);
+  g->inter_t = g->tr.get(s.inter);
+  g->intra_t = s.intra == "shm" ? g->inter_t : g->tr.get(s.intra);
+  g->store = w.store;
+  g->key = w.key;
+  g->threads = w.threads;
+  g->rank = w.rank;
+  g->size = w.size;
+  g->world.resize(static_cast<size_t>(w.size));
+  std::iota(g->world.begin(), g->world.end(), 0);
+  g->node_of = number_nodes(w.nodes);
+  g->lay_out(d);
+  return g;
+}
+
+bool needs_tcp(const Settings& s) { return s.intra == "tcp" || s.inter == "tcp"; }
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::init(const Options& opts) {
+  Settings s = resolve_settings(opts);
+  std::unique_ptr<tcp::Listener> l;
+  if (needs_tcp(s)) l = std::make_unique<tcp::Listener>();
+  World w = bootstrap_process(l ? l->port() : 0, s.timeout);
+  return std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
+}
+
+std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Options& opts, std::vector<int> nodes) {
+  if (n < 1) throw Error("threads(): need at least one rank");
+  if (!nodes.empty() && nodes.size() != static_cast<size_t>(n)) throw Error("threads(): one node per rank");
+  Settings s = resolve_settings(opts);
+  std::vector<std::string> names;
+  for (int i = 0; i < n; ++i) names.push_back("node" + std::to_string(nodes.empty() ? 0 : nodes[static_cast<size_t>(i)]));
+  auto store = memory_store();
+  std::random_device rd;
+  uint64_t session = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  static std::atomic<int> counter{0};
+  std::string key = "threads" + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." + std::to_string(session % 100000);
+  std::vector<std::shared_ptr<ProcessGroup>> out(static_cast<size_t>(n));
+  std::vector<std::string> errors(static_cast<size_t>(n));
+  std::vector<std::thread> th;
+  for (int i = 0; i < n; ++i) {
+    th.emplace_back([&, i] {
+      try {
+        std::unique_ptr<tcp::Listener> l;
+        if (needs_tcp(s)) l = std::make_unique<tcp::Listener>();
+        World w = bootstrap_thread(i, n, names, store, session, key, l ? l->port() : 0, s.timeout);
+        out[static_cast<size_t>(i)] = std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(i)] = e.what();
+      }
+    });
+  }
+  for (auto& t : th) t.join();
+  for (auto& e : errors)
+    if (!e.empty()) throw Error(e);
+  return out;
+}
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+
+int ProcessGroup::rank() const { return impl_->rank; }
+int ProcessGroup::size() const { return impl_->size; }
+int ProcessGroup::node() const { return impl_->node; }
+int ProcessGroup::nodes() const { return impl_->nodes; }
+int ProcessGroup::local_rank() const { return impl_->local_rank; }
+int ProcessGroup::local_size() const { return impl_->local_size; }
+const std::string& ProcessGroup::intra_transport() const { return impl_->s.intra; }
+const std::string& ProcessGroup::inter_transport() const { return impl_->s.inter; }
+
+namespace {
+
+std::string what(const char* op, size_t count, DType t) {
+  return std::string(op) + " of " + std::to_string(count) + " " + dtype_name(t);
+}
+
+void need_buffer(const void* p, size_t count, const char* op) {
+  if (!p && count > 0) throw Error(std::string(op) + ": null buffer with a count of " + std::to_string(count));
+}
+
+// Checks the arguments of send/recv; returns the operation's deadline.
+Deadline p2p_call(const ProcessGroup::Impl& g, const char* op, const void* buf, size_t bytes, int peer, double timeout) {
+  need_buffer(buf, bytes, op);
+  if (peer < 0 || peer >= g.size || peer == g.rank)
+    throw Error(std::string(op) + ": rank " + std::to_string(peer) + " is not another rank of this group");
+  return g.deadline(timeout, std::string(op) + " of " + std::to_string(bytes) + " bytes with rank " + std::to_string(peer));
+}
+
+}  // namespace
+
+void ProcessGroup::allreduce(void* buf, size_t count, DType t, Op op, double timeout) {
+  allreduce(buf, buf, count, t, op, timeout);
+}
+
+void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, Op op, double timeout) {
+  need_buffer(in, count, "allreduce");
+  need_buffer(out, count, "allreduce");
+  auto d = impl_->deadline(timeout, what("allreduce", count, t) + " (" + op_name(op) + ")");
+  if (in != out) std::memcpy(out, in, count * dtype_size(t));
+  impl_->guarded([&] { group_allreduce(*impl_, out, count, t, op, d); });
+}
+
+void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op, double timeout) {
+  need_buffer(in, count, "reduce_scatter");
+  need_buffer(out, count, "reduce_scatter");
+  Impl& g = *impl_;
+  auto d = g.deadline(timeout, what("reduce_scatter", count, t) + " (" + op_name(op) + ")");
+  size_t es = dtype_size(t);
+  g.guarded([&] {
+    auto h = make_header(Kind::ReduceScatter, count, t, op, ++g.seq);
+    std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + count * es * static_cast<size_t>(g.size));
+    Blocks b;
+    for (int i = 0; i <= g.size; ++i) b.off.push_back(static_cast<size_t>(i) * count);
+    ring_reduce_scatter(g.world_c, work.data(), b, t, op, h, d);
+    char* mine = work.data() + static_cast<size_t>(g.rank) * count * es;
+    if (op == Op::Avg) finish_avg(mine, count, t, g.size);
+    std::memcpy(out, mine, count * es);
+  });
+}
+
+void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, double timeout) {
+  need_buffer(in, count, "allgather");
+  need_buffer(out, count, "allgather");
+  Impl& g = *impl_;
+  auto d = g.deadline(timeout, what("allgather", count, t));
+  size_t es = dtype_size(t);
+  g.guarded([&] {
+    auto h = make_header(Kind::Allgather, count, t, Op::Sum, ++g.seq);
+    std::memmove(static_cast<char*>(out) + static_cast<size_t>(g.rank) * count * es, in, count * es);
+    Blocks b;
+    for (int i = 0; i <= g.size; ++i) b.off.push_back(static_cast<size_t>(i) * count);
+    ring_allgather(g.world_c, out, b, t, h, d);
+  });
+}
+
+void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double timeout) {
+  need_buffer(buf, count, "broadcast");
+  Impl& g = *impl_;
+  if (root < 0 || root >= g.size) throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(g.size));
+  auto d = g.deadline(timeout, what("broadcast", count, t) + " from rank " + std::to_string(root));
+  g.guarded([&] {
+    auto h = make_header(Kind::Broadcast, count, t, Op::Sum, ++g.seq, root);
+    tree_broadcast(g.world_c, buf, count * dtype_size(t), root, h, d);
+  });
+}
+
+void ProcessGroup::barrier(double timeout) {
+  Impl& g = *impl_;
+  auto d = g.deadline(timeout, "barrier");
+  g.guarded([&] { dissemination_barrier(g.world_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, ++g.seq), d); });
+}
+
+void ProcessGroup::send(const void* buf, size_t bytes, int peer, double timeout) {
+  Impl& g = *impl_;
+  auto d = p2p_call(g, "send", buf, bytes, peer, timeout);
+  g.guarded([&] {
+    auto h = make_header(Kind::Send, bytes, DType::U8, Op::Sum, 0);
+    Request a = g.world_c.isend(peer, &h, sizeof h), b = g.world_c.isend(peer, buf, bytes);
+    g.world_c.wait(a, d);
+    g.world_c.wait(b, d);
+  });
+}
+
+void ProcessGroup::recv(void* buf, size_t bytes, int peer, double timeout) {
+  Impl& g = *impl_;
+  auto d = p2p_call(g, "recv", buf, bytes, peer, timeout);
+  g.guarded([&] {
+    auto mine = make_header(Kind::Send, bytes, DType::U8, Op::Sum, 0);
+    CallHeader theirs;
+    Request a = g.world_c.irecv(peer, &theirs, sizeof theirs);
+    g.world_c.wait(a, d);
+    check_header(mine, theirs, g.world[static_cast<size_t>(peer)]);
+    g.world_c.wait(g.world_c.irecv(peer, buf, bytes), d);
+  });
+}
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double timeout) {
+  Impl& g = *impl_;
+  int64_t mine[2] = {color, key};
+  std::vector<int64_t> all(2 * static_cast<size_t>(g.size));
+  allgather(mine, all.data(), 2, DType::I64, timeout);
+  int index = g.splits++;
+  if (color < 0) return nullptr;
+  std::vector<int> members;
+  for (int r = 0; r < g.size; ++r)
+    if (all[2 * static_cast<size_t>(r)] == color) members.push_back(r);
+  std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
+    return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
+  });
+  auto c = std::make_unique<Impl>();
+  c->s = g.s;
+  c->store = g.store;
+  c->key = g.key + ".s" + std::to_string(index) + "c" + std::to_string(color);
+  c->threads = g.threads;
+  c->tr = g.tr;
+  c->inter_t = g.inter_t;
+  c->intra_t = g.intra_t;
+  c->size = static_cast<int>(members.size());
+  std::vector<std::string> node_names;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == g.rank) c->rank = static_cast<int>(i);
+    c->world.push_back(g.world[static_cast<size_t>(members[i])]);
+    node_names.push_back(std::to_string(g.node_of[static_cast<size_t>(members[i])]));
+  }
+  c->node_of = number_nodes(node_names);
+  auto d = g.deadline(timeout, "split");
+  g.guarded([&] { c->lay_out(d); });
+  return std::make_shared<ProcessGroup>(std::move(c));
+}
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,83 @@
+#include "dc/recursive_doubling.hpp"
+
+#include <cstring>
+#include <vector>
+
+#include "dc/reduce.hpp"
+
+namespace pytorch_exec::dc {
+namespace {
+
+// Messages are [CallHeader][payload]; the receiver checks the header.
+class Exchanger {
+ public:
+  Exchanger(const Comm& c, void* buf, size_t bytes, const CallHeader& h, const Deadline& d)
+      : c_(c), buf_(static_cast<char*>(buf)), bytes_(bytes), h_(h), d_(d),
+        out_(sizeof h + bytes), in_(sizeof h + bytes) {
+    std::memcpy(out_.data(), &h, sizeof h);
+  }
+  // Sends this rank's buffer to member `to` and/or receives member `from`'s (either may be -1);
+  // returns the received payload.
+  const char* exchange(int to, int from) {
+    Request r{}, s{};
+    if (from >= 0) r = c_.irecv(from, in_.data(), in_.size());
+    if (to >= 0) {
+      std::memcpy(out_.data() + sizeof h_, buf_, bytes_);
+      s = c_.isend(to, out_.data(), out_.size());
+    }
+    if (from >= 0) {
+      c_.wait(r, d_);
+      CallHeader theirs;
+      std::memcpy(&theirs, in_.data(), sizeof theirs);
+      check_header(h_, theirs, c_.world(from));
+    }
+    if (to >= 0) c_.wait(s, d_);
+    return in_.data() + sizeof h_;
+  }
+
+ private:
+  const Comm& c_;
+  char* buf_;
+  size_t bytes_;
+  const CallHeader& h_;
+  const Deadline& d_;
+  std::vector<char> out_, in_;
+};
+
+}  // namespace
+
+void recursive_doubling_allreduce(const Comm& c, void* buf, size_t count, DType t, Op op,
+                                  const CallHeader& h, const Deadline& d) {
+  int n = c.size(), me = c.me;
+  if (n == 1) return;
+  Exchanger x(c, buf, count * dtype_size(t), h, d);
+  int p = 1;
+  while (p * 2 <= n) p *= 2;
+  int rem = n - p;
+  int vrank = me - rem;  // rank among the p that take part in the doubling, -1: folded
+  if (me < 2 * rem) {
+    if (me % 2 == 0) {
+      x.exchange(me + 1, -1);
+      vrank = -1;
+    } else {
+      reduce_into(buf, x.exchange(-1, me - 1), count, t, op);
+      vrank = me / 2;
+    }
+  }
+  if (vrank >= 0) {
+    for (int mask = 1; mask < p; mask <<= 1) {
+      int vp = vrank ^ mask;
+      int partner = vp < rem ? vp * 2 + 1 : vp + rem;
+      reduce_into(buf, x.exchange(partner, partner), count, t, op);
+    }
+  }
+  if (me < 2 * rem) {
+    if (me % 2 == 0)
+      std::memcpy(buf, x.exchange(-1, me + 1), count * dtype_size(t));
+    else
+      x.exchange(me - 1, -1);
+  }
+  if (op == Op::Avg) finish_avg(buf, count, t, n);
+}
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,33 @@
+// Ring collectives: reduce-scatter and allgather around the members of a Comm, and allreduce as
+// the two in a row.  The buffer is cut into one block per member (any boundaries, empty blocks
+// allowed: a hierarchical allreduce gives blocks only to some members) and each block into
+// chunks; a chunk is sent on as soon as it has been reduced, so the reduction of one chunk
+// overlaps the transfer of the next, and the allgather receives straight into place.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "dc/comm.hpp"
+
+namespace pytorch_exec::dc {
+
+// Block i is elements [off[i], off[i+1]); off has size()+1 entries.
+struct Blocks {
+  std::vector<size_t> off;
+  size_t count(int i) const { return off[static_cast<size_t>(i) + 1] - off[static_cast<size_t>(i)]; }
+};
+// `count` elements over `n` blocks as evenly as possible.
+Blocks even_blocks(size_t count, int n);
+
+// Afterwards block `me` of buf holds the reduction of every member's block `me`.  Avg sums.
+void ring_reduce_scatter(const Comm& c, void* buf, const Blocks& b, DType t, Op op,
+                         const CallHeader& h, const Deadline& d);
+// Block `me` of buf is this member's; afterwards every block holds its owner's.
+void ring_allgather(const Comm& c, void* buf, const Blocks& b, DType t, const CallHeader& h,
+                    const Deadline& d);
+// In place; Avg divides.
+void ring_allreduce(const Comm& c, void* buf, size_t count, DType t, Op op, const CallHeader& h,
+                    const Deadline& d);
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,24 @@
+// The options of a process group, resolved: explicit Options first, then the PYTORCH_DC_*
+// environment variables, then the defaults.  Pure, so that it is unit-tested.
+#pragma once
+
+#include <string>
+
+#include "pytorch_exec/dc.hpp"
+
+namespace pytorch_exec::dc {
+
+struct Settings {
+  std::string intra = "shm";  // shm, tcp or mpi
+  std::string inter = "tcp";  // tcp or mpi
+  double timeout = 300;
+  size_t small_bytes = 32 << 10;
+  bool hierarchical = true;
+  bool bf16_wire = false;
+  size_t shm_bytes = 4 << 20;
+};
+
+// Throws Error naming the option or variable that is wrong.
+Settings resolve_settings(const Options& o);
+
+}  // namespace pytorch_exec::dc

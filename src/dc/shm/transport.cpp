@@ -1,0 +1,215 @@
+#include "dc/shm/transport.hpp"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "dc/reduce.hpp"
+#include "dc/ring.hpp"
+
+namespace pytorch_exec::dc::shm {
+namespace {
+
+constexpr uint64_t kMagic = 0x73686d2d64637031;  // "shm-dcp1"
+
+struct alignas(64) Counter {
+  std::atomic<uint64_t> v;
+};
+struct alignas(64) RankState {
+  Counter in, out, read;
+  std::atomic<uint32_t> failed;
+  int32_t pid;
+  CallHeader call;  // the call of this rank's latest round
+};
+struct Header {
+  uint64_t magic;
+  uint64_t local_size;
+  uint64_t slot_bytes;
+};
+
+size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+// A process that has exited is gone even while its parent has not reaped it yet (a zombie).
+bool process_gone(pid_t pid) {
+  if (::kill(pid, 0) != 0) return errno == ESRCH;
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return false;
+  char buf[512] = {};
+  size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* paren = std::strrchr(buf, ')');
+  return n > 0 && paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
+}
+
+class Segment {
+ public:
+  Segment(const std::string& name, size_t bytes, bool create) : name_(name), bytes_(bytes) {
+    int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
+    if (fd < 0) throw Error("shm: cannot " + std::string(create ? "create" : "open") + " shared memory " + name + ": " + std::strerror(errno));
+    if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+      int e = errno;
+      ::close(fd);
+      ::shm_unlink(name.c_str());
+      throw Error("shm: cannot size shared memory " + name + " to " + std::to_string(bytes) + " bytes: " + std::strerror(e));
+    }
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      if (create) ::shm_unlink(name.c_str());
+      throw Error("shm: cannot map shared memory " + name + ": " + std::strerror(errno));
+    }
+    base_ = static_cast<char*>(p);
+    owner_ = create;
+  }
+  ~Segment() {
+    ::munmap(base_, bytes_);
+    if (owner_ && !unlinked_) ::shm_unlink(name_.c_str());
+  }
+  void unlink() {
+    ::shm_unlink(name_.c_str());
+    unlinked_ = true;
+  }
+  char* base() const { return base_; }
+
+ private:
+  std::string name_;
+  size_t bytes_;
+  char* base_ = nullptr;
+  bool owner_ = false, unlinked_ = false;
+};
+
+class NodeImpl : public Node {
+ public:
+  NodeImpl(std::unique_ptr<Segment> seg, int me, int n, size_t slot)
+      : seg_(std::move(seg)), me_(me), n_(n), slot_(slot) {
+    states_ = reinterpret_cast<RankState*>(seg_->base() + 4096);
+    data_ = seg_->base() + data_offset(n);
+    states_[me_].pid = ::getpid();
+  }
+
+  static size_t data_offset(int n) { return round_up(4096 + sizeof(RankState) * static_cast<size_t>(n), 4096); }
+  static size_t bytes(int n, size_t slot) { return data_offset(n) + 2 * static_cast<size_t>(n) * slot; }
+
+  void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
+                 int avg_divisor, const CallHeader& h, const Deadline& d) override {
+    h_ = &h;
+    size_t es = dtype_size(t), piece = slot_ / es;
+    char* b = static_cast<char*>(buf);
+    for (size_t off = 0; off < count; off += piece)
+      round(b + off * es, std::min(piece, count - off), t, op, owners, cross, avg_divisor, d);
+  }
+
+  void abort() override { states_[me_].failed.store(1, std::memory_order_release); }
+
+ private:
+  char* slot(uint64_t seq, int r) const {
+    return data_ + ((seq & 1) * static_cast<size_t>(n_) + static_cast<size_t>(r)) * slot_;
+  }
+
+  void round(char* buf, size_t m, DType t, Op op, int owners, const Cross& cross, int avg_divisor,
+             const Deadline& d) {
+    size_t es = dtype_size(t);
+    uint64_t seq = ++seq_;
+    // The slots of this parity were last used two rounds ago: everyone must be done reading.
+    if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
+    std::memcpy(slot(seq, me_), buf, m * es);
+    states_[me_].call = *h_;
+    states_[me_].in.v.store(seq, std::memory_order_release);
+    Blocks blk = even_blocks(m, owners);
+    if (me_ < owners) {
+      wait_all(n_, &RankState::in, seq, d, "to contribute");
+      for (int r = 0; r < n_; ++r)
+        if (r != me_) check_header(*h_, states_[r].call, r);
+      size_t first = blk.off[static_cast<size_t>(me_)], cnt = blk.count(me_);
+      char* mine = slot(seq, me_) + first * es;
+      for (int r = 0; r < n_; ++r)
+        if (r != me_) reduce_into(mine, slot(seq, r) + first * es, cnt, t, op);
+      if (cross && cnt > 0) cross(mine, cnt);
+      if (op == Op::Avg) finish_avg(mine, cnt, t, avg_divisor);
+      states_[me_].out.v.store(seq, std::memory_order_release);
+    }
+    wait_all(owners, &RankState::out, seq, d, "to reduce its shard");
+    for (int j = 0; j < owners; ++j) {
+      size_t first = blk.off[static_cast<size_t>(j)];
+      std::memcpy(buf + first * es, slot(seq, j) + first * es, blk.count(j) * es);
+    }
+    states_[me_].read.v.store(seq, std::memory_order_release);
+  }
+
+  // Waits until counter `which` of local ranks 0 .. upto-1 reaches `seq`.
+  void wait_all(int upto, Counter RankState::*which, uint64_t seq, const Deadline& d, const char* what) {
+    for (int r = 0; r < upto; ++r) {
+      if (r == me_) continue;
+      RankState& s = states_[r];
+      auto start = Clock::now();
+      for (unsigned i = 0; (s.*which).v.load(std::memory_order_acquire) < seq; ++i) {
+        if (i < 256) continue;
+        if ((i & 63) == 0) check_peer(r, d, what);
+        if (Clock::now() - start < std::chrono::milliseconds(2))
+          ::sched_yield();
+        else
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  void check_peer(int r, const Deadline& d, const char* what) {
+    RankState& s = states_[r];
+    if (s.failed.load(std::memory_order_acquire))
+      throw Error("shm: local rank " + std::to_string(r) + " failed or gave up");
+    if (s.pid > 0 && s.pid != ::getpid() && process_gone(s.pid))
+      throw Error("shm: local rank " + std::to_string(r) + " (pid " + std::to_string(s.pid) + ") died");
+    if (d.passed()) d.expire("local rank " + std::to_string(r) + " " + what);
+  }
+
+  std::unique_ptr<Segment> seg_;
+  int me_, n_;
+  size_t slot_;
+  RankState* states_;
+  char* data_;
+  uint64_t seq_ = 0;
+  const CallHeader* h_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<Node> Node::create(Store& store, const std::string& key, int local_rank,
+                                   int local_size, size_t slot_bytes, const Deadline& d) {
+  slot_bytes = round_up(std::max<size_t>(slot_bytes, 4096), 4096);
+  std::string name = "/pytorch_dc." + key;
+  std::replace(name.begin() + 1, name.end(), '/', '_');
+  size_t bytes = NodeImpl::bytes(local_size, slot_bytes);
+  double left = std::chrono::duration<double>(d.at - Clock::now()).count();
+  std::unique_ptr<Segment> seg;
+  if (local_rank == 0) {
+    ::shm_unlink(name.c_str());  // a leftover of a crashed job with the same key
+    seg = std::make_unique<Segment>(name, bytes, true);
+    auto* h = reinterpret_cast<Header*>(seg->base());
+    *h = Header{kMagic, static_cast<uint64_t>(local_size), slot_bytes};
+    auto* st = reinterpret_cast<RankState*>(seg->base() + 4096);
+    for (int r = 0; r < local_size; ++r) new (&st[r]) RankState{};
+    store.set(key + "/created", "1");
+    for (int r = 1; r < local_size; ++r) store.get(key + "/attached/" + std::to_string(r), left);
+    seg->unlink();  // every local rank has it mapped: nothing can leak from here on
+  } else {
+    store.get(key + "/created", left);
+    seg = std::make_unique<Segment>(name, bytes, false);
+    auto* h = reinterpret_cast<Header*>(seg->base());
+    if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) || h->slot_bytes != slot_bytes)
+      throw Error("shm: segment " + name + " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
+    store.set(key + "/attached/" + std::to_string(local_rank), "1");
+  }
+  auto node = std::make_unique<NodeImpl>(std::move(seg), local_rank, local_size, slot_bytes);
+  return node;
+}
+
+}  // namespace pytorch_exec::dc::shm

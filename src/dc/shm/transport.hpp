@@ -1,0 +1,48 @@
+// The shm transport: allreduce among the ranks of one node through POSIX shared memory, with no
+// copy through the kernel.  One segment per (group, node) holds, for each local rank, two slots
+// (used in alternate rounds) and a few sequence counters on their own cache lines.
+//
+// A round: every local rank copies its piece of the buffer into its slot and bumps `in`; each
+// shard owner (local ranks 0 .. owners-1) reduces its shard of all slots into its own slot,
+// optionally hands the shard to `cross` (the inter-node step of a hierarchical allreduce) and
+// bumps `out`; everyone copies the owners' shards back and bumps `read`.  Pieces are at most
+// the slot size (PYTORCH_DC_SHM_BYTES), so any count works.
+//
+// Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died (its
+// pid is gone) or aborted turns the wait into an Error, and the deadline into a TimeoutError.
+//
+// Threads: one thread per local rank uses its Node.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "dc/comm.hpp"
+#include "dc/store.hpp"
+#include "dc/transport.hpp"
+
+namespace pytorch_exec::dc::shm {
+
+class Node {
+ public:
+  // All `local_size` ranks of the node call this together.  `key` names the segment uniquely
+  // among the jobs of this machine and the groups of this job (it goes into the store keys and
+  // the shm name).  Throws Error.
+  static std::unique_ptr<Node> create(Store& store, const std::string& key, int local_rank,
+                                      int local_size, size_t slot_bytes, const Deadline& d);
+  virtual ~Node() = default;
+
+  // The inter-node step: called by each owner on its reduced shard (in shared memory).
+  using Cross = std::function<void(void* shard, size_t count)>;
+
+  // In place.  `owners` local ranks own a shard each (1 ... local_size).  Avg is reduced as a
+  // sum and divided by `avg_divisor` (the number of contributions, across nodes too).
+  // Owners compare every rank's call header `h` (mismatched calls raise Error).
+  virtual void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
+                         int avg_divisor, const CallHeader& h, const Deadline& d) = 0;
+  // Marks this rank failed so that the others stop waiting for it.
+  virtual void abort() = 0;
+};
+
+}  // namespace pytorch_exec::dc::shm

@@ -1,0 +1,275 @@
+#include "dc/store.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "pytorch_exec/dc.hpp"
+
+namespace pytorch_exec::dc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class MemoryStore : public Store {
+ public:
+  void set(const std::string& k, const std::string& v) override {
+    std::lock_guard<std::mutex> l(m_);
+    kv_[k] = v;
+    cv_.notify_all();
+  }
+  std::string get(const std::string& k, double timeout) override {
+    std::unique_lock<std::mutex> l(m_);
+    if (!cv_.wait_for(l, std::chrono::duration<double>(timeout), [&] { return kv_.count(k) > 0; }))
+      throw TimeoutError("store: no value for '" + k + "' within " + std::to_string(timeout) + " s");
+    return kv_[k];
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> kv_;
+};
+
+void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
+
+bool write_all(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads exactly n bytes before the deadline.
+void read_exact(int fd, char* p, size_t n, Clock::time_point deadline, const char* what) {
+  while (n > 0) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    struct pollfd pf {fd, POLLIN, 0};
+    if (left <= 0 || ::poll(&pf, 1, static_cast<int>(left)) == 0) throw TimeoutError(std::string("store: timed out ") + what);
+    ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) throw Error("store: the store server (rank 0) closed the connection");
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+}  // namespace
+
+std::shared_ptr<Store> memory_store() { return std::make_shared<MemoryStore>(); }
+
+// One thread, poll() over the listener and its clients.  Requests: 'S' key value, 'G' key;
+// answers to G come when the key exists.
+class TcpStoreServer {
+ public:
+  explicit TcpStoreServer(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa {};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd_, 1024) != 0) {
+      int e = errno;
+      ::close(fd_);
+      throw Error("store: cannot listen on port " + std::to_string(port) + ": " + std::strerror(e));
+    }
+    socklen_t len = sizeof sa;
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+    port_ = ntohs(sa.sin_port);
+    if (::pipe2(wake_, O_CLOEXEC) != 0) throw Error("store: pipe failed");
+    thread_ = std::thread([this] { run(); });
+  }
+  ~TcpStoreServer() {
+    stop_ = true;
+    char c = 0;
+    (void)!::write(wake_[1], &c, 1);
+    thread_.join();
+    for (auto& c2 : clients_) ::close(c2.fd);
+    ::close(fd_);
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+  int port() const { return port_; }
+
+ private:
+  struct Client {
+    int fd;
+    std::string in;
+    std::vector<std::string> waiting;  // keys asked for, not yet set
+    bool dead = false;
+  };
+
+  void answer(Client& c, const std::string& key) {
+    std::string out;
+    put_u32(out, static_cast<uint32_t>(kv_[key].size()));
+    out += kv_[key];
+    if (!write_all(c.fd, out)) c.dead = true;
+  }
+
+  // Parses complete requests from c.in.
+  void serve(Client& c) {
+    for (;;) {
+      if (c.in.size() < 5) return;
+      uint32_t klen;
+      std::memcpy(&klen, c.in.data() + 1, 4);
+      char op = c.in[0];
+      size_t need = 5 + klen;
+      uint32_t vlen = 0;
+      if (op == 'S') {
+        if (c.in.size() < need + 4) return;
+        std::memcpy(&vlen, c.in.data() + need, 4);
+        need += 4 + vlen;
+      }
+      if (c.in.size() < need) return;
+      std::string key = c.in.substr(5, klen);
+      if (op == 'S') {
+        kv_[key] = c.in.substr(need - vlen, vlen);
+        for (auto& other : clients_) {
+          auto it = std::find(other.waiting.begin(), other.waiting.end(), key);
+          if (it == other.waiting.end()) continue;
+          other.waiting.erase(it);
+          answer(other, key);
+        }
+      } else if (kv_.count(key)) {
+        answer(c, key);
+      } else {
+        c.waiting.push_back(key);
+      }
+      c.in.erase(0, need);
+    }
+  }
+
+  void run() {
+    while (!stop_) {
+      std::vector<struct pollfd> fds{{fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      for (auto& c : clients_) fds.push_back({c.fd, POLLIN, 0});
+      if (::poll(fds.data(), fds.size(), -1) < 0) continue;
+      if (fds[0].revents & POLLIN) {
+        int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c >= 0) clients_.push_back({c, {}, {}});
+      }
+      for (size_t i = 2; i < fds.size(); ++i) {
+        if (!(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+        Client& c = clients_[i - 2];
+        char buf[65536];
+        ssize_t n = ::recv(c.fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          c.dead = true;
+          continue;
+        }
+        c.in.append(buf, static_cast<size_t>(n));
+        serve(c);
+      }
+      for (auto it = clients_.begin(); it != clients_.end();) {
+        if (it->dead) {
+          ::close(it->fd);
+          it = clients_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+  }
+
+  int fd_ = -1, port_ = 0;
+  int wake_[2] = {-1, -1};
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<Client> clients_;
+  std::map<std::string, std::string> kv_;
+};
+
+namespace {
+
+class TcpStore : public Store {
+ public:
+  TcpStore(int fd, std::shared_ptr<TcpStoreServer> server) : fd_(fd), server_(std::move(server)) {}
+  ~TcpStore() override { ::close(fd_); }
+  void set(const std::string& k, const std::string& v) override {
+    std::string out = "S";
+    put_u32(out, static_cast<uint32_t>(k.size()));
+    out += k;
+    put_u32(out, static_cast<uint32_t>(v.size()));
+    out += v;
+    std::lock_guard<std::mutex> l(m_);
+    if (!write_all(fd_, out)) throw Error("store: lost the store server (rank 0)");
+  }
+  std::string get(const std::string& k, double timeout) override {
+    std::string out = "G";
+    put_u32(out, static_cast<uint32_t>(k.size()));
+    out += k;
+    std::lock_guard<std::mutex> l(m_);
+    if (!write_all(fd_, out)) throw Error("store: lost the store server (rank 0)");
+    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
+    std::string what = "waiting for '" + k + "'";
+    uint32_t len;
+    read_exact(fd_, reinterpret_cast<char*>(&len), 4, deadline, what.c_str());
+    std::string v(len, '\0');
+    read_exact(fd_, v.data(), len, deadline, what.c_str());
+    return v;
+  }
+
+ private:
+  int fd_;
+  std::mutex m_;
+  std::shared_ptr<TcpStoreServer> server_;
+};
+
+}  // namespace
+
+std::shared_ptr<TcpStoreServer> serve_tcp_store(int port, int* bound_port) {
+  auto s = std::make_shared<TcpStoreServer>(port);
+  if (bound_port) *bound_port = s->port();
+  return s;
+}
+
+std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port, double timeout,
+                                         std::shared_ptr<TcpStoreServer> keep_alive) {
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
+  struct addrinfo hints {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
+    throw Error("store: cannot resolve MASTER_ADDR '" + host + "'");
+  std::string last;
+  for (;;) {  // rank 0 may not listen yet: retry until the deadline
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+      ::freeaddrinfo(res);
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+      return std::make_shared<TcpStore>(fd, std::move(keep_alive));
+    }
+    last = std::strerror(errno);
+    ::close(fd);
+    if (Clock::now() >= deadline) {
+      ::freeaddrinfo(res);
+      throw TimeoutError("store: cannot reach rank 0's store at " + host + ":" + std::to_string(port) + " (" + last + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,368 @@
+#include "dc/tcp/transport.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <thread>
+
+namespace pytorch_exec::dc::tcp {
+namespace {
+
+constexpr uint32_t kMagic = 0x31636470;  // "pdc1"
+constexpr int kMaxIov = 8;
+// Before sleeping in poll(), a waiting rank retries nonblocking I/O for this long: a reply that
+// is microseconds away is picked up without a wake-up (small-message latency).
+constexpr auto kSpin = std::chrono::microseconds(30);
+
+struct Hello {
+  uint32_t magic;
+  uint32_t rank;
+  uint64_t session;
+};
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+void set_nodelay(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// Blocking exchange helpers used only while connecting (the socket is still blocking; poll
+// bounds each wait by the deadline).
+void io_exact(int fd, void* p, size_t n, bool out, const Deadline& d, const std::string& peer) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    struct pollfd pf{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+    int pr = ::poll(&pf, 1, d.millis_left());
+    if (pr == 0) {
+      if (d.passed()) d.expire(peer);
+      continue;
+    }
+    ssize_t r = out ? ::send(fd, c, n, MSG_NOSIGNAL) : ::recv(fd, c, n, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r <= 0) throw Error("tcp: connection set-up with " + peer + " failed: " +
+                            (r == 0 ? std::string("closed") : errno_text(errno)));
+    c += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+struct Op {
+  char* buf;
+  size_t len;
+  size_t done;
+};
+
+struct Peer {
+  int fd = -1;
+  std::deque<Op> q[2];          // 0: sends, 1: receives
+  uint64_t posted[2] = {0, 0};  // operations posted / completed per direction
+  uint64_t completed[2] = {0, 0};
+};
+
+class TcpTransport : public Transport {
+ public:
+  TcpTransport(int rank, std::vector<int> fds) : rank_(rank), peers_(fds.size()) {
+    for (size_t i = 0; i < fds.size(); ++i) peers_[i].fd = fds[i];
+  }
+  ~TcpTransport() override {
+    for (auto& p : peers_)
+      if (p.fd >= 0) ::close(p.fd);
+  }
+
+  const char* name() const override { return "tcp"; }
+  unsigned capabilities() const override { return kPointToPoint; }
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(peers_.size()); }
+
+  Request isend(int peer, const void* buf, size_t bytes) override {
+    return post(peer, 0, const_cast<void*>(buf), bytes);
+  }
+  Request irecv(int peer, void* buf, size_t bytes) override { return post(peer, 1, buf, bytes); }
+
+  bool test(Request r) override {
+    if (done(r)) return true;
+    progress_all();
+    return done(r);
+  }
+
+  void wait(Request r, const Deadline& d) override {
+    auto spin_until = Clock::now() + kSpin;
+    while (!done(r)) {
+      if (progress_all()) {
+        spin_until = Clock::now() + kSpin;
+        continue;
+      }
+      if (done(r)) break;
+      if (Clock::now() < spin_until) continue;
+      if (d.passed()) d.expire("rank " + std::to_string(peer_of(r)));
+      sleep_in_poll(d);
+    }
+  }
+
+  void abort(const std::string& why) override {
+    if (failed_.empty()) failed_ = why.empty() ? "aborted" : why;
+    for (auto& p : peers_)
+      if (p.fd >= 0) ::shutdown(p.fd, SHUT_RDWR);
+  }
+
+ private:
+  static uint64_t encode(int peer, int dir, uint64_t seq) {
+    return ((seq + 1) << 21) | (static_cast<uint64_t>(dir) << 20) | static_cast<uint64_t>(peer);
+  }
+  static int peer_of(Request r) { return static_cast<int>(r.id & 0xfffff); }
+  bool done(Request r) const {
+    if (r.id == 0) return true;
+    const Peer& p = peers_[peer_of(r)];
+    int dir = static_cast<int>((r.id >> 20) & 1);
+    return p.completed[dir] >= (r.id >> 21);
+  }
+
+  void check_usable(int peer) const {
+    if (!failed_.empty()) throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
+    if (peer < 0 || peer >= size() || peer == rank_)
+      throw Error("tcp: no connection to rank " + std::to_string(peer));
+  }
+
+  Request post(int peer, int dir, void* buf, size_t bytes) {
+    check_usable(peer);
+    if (bytes == 0) return {};
+    Peer& p = peers_[peer];
+    uint64_t seq = p.posted[dir]++;
+    p.q[dir].push_back({static_cast<char*>(buf), bytes, 0});
+    if (p.q[0].size() + p.q[1].size() == 1) active_.push_back(peer);
+    if (p.q[dir].size() == 1) io(peer, dir);  // eager: most sends and many receives finish here
+    return {encode(peer, dir, seq)};
+  }
+
+  [[noreturn]] void lost(int peer, const std::string& how) {
+    std::string why = "lost rank " + std::to_string(peer) + " (" + how + ")";
+    abort(why);
+    throw Error("tcp: " + why);
+  }
+
+  // One readv/writev over the queued operations of `peer` in direction `dir`.  True if bytes
+  // moved.
+  bool io(int peer, int dir) {
+    Peer& p = peers_[peer];
+    auto& q = p.q[dir];
+    if (q.empty()) return false;
+    struct iovec iov[kMaxIov];
+    int n = 0;
+    for (auto it = q.begin(); it != q.end() && n < kMaxIov; ++it, ++n)
+      iov[n] = {it->buf + it->done, it->len - it->done};
+    ssize_t r;
+    if (dir == 0) {
+      struct msghdr mh{};
+      mh.msg_iov = iov;
+      mh.msg_iovlen = static_cast<size_t>(n);
+      r = ::sendmsg(p.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+    } else {
+      r = ::readv(p.fd, iov, n);
+    }
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return false;
+      if (!failed_.empty()) throw Error("tcp: " + failed_);
+      lost(peer, "connection error: " + errno_text(errno));
+    }
+    if (r == 0 && dir == 1) {
+      if (!failed_.empty()) throw Error("tcp: " + failed_);
+      lost(peer, "it closed the connection: it exited, failed or gave up");
+    }
+    size_t left = static_cast<size_t>(r);
+    while (left > 0) {
+      Op& op = q.front();
+      size_t take = std::min(left, op.len - op.done);
+      op.done += take;
+      left -= take;
+      if (op.done == op.len) {
+        q.pop_front();
+        ++p.completed[dir];
+      }
+    }
+    return r > 0;
+  }
+
+  // Nonblocking I/O on every peer with queued operations.  True if anything moved.
+  bool progress_all() {
+    if (!failed_.empty()) throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
+    bool moved = false;
+    for (size_t i = 0; i < active_.size();) {
+      int peer = active_[i];
+      moved |= io(peer, 1);
+      moved |= io(peer, 0);
+      Peer& p = peers_[peer];
+      if (p.q[0].empty() && p.q[1].empty()) {
+        active_[i] = active_.back();
+        active_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+    return moved;
+  }
+
+  void sleep_in_poll(const Deadline& d) {
+    pfds_.clear();
+    for (int peer : active_) {
+      Peer& p = peers_[peer];
+      short ev = static_cast<short>((p.q[0].empty() ? 0 : POLLOUT) | (p.q[1].empty() ? 0 : POLLIN));
+      pfds_.push_back({p.fd, ev, 0});
+    }
+    ::poll(pfds_.data(), pfds_.size(), d.millis_left(100));
+  }
+
+  int rank_;
+  std::vector<Peer> peers_;
+  std::vector<int> active_;  // peers with queued operations
+  std::vector<struct pollfd> pfds_;
+  std::string failed_;
+};
+
+int connect_to(const std::string& addr, const Deadline& d) {
+  auto colon = addr.rfind(':');
+  if (colon == std::string::npos) throw Error("tcp: bad peer address '" + addr + "'");
+  struct addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(addr.substr(0, colon).c_str(), addr.substr(colon + 1).c_str(), &hints, &res) != 0 || !res)
+    throw Error("tcp: cannot resolve peer address '" + addr + "'");
+  for (;;) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
+      ::freeaddrinfo(res);
+      return fd;
+    }
+    int e = errno;
+    if (fd >= 0) ::close(fd);
+    if (d.passed()) {
+      ::freeaddrinfo(res);
+      throw TimeoutError(d.what + ": cannot connect to " + addr + " (" + errno_text(e) + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+}  // namespace
+
+Listener::Listener() {
+  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd_, 1024) != 0) {
+    int e = errno;
+    if (fd_ >= 0) ::close(fd_);
+    throw Error("tcp: cannot listen on a port: " + errno_text(e));
+  }
+  socklen_t len = sizeof sa;
+  ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
+  port_ = ntohs(sa.sin_port);
+}
+
+Listener::~Listener() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+Listener::Listener(Listener&& o) noexcept : fd_(o.fd_), port_(o.port_) { o.fd_ = -1; }
+
+int Listener::release() {
+  int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+std::string local_address_toward(const std::string& toward) {
+  if (toward.empty()) return "127.0.0.1";
+  struct addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(toward.c_str(), "9", &hints, &res) != 0 || !res) return "127.0.0.1";
+  std::string out = "127.0.0.1";
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  struct sockaddr_in sa{};
+  socklen_t len = sizeof sa;
+  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+    char buf[INET_ADDRSTRLEN];
+    if (::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf)) out = buf;
+  }
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(res);
+  return out;
+}
+
+std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
+                                        const std::vector<std::string>& addrs, uint64_t session,
+                                        const Deadline& d) {
+  std::vector<int> fds(static_cast<size_t>(size), -1);
+  int lfd = -1;
+  auto cleanup = [&] {
+    for (int& fd : fds)
+      if (fd >= 0) ::close(fd), fd = -1;
+    if (lfd >= 0) ::close(lfd);
+  };
+  try {
+    const Hello mine{kMagic, static_cast<uint32_t>(rank), session};
+    for (int j = 0; j < rank; ++j) {
+      std::string who = "rank " + std::to_string(j) + " at " + addrs[j];
+      fds[j] = connect_to(addrs[j], d);
+      io_exact(fds[j], const_cast<Hello*>(&mine), sizeof mine, true, d, who);
+      Hello h{};
+      io_exact(fds[j], &h, sizeof h, false, d, who);
+      if (h.magic != kMagic || h.session != session || h.rank != static_cast<uint32_t>(j))
+        throw Error("tcp: " + who + " is not a member of this group (stale address?)");
+    }
+    lfd = listener.release();
+    for (int accepted = 0; accepted < size - 1 - rank;) {
+      struct pollfd pf{lfd, POLLIN, 0};
+      if (::poll(&pf, 1, d.millis_left()) == 0) {
+        if (d.passed()) {
+          d.expire(std::to_string(size - 1 - rank - accepted) + " higher ranks to connect");
+        }
+        continue;
+      }
+      int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      Hello h{};
+      try {
+        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.what), "a connecting rank");
+      } catch (const Error&) {
+        ::close(fd);
+        continue;
+      }
+      int r = static_cast<int>(h.rank);
+      if (h.magic != kMagic || h.session != session || r <= rank || r >= size || fds[r] >= 0) {
+        ::close(fd);  // a stranger or a stale connection: ignore it
+        continue;
+      }
+      io_exact(fd, const_cast<Hello*>(&mine), sizeof mine, true, d, "rank " + std::to_string(r));
+      fds[r] = fd;
+      ++accepted;
+    }
+    ::close(lfd);
+    lfd = -1;
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+  for (int fd : fds) {
+    if (fd < 0) continue;
+    set_nodelay(fd);
+    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+  }
+  return std::make_unique<TcpTransport>(rank, std::move(fds));
+}
+
+}  // namespace pytorch_exec::dc::tcp

@@ -1,0 +1,48 @@
+// The tcp transport: one TCP connection between every two ranks of the world, nonblocking
+// sockets driven by poll().  Each connection carries two ordered byte streams (one per
+// direction); posted receives take the bytes of the stream in posting order, straight into the
+// caller's buffer (no intermediate copy), and sends are written from the caller's buffer.
+//
+// Set-up: every rank opens a Listener, publishes its address ("ip:port") through the group's
+// store, and then all ranks call connect_mesh() together: a rank connects to every lower rank
+// and accepts every higher one.  A connection proves it belongs to the group by a hello carrying
+// the group's random session number and the connecting rank; anything else (a stranger, a stale
+// process of an earlier job) is closed and ignored.
+//
+// Threads: one thread uses a Transport; Listener and connect_mesh are called by that thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dc/transport.hpp"
+
+namespace pytorch_exec::dc::tcp {
+
+class Listener {
+ public:
+  // Binds a free port on every address.  Throws Error.
+  Listener();
+  ~Listener();
+  Listener(Listener&& o) noexcept;
+  Listener& operator=(Listener&&) = delete;
+  Listener(const Listener&) = delete;
+  int port() const { return port_; }
+  int release();  // hands the socket over
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// The address of this host that reaches `toward` (a host name or address, e.g. MASTER_ADDR);
+// 127.0.0.1 when `toward` is empty or unreachable.
+std::string local_address_toward(const std::string& toward);
+
+// addrs[r] is rank r's "ip:port" (its own entry is ignored).
+std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
+                                        const std::vector<std::string>& addrs, uint64_t session,
+                                        const Deadline& d);
+
+}  // namespace pytorch_exec::dc::tcp

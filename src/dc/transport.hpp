@@ -1,0 +1,78 @@
+// The DataChannel's transport interface: how bytes move between two ranks of a process group.
+//
+// A transport connects this rank with the other ranks of the world it was created for (peers are
+// world ranks, 0 ... size-1).  Point-to-point operations are asynchronous: isend/irecv post an
+// operation and return a Request; wait() drives progress until that request has completed.
+// Operations with the same peer and direction complete in the order they were posted, and are
+// matched in that order: the k-th irecv from P receives the bytes of P's k-th isend to this rank
+// (sizes agree by construction of the algorithms; a transport may check).  Any request of a
+// transport may complete while waiting on another one; buffers must stay valid until their
+// request completed.
+//
+// Capabilities are stated, not discovered by exceptions: a transport that moves bytes between
+// any two ranks has kPointToPoint (tcp, mpi).  Shared memory (shm/) is not a Transport: it is a
+// node-level collective engine with its own interface (shm/transport.hpp).
+//
+// Threads: a Transport is used by the one thread that runs the group's operations.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "pytorch_exec/dc.hpp"
+
+namespace pytorch_exec::dc {
+
+using Clock = std::chrono::steady_clock;
+
+// A point in time by which an operation must complete, and what to call the operation in a
+// TimeoutError ("allreduce of 4096 f32 (sum)").
+struct Deadline {
+  Clock::time_point at;
+  std::string what;
+
+  static Deadline after(double seconds, std::string what);
+  bool passed() const { return Clock::now() >= at; }
+  // Milliseconds left, at least 0, at most `cap` (for poll()).
+  int millis_left(int cap = 1000) const;
+  // Throws TimeoutError naming the operation and `waiting_for` ("rank 3").
+  [[noreturn]] void expire(const std::string& waiting_for) const;
+};
+
+struct Request {
+  uint64_t id = 0;  // 0: no request (a zero-byte operation that completed at once)
+};
+
+class Transport {
+ public:
+  enum Capability : unsigned { kPointToPoint = 1u << 0 };
+
+  virtual ~Transport() = default;
+  virtual const char* name() const = 0;
+  virtual unsigned capabilities() const = 0;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  virtual Request isend(int peer, const void* buf, size_t bytes) = 0;
+  virtual Request irecv(int peer, void* buf, size_t bytes) = 0;
+  // Progress until `r` completes.  Throws TimeoutError when the deadline passes first, and Error
+  // when the peer of `r` (or of any operation progressed meanwhile) is lost.
+  virtual void wait(Request r, const Deadline& d) = 0;
+  // Progress without blocking; true once `r` has completed.
+  virtual bool test(Request r) = 0;
+  // After an error: make the peers notice that this rank can no longer take part (they get an
+  // error instead of waiting for their timeout).  Every later operation throws.
+  virtual void abort(const std::string& why) = 0;
+};
+
+// Blocking helpers over a transport.
+void send(Transport& t, int peer, const void* buf, size_t bytes, const Deadline& d);
+void recv(Transport& t, int peer, void* buf, size_t bytes, const Deadline& d);
+// Send to one peer and receive from another (or the same) at once, as a ring step does.
+void sendrecv(Transport& t, int to, const void* sbuf, size_t sbytes, int from, void* rbuf,
+              size_t rbytes, const Deadline& d);
+
+}  // namespace pytorch_exec::dc

@@ -1,0 +1,196 @@
+// Conformance of the DataChannel collectives, ranks as threads: every transport configuration
+// (shm or tcp inside a node, tcp across; one node, several nodes, unequal nodes, small shm slots
+// so that buffers take several rounds) x dtype x op x count, against an independent reference
+// on fresh random inputs, and the same bits on every rank.  The mpi transport needs processes:
+// tests/integration/test_dc.py runs the same checks through dc_check under pytorch_exec.
+#include <cstdlib>
+
+#include "testlib.hpp"
+
+using namespace dctest;
+
+namespace {
+
+struct Config {
+  const char* name;
+  int n;
+  std::vector<int> nodes;
+  const char* intra;
+  const char* shm_bytes;  // PYTORCH_DC_SHM_BYTES, nullptr: default
+  int hierarchical;
+  int bf16_wire;
+};
+
+std::ostream& operator<<(std::ostream& o, const Config& c) { return o << c.name; }
+
+const DType kTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8};
+const Op kOps[] = {Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg};
+
+class Conformance : public ::testing::TestWithParam<Config> {
+ protected:
+  static Groups make(const Config& c) {
+    if (c.shm_bytes) ::setenv("PYTORCH_DC_SHM_BYTES", c.shm_bytes, 1);
+    Options o;
+    o.intra = c.intra;
+    o.inter = "tcp";
+    o.timeout = 60;
+    o.hierarchical = c.hierarchical;
+    o.bf16_wire = c.bf16_wire;
+    auto g = ProcessGroup::threads(c.n, o, c.nodes);
+    ::unsetenv("PYTORCH_DC_SHM_BYTES");
+    return g;
+  }
+  std::mt19937_64 rng{std::random_device{}()};
+};
+
+// Sizes: empty, one element, fewer elements than ranks, odd, around the small-message
+// threshold (32 KiB), and above the default shm slot for f32 and bf16.
+std::vector<size_t> counts(DType t, Op op) {
+  std::vector<size_t> c = {0, 1, 3, 17, 1001, 8191, 8193, 70001};
+  if ((t == DType::F32 || t == DType::BF16) && (op == Op::Sum || op == Op::Max)) c.push_back((1u << 20) + 3);
+  return c;
+}
+
+TEST_P(Conformance, AllreduceMatchesReferenceForEveryTypeOpAndCount) {
+  auto g = make(GetParam());
+  int n = GetParam().n;
+  for (DType t : kTypes)
+    for (Op op : kOps)
+      for (size_t count : counts(t, op)) {
+        std::vector<std::vector<char>> in, out(static_cast<size_t>(n));
+        for (int r = 0; r < n; ++r) in.push_back(random_input(count, t, op, rng));
+        bool in_place = count % 2 == 1;
+        on_all(g, [&](ProcessGroup& pg, int r) {
+          auto& o = out[static_cast<size_t>(r)];
+          o = in[static_cast<size_t>(r)];
+          if (in_place)
+            pg.allreduce(o.data(), count, t, op);
+          else
+            pg.allreduce(in[static_cast<size_t>(r)].data(), o.data(), count, t, op);
+        });
+        size_t bytes = count * dtype_size(t);
+        if (GetParam().bf16_wire && t == DType::F32) continue;  // checked by its own test
+        ASSERT_EQ(check_result(out[0].data(), in, count, t, op), 0u) << GetParam() << " in_place " << in_place;
+        for (int r = 1; r < n; ++r)
+          ASSERT_EQ(0, std::memcmp(out[0].data(), out[static_cast<size_t>(r)].data(), bytes))
+              << "rank " << r << " differs from rank 0: " << dtype_name(t) << " " << op_name(op) << " " << count;
+      }
+}
+
+TEST_P(Conformance, ReduceScatterAllgatherBroadcastAndBarrier) {
+  auto g = make(GetParam());
+  int n = GetParam().n;
+  for (DType t : {DType::F32, DType::I64, DType::BF16})
+    for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{40000}}) {
+      size_t es = dtype_size(t);
+      std::vector<std::vector<char>> in, rs(static_cast<size_t>(n)), ag(static_cast<size_t>(n));
+      for (int r = 0; r < n; ++r) in.push_back(random_input(count * static_cast<size_t>(n), t, Op::Sum, rng));
+      on_all(g, [&](ProcessGroup& pg, int r) {
+        auto& mine = rs[static_cast<size_t>(r)];
+        mine.assign(count * es + 1, 0);
+        pg.reduce_scatter(in[static_cast<size_t>(r)].data(), mine.data(), count, t, Op::Sum);
+        auto& all = ag[static_cast<size_t>(r)];
+        all.assign(count * es * static_cast<size_t>(n) + 1, 0);
+        pg.allgather(mine.data(), all.data(), count, t);
+        pg.barrier();
+      });
+      // Every rank's allgather of the reduce_scatter blocks is the allreduce of the inputs.
+      for (int r = 0; r < n; ++r)
+        ASSERT_EQ(check_result(ag[static_cast<size_t>(r)].data(), in, count * static_cast<size_t>(n), t, Op::Sum), 0u)
+            << "rank " << r << " count " << count;
+      for (int root = 0; root < n; ++root) {
+        auto data = random_input(count * 100 + 3, t, Op::Sum, rng);
+        std::vector<std::vector<char>> got(static_cast<size_t>(n));
+        on_all(g, [&](ProcessGroup& pg, int r) {
+          auto& b = got[static_cast<size_t>(r)];
+          b = r == root ? data : std::vector<char>(data.size(), 0);
+          pg.broadcast(b.data(), count * 100 + 3, t, root);
+        });
+        for (int r = 0; r < n; ++r) ASSERT_EQ(got[static_cast<size_t>(r)], data) << "broadcast from " << root << " to " << r;
+      }
+    }
+}
+
+TEST_P(Conformance, SendRecvAndSplit) {
+  auto g = make(GetParam());
+  int n = GetParam().n;
+  std::vector<int> results(static_cast<size_t>(n), -1);
+  on_all(g, [&](ProcessGroup& pg, int r) {
+    // A ring of sends: even ranks send first, odd ranks receive first.
+    std::vector<int> out(1000, r), in(1000, -1);
+    int next = (r + 1) % n, prev = (r + n - 1) % n;
+    if (n > 1) {
+      if (r % 2 == 0) {
+        pg.send(out.data(), 4000, next);
+        pg.recv(in.data(), 4000, prev);
+      } else {
+        pg.recv(in.data(), 4000, prev);
+        pg.send(out.data(), 4000, next);
+      }
+      EXPECT_EQ(in[999], prev);
+    }
+    // Split into even and odd ranks, reverse order by key; allreduce the rank in each.
+    auto sub = pg.split(r % 2, -r);
+    ASSERT_TRUE(sub);
+    EXPECT_EQ(sub->size(), (n - r % 2 + 1) / 2);
+    int64_t v = r;
+    sub->allreduce(&v, 1, DType::I64, Op::Sum);
+    results[static_cast<size_t>(r)] = static_cast<int>(v);
+    auto none = pg.split(r == 0 ? 0 : -1);
+    EXPECT_EQ(!none, r != 0);
+  });
+  for (int r = 0; r < n; ++r) {
+    int want = 0;
+    for (int q = r % 2; q < n; q += 2) want += q;
+    EXPECT_EQ(results[static_cast<size_t>(r)], want) << "rank " << r;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Transports, Conformance,
+    ::testing::Values(Config{"one_rank", 1, {}, "shm", nullptr, 1, 0},
+                      Config{"shm_4_ranks_one_node", 4, {}, "shm", nullptr, 1, 0},
+                      Config{"shm_3_ranks_small_slots", 3, {}, "shm", "8192", 1, 0},
+                      Config{"tcp_4_ranks_one_node", 4, {}, "tcp", nullptr, 1, 0},
+                      Config{"tcp_3_nodes_one_rank_each", 3, {0, 1, 2}, "shm", nullptr, 1, 0},
+                      Config{"hier_shm_2x2", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0},
+                      Config{"hier_shm_unequal_3_1_2", 6, {0, 1, 0, 2, 0, 2}, "shm", "65536", 1, 0},
+                      Config{"hier_tcp_unequal_2_1", 3, {0, 1, 0}, "tcp", "65536", 1, 0},
+                      Config{"flat_tcp_2x2_not_hierarchical", 4, {0, 0, 1, 1}, "shm", nullptr, 0, 0},
+                      Config{"hier_shm_2x2_bf16_wire", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 1}),
+    [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
+
+// f32 carried as bf16 between nodes: within the documented error (2^-8 relative per rounding,
+// one rounding per node hop), and the same bits on every rank.
+TEST(Bf16Wire, ErrorWithinTheDocumentedBound) {
+  Options o;
+  o.bf16_wire = 1;
+  o.timeout = 60;
+  auto g = ProcessGroup::threads(4, o, {0, 0, 1, 1});
+  std::mt19937_64 rng{std::random_device{}()};
+  for (size_t count : {size_t{7}, size_t{100000}}) {
+    std::vector<std::vector<char>> in, out(4);
+    for (int r = 0; r < 4; ++r) in.push_back(random_input(count, DType::F32, Op::Sum, rng));
+    on_all(g, [&](ProcessGroup& pg, int r) {
+      out[static_cast<size_t>(r)] = in[static_cast<size_t>(r)];
+      pg.allreduce(out[static_cast<size_t>(r)].data(), count, DType::F32, Op::Sum);
+    });
+    auto ref = reference(in, count, DType::F32, Op::Sum);
+    size_t inexact = 0;
+    for (size_t i = 0; i < count; ++i) {
+      double abs_sum = 0;
+      for (auto& b : in) abs_sum += std::fabs(get(b.data(), i, DType::F32));
+      double got = get(out[0].data(), i, DType::F32);
+      ASSERT_LE(std::fabs(got - ref[i]), 2 * std::ldexp(1.0, -8) * abs_sum + 1e-6) << "element " << i;
+      inexact += got != static_cast<float>(ref[i]);
+    }
+    if (count > 1000) {
+      EXPECT_GT(inexact, 0u) << "bf16 on the wire should round something";
+    }
+    for (int r = 1; r < 4; ++r) {
+      ASSERT_EQ(out[0], out[static_cast<size_t>(r)]);
+    }
+  }
+}
+
+}  // namespace

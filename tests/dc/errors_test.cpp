@@ -1,0 +1,117 @@
+// Errors of the DataChannel with ranks as threads: timeouts, mismatched calls, bad arguments,
+// settings.  (A peer process that dies is tested with real processes in test_dc.py.)
+#include <chrono>
+#include <cstdlib>
+
+#include "dc/settings.hpp"
+#include "testlib.hpp"
+
+using namespace dctest;
+
+namespace {
+
+Groups groups(int n, const char* intra, std::vector<int> nodes = {}) {
+  Options o;
+  o.intra = intra;
+  o.timeout = 20;
+  return ProcessGroup::threads(n, o, std::move(nodes));
+}
+
+class Errors : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Errors, ARankThatNeverCallsIsATimeoutOnTheOthers) {
+  auto g = groups(3, GetParam());
+  auto start = std::chrono::steady_clock::now();
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<float> v(100000, 1.0f);
+    if (r != 2) pg.allreduce(v.data(), v.size(), DType::F32, Op::Sum, 0.5);
+  });
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 10.0);
+  for (int r = 0; r < 2; ++r) EXPECT_NE(e[static_cast<size_t>(r)].find("allreduce of 100000 f32 (sum)"), std::string::npos) << e[static_cast<size_t>(r)];
+  EXPECT_TRUE(e[0].find("timed out") != std::string::npos || e[1].find("timed out") != std::string::npos) << e[0] << " | " << e[1];
+  // The group is broken afterwards, on every rank that took part.
+  auto again = errors_of(g, [](ProcessGroup& pg, int r) {
+    if (r != 2) pg.barrier(1);
+  });
+  EXPECT_NE(again[0].find("unusable"), std::string::npos) << again[0];
+}
+
+TEST_P(Errors, MismatchedCountsAreReportedNotCorrupted) {
+  auto g = groups(4, GetParam());
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<float> v(50000, 1.0f);
+    pg.allreduce(v.data(), r == 1 ? 40000 : 50000, DType::F32, Op::Sum, 10);
+  });
+  bool named = false;
+  for (auto& s : e) {
+    EXPECT_FALSE(s.empty()) << "every rank must get an error";
+    named |= s.find("mismatched calls") != std::string::npos && s.find("40000") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2] << " | " << e[3];
+}
+
+TEST_P(Errors, DifferentCollectivesAreReported) {
+  auto g = groups(2, GetParam());
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<int32_t> v(8, 1);
+    if (r == 0)
+      pg.broadcast(v.data(), 8, DType::I32, 0, 10);
+    else
+      pg.allgather(v.data(), v.data(), 4, DType::I32, 10);
+  });
+  EXPECT_TRUE(e[0].find("mismatched") != std::string::npos || e[1].find("mismatched") != std::string::npos) << e[0] << " | " << e[1];
+}
+
+INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp"));
+
+TEST(ErrorsArgs, BadArgumentsAreErrorsBeforeAnythingIsSent) {
+  auto g = groups(2, "shm");
+  on_all(g, [](ProcessGroup& pg, int r) {
+    EXPECT_THROW(pg.broadcast(nullptr, 0, DType::F32, 5), Error);
+    EXPECT_THROW(pg.send("x", 1, r), Error);
+    EXPECT_THROW(pg.recv(nullptr, 4, 1 - r), Error);
+    EXPECT_THROW(pg.allreduce(nullptr, 3, DType::F32, Op::Sum), Error);
+    pg.barrier();  // the group still works
+  });
+}
+
+TEST(Settings, EnvironmentAndOptionsResolve) {
+  ::setenv("PYTORCH_DC_TRANSPORT", "tcp", 1);
+  auto s = resolve_settings({});
+  EXPECT_EQ(s.intra, "tcp");
+  EXPECT_EQ(s.inter, "tcp");
+  ::setenv("PYTORCH_DC_INTRA", "shm", 1);
+  EXPECT_EQ(resolve_settings({}).intra, "shm");
+  Options o;
+  o.inter = "carrier-pigeon";
+  EXPECT_THROW(resolve_settings(o), Error);
+  ::unsetenv("PYTORCH_DC_TRANSPORT");
+  ::unsetenv("PYTORCH_DC_INTRA");
+  ::setenv("PYTORCH_DC_TIMEOUT", "soon", 1);
+  EXPECT_THROW(resolve_settings({}), Error);
+  ::unsetenv("PYTORCH_DC_TIMEOUT");
+  ::setenv("PYTORCH_DC_BF16_WIRE", "maybe", 1);
+  EXPECT_THROW(resolve_settings({}), Error);
+  ::unsetenv("PYTORCH_DC_BF16_WIRE");
+  s = resolve_settings({});
+  EXPECT_EQ(s.intra, "shm");
+  EXPECT_EQ(s.inter, "tcp");
+  EXPECT_EQ(s.timeout, 300);
+}
+
+TEST(Reduce, HalfAndBfloatConversionsRoundToNearestEven) {
+  EXPECT_EQ(float_to_half(1.0f), 0x3c00);
+  EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_half(1e6f), 0x7c00);             // overflow to infinity
+  EXPECT_EQ(float_to_half(5.960464477539063e-08f), 0x0001);  // smallest subnormal
+  EXPECT_EQ(half_to_float(0x0001), 5.960464477539063e-08f);
+  EXPECT_EQ(float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // tie: to even
+  EXPECT_EQ(float_to_half(1.0f + 3.0f / 2048), 0x3c02);  // tie: to even (up)
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(float_to_bf16(1.0f + 1.0f / 256), 0x3f80);   // tie: to even
+  EXPECT_EQ(float_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+  for (uint32_t h = 0; h < 0x7c00; ++h) ASSERT_EQ(float_to_half(half_to_float(static_cast<uint16_t>(h))), h);
+}
+
+}  // namespace

@@ -1,0 +1,138 @@
+"""DataChannel (libpytorch_dc) as real processes.
+
+The conformance program tests/dc/dc_check (every dtype x op x count, reduce_scatter, allgather,
+broadcast, send/recv, split; inputs from a fresh random seed, checked against a reference) runs
+under pytorch_exec with the PMIx bootstrap on one node and on simulated nodes (PYTORCH_DC_NODE:
+hierarchical allreduce, unequal ranks per node), with the shm, tcp and mpi transports, with the
+env:// bootstrap, and under Open MPI's mpirun.  A rank that dies in the middle of allreduces
+makes every survivor fail with an error well within the timeout (ranks started without a
+launcher, env://, so that nothing else stops them).  The example program runs.
+"""
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+from harness import EXEC, check, main, marker_env, run, assert_no_leftovers, skip
+
+BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
+DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
+EXAMPLE = os.path.join(BUILD, "examples", "allreduce")
+NODES_BY = "PYTORCH_DC_NODE=n$((RANK{by})) exec {prog} {args}"
+
+
+def conformance(n, env=None, nodes=None, launcher=None):
+    seed = str(random.randrange(1 << 40))
+    cmd = [DC_CHECK, "conformance", seed]
+    if nodes:  # simulated nodes: a shell sets PYTORCH_DC_NODE from RANK
+        cmd = ["sh", "-c", NODES_BY.format(by=nodes, prog=DC_CHECK, args=f"conformance {seed}")]
+    e = marker_env(env)
+    if launcher:
+        r = subprocess.run(launcher + cmd, capture_output=True, text=True, env=e, timeout=300)
+    else:
+        r = run(["-n", str(n)] + cmd, env=e, timeout=300)
+    check(r.returncode == 0 and r.stdout.startswith("ok"),
+          f"conformance (seed {seed}, {env}, nodes {nodes}) failed ({r.returncode}): {r.stdout}{r.stderr[-3000:]}")
+    return r.stdout.strip()
+
+
+def test_one_node_shm():
+    check("1 nodes, shm/tcp" in conformance(4), "expected shm inside the node")
+
+
+def test_two_nodes_hierarchical():
+    check("2 nodes, shm/tcp" in conformance(4, nodes="/2"), "expected 2 nodes")
+
+
+def test_unequal_nodes():
+    check("2 nodes" in conformance(5, nodes="%2", env={"PYTORCH_DC_SHM_BYTES": "65536"}), "expected 2 nodes")
+
+
+def test_tcp_only():
+    check("tcp/tcp" in conformance(3, env={"PYTORCH_DC_TRANSPORT": "tcp"}, nodes="%2"), "expected tcp")
+
+
+def test_env_bootstrap():
+    conformance(4, env={"PYTORCH_DC_BOOTSTRAP": "env"}, nodes="/2")
+
+
+def test_mpi_transport():
+    if not shutil.which("mpirun"):
+        skip("no Open MPI")
+    check("mpi/mpi" in conformance(4, env={"PYTORCH_DC_TRANSPORT": "mpi"}, nodes="/2"), "expected mpi")
+    check("shm/mpi" in conformance(4, env={"PYTORCH_DC_INTER": "mpi"}, nodes="/2"), "expected shm/mpi")
+
+
+def test_under_mpirun():
+    if not shutil.which("mpirun"):
+        skip("no Open MPI")
+    env = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "PYTORCH_DC_TRANSPORT": "mpi"}
+    conformance(3, env=env, launcher=["mpirun", "--oversubscribe", "-n", "3"])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peer_death(env_extra):
+    """4 ranks started here (env://, no launcher); rank 1 exits in the middle of allreduces."""
+    port = free_port()
+    base = marker_env(env_extra)
+    for k in list(base):
+        if k.startswith("PMIX_"):
+            del base[k]
+    base.update(WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTORCH_DC_BOOTSTRAP="env")
+    procs = []
+    for r in range(4):
+        e = dict(base, RANK=str(r), PYTORCH_DC_NODE=f"n{r // 2}")
+        procs.append(subprocess.Popen([DC_CHECK, "die", "1"], env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            outs.append((p.returncode, out + err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    check(outs[1][0] == 3, f"the victim should exit 3: {outs[1]}")
+    for r in (0, 2, 3):
+        rc, text = outs[r]
+        check(rc == 4 and "error after" in text, f"rank {r} should report an error (exit 4): {rc} {text}")
+        secs = float(text.split("error after ")[1].split()[0])
+        check(secs < 20, f"rank {r} took {secs} s to notice (timeout 30 s): {text}")
+    assert_no_leftovers(base["PE_TEST_MARKER"])
+    return [o[1].strip() for o in outs]
+
+
+def test_peer_death_is_an_error_on_every_survivor():
+    peer_death({})                                  # shm inside nodes, tcp across
+    peer_death({"PYTORCH_DC_TRANSPORT": "tcp"})     # tcp everywhere
+
+
+def test_example_runs():
+    r = run(["-n", "4", EXAMPLE], env=marker_env(), timeout=120)
+    check(r.returncode == 0 and "allreduce ok" in r.stdout, f"example failed: {r.stdout}{r.stderr}")
+
+
+def test_no_launcher_is_a_clear_error():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PMIX_") and k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([DC_CHECK, "info"], capture_output=True, text=True, env=dict(env, WORLD_SIZE="2"), timeout=60)
+    check(r.returncode == 1 and "RANK/WORLD_SIZE are not set" in r.stderr, f"{r.returncode} {r.stderr}")
+    r = subprocess.run([DC_CHECK, "info"], capture_output=True, text=True,
+                       env=dict(env, PYTORCH_DC_TRANSPORT="pigeon"), timeout=60)
+    check(r.returncode == 1 and "'pigeon' is unknown" in r.stderr, f"{r.returncode} {r.stderr}")
+
+
+if __name__ == "__main__":
+    if not os.path.exists(DC_CHECK):
+        skip(f"{DC_CHECK} is not built")
+    main([test_one_node_shm, test_two_nodes_hierarchical, test_unequal_nodes, test_tcp_only,
+          test_env_bootstrap, test_mpi_transport, test_under_mpirun,
+          test_peer_death_is_an_error_on_every_survivor, test_example_runs, test_no_launcher_is_a_clear_error])
