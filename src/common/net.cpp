@@ -147,19 +147,50 @@ void tune_control_socket(int fd, int seconds) {
   ::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
 }
 
+namespace {
+
+bool bridge_like(const std::string& ifname) {
+  for (const char* p : {"docker", "virbr", "veth", "br-"})
+    if (ifname.rfind(p, 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> order_addresses(const std::vector<InterfaceAddress>& ifs) {
+  std::vector<std::string> out, bridges, loopback;
+  for (const auto& i : ifs) (i.loopback ? loopback : bridge_like(i.ifname) ? bridges : out).push_back(i.addr);
+  out.insert(out.end(), bridges.begin(), bridges.end());
+  out.insert(out.end(), loopback.begin(), loopback.end());
+  return out;
+}
+
 std::vector<std::string> local_ipv4_addresses() {
-  std::vector<std::string> out, loopback;
+  std::vector<InterfaceAddress> found;
   struct ifaddrs* ifs = nullptr;
   if (::getifaddrs(&ifs) != 0) return {"127.0.0.1"};
   for (auto* i = ifs; i; i = i->ifa_next) {
     if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP)) continue;
-    std::string a = address_string(*reinterpret_cast<struct sockaddr_in*>(i->ifa_addr));
-    ((i->ifa_flags & IFF_LOOPBACK) ? loopback : out).push_back(a);
+    found.push_back({i->ifa_name ? i->ifa_name : "",
+                     address_string(*reinterpret_cast<struct sockaddr_in*>(i->ifa_addr)),
+                     (i->ifa_flags & IFF_LOOPBACK) != 0});
   }
   ::freeifaddrs(ifs);
-  out.insert(out.end(), loopback.begin(), loopback.end());
+  auto out = order_addresses(found);
   if (out.empty()) out.push_back("127.0.0.1");
   return out;
+}
+
+std::string route_source_address(const std::string& dest) {
+  struct sockaddr_in sa {};
+  try {
+    sa = ipv4(dest, 9);  // discard; connect() on UDP only picks the route
+  } catch (const Error&) {
+    return "";
+  }
+  UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid() || ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0) return "";
+  return local_address(fd.get());
 }
 
 }  // namespace pe

@@ -28,7 +28,21 @@ std::string local_address(int fd);
 // TCP keepalive probes so that a vanished peer is noticed within about `seconds`, and
 // TCP_NODELAY.
 void tune_control_socket(int fd, int seconds);
-// This machine's IPv4 addresses, the loopback ones last.
+// This machine's IPv4 addresses in the order others should try them (order_addresses).
 std::vector<std::string> local_ipv4_addresses();
+
+struct InterfaceAddress {
+  std::string ifname;
+  std::string addr;
+  bool loopback = false;
+};
+// Addresses for other hosts to reach us at, best first: ordinary interfaces, then those named
+// like container or VM bridges (docker*, virbr*, veth*, br-*; a last-resort guess that other
+// hosts cannot reach them), loopback last.  Keeps the order within each group.
+std::vector<std::string> order_addresses(const std::vector<InterfaceAddress>& ifs);
+
+// The local address the kernel would send from toward IPv4 address `dest` (its route choice,
+// found by connecting a UDP socket; nothing is sent).  "" when there is no route.
+std::string route_source_address(const std::string& dest);
 
 }  // namespace pe

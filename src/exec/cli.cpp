@@ -140,10 +140,11 @@ po::options_description describe() {
   return all;
 }
 
-// Rewrites the options part of argv into "--name" / "--name=value" words (so Boost never has
-// to guess whether "-1" is a value), counts -v, and splits off the command.
+// Splits the options part of argv into named options with their values (so Boost never has to
+// guess whether "-1" is a value, nor meets "--name=" with an empty value, which its own tokenizer
+// rejects before we could name the problem), counts -v, and splits off the command.
 struct Prescan {
-  std::vector<std::string> words;
+  std::vector<po::option> options;
   int verbosity = 0;
   std::vector<std::string> command;
 };
@@ -157,7 +158,7 @@ void take(Prescan& p, const OptDef* o, const std::optional<std::string>& inline_
   }
   if (o->kind == Kind::Flag) {
     if (inline_value) throw UsageError("option " + spelled + " takes no value");
-    p.words.push_back(std::string("--") + o->name);
+    p.options.emplace_back(o->name, std::vector<std::string>{});
     return;
   }
   std::string value;
@@ -167,7 +168,8 @@ void take(Prescan& p, const OptDef* o, const std::optional<std::string>& inline_
     if (i + 1 >= toks.size()) throw UsageError("option " + spelled + " needs a value");
     value = toks[++i];
   }
-  p.words.push_back(std::string("--") + o->name + "=" + value);
+  p.options.emplace_back(o->name, std::vector<std::string>{value});
+  p.options.back().original_tokens = {spelled, value};
 }
 
 Prescan prescan(const std::vector<std::string>& toks) {
@@ -242,7 +244,8 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
   if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
   if (raw.tree_radix) c.tree_radix = parse_count("--tree-radix", *raw.tree_radix, 1);
   if (raw.launch_agent) {
-    if (split_words(*raw.launch_agent).empty()) throw UsageError("--launch-agent: the command is empty");
+    auto words = split_words(*raw.launch_agent);  // '""' is one empty word: no program either
+    if (words.empty() || words[0].empty()) throw UsageError("--launch-agent: the command is empty");
     c.launch_agent = *raw.launch_agent;
   }
   if (raw.nproc_per_node) {
@@ -363,10 +366,9 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   po::variables_map vm;
   const po::options_description desc = describe();  // the parser keeps a pointer to it
   try {
-    po::command_line_parser parser(p.words);
-    parser.options(desc).style(po::command_line_style::allow_long |
-                                     po::command_line_style::long_allow_adjacent);
-    po::store(parser.run(), vm);
+    po::parsed_options parsed(&desc, po::command_line_style::allow_long);  // "--name" in messages
+    parsed.options = std::move(p.options);
+    po::store(parsed, vm);
     po::notify(vm);
   } catch (const po::error& e) {
     throw UsageError(e.what());

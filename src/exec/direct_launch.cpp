@@ -27,9 +27,13 @@ int get_int(const EnvMap& env, const char* k) {
 
 }  // namespace
 
+bool is_task_step_id(const std::string& step_id) {
+  const long long first_special = 0xfffffff0LL;
+  return parse_int(step_id, 0, 0xffffffffLL).value_or(first_special) < first_special;
+}
+
 bool is_step_task(const EnvMap& env) {
-  return env.count("SLURM_STEP_ID") && env.count("SLURM_PROCID") && !env.count(PYTORCH_EXEC_ENV_JOBID) &&
-         get(env, "SLURM_STEP_ID") != "4294967294" /* the batch step */;
+  return env.count("SLURM_PROCID") && !env.count(PYTORCH_EXEC_ENV_JOBID) && is_task_step_id(get(env, "SLURM_STEP_ID"));
 }
 
 StepIdentity step_identity(const EnvMap& env) {

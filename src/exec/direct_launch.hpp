@@ -31,7 +31,14 @@ struct StepIdentity {
   std::string job_id, step_id;
 };
 
-// Whether this process is a task of a SLURM job step (and not a rank of a pytorch_exec job).
+// Whether SLURM_STEP_ID names a step srun started with tasks (0, 1, ...).  SLURM 22.05 gives its
+// special steps ids from 0xfffffff0 up: interactive 0xfffffffa (salloc with
+// LaunchParameters=use_interactive_step), batch 0xfffffffb, extern 0xfffffffc, pending
+// 0xfffffffd, the old batch 0xfffffffe.  An empty or unparsable id is no task step either.
+bool is_task_step_id(const std::string& step_id);
+
+// Whether this process is a task of a SLURM job step (and not a rank of a pytorch_exec job, nor
+// the shell of an allocation's interactive or batch step, where pytorch_exec starts daemons).
 bool is_step_task(const EnvMap& env);
 
 // The task's identity.  Throws Error when the variables are missing or disagree.

@@ -554,8 +554,36 @@ void RemoteWorkers::on_dmodex_response(Node&, wire::Reader& r) {
   send_to(to, ctrl::Msg::DmodexResp, w.data());
 }
 
+// MASTER_ADDR: rank 0's node as the other nodes reach it.  A node on another host: its address
+// as we see it.  A node on our own host: its daemon reached us at whichever of our addresses it
+// tried first (a container bridge's, maybe), so take ours that faces the other hosts.
 std::string RemoteWorkers::master_addr() {
-  return nodes_[static_cast<size_t>(map_.ranks.at(0).node)]->addr;
+  const Node& n0 = *nodes_[static_cast<size_t>(map_.ranks.at(0).node)];
+  if (!is_own_address(n0.addr)) return n0.addr;
+  std::string a = address_toward_others();
+  return a.empty() ? n0.addr : a;
+}
+
+bool RemoteWorkers::is_own_address(const std::string& a) const {
+  return a.rfind("127.", 0) == 0 || std::find(addresses_.begin(), addresses_.end(), a) != addresses_.end();
+}
+
+// The address another host's daemon reached us at (so that host can reach it); failing that (no
+// other host talks to us directly), the one the kernel sends from toward another host.  "" when
+// every node is on our host.
+std::string RemoteWorkers::address_toward_others() const {
+  for (const auto& n : nodes_) {
+    if (!n->conn || n->addr.empty() || is_own_address(n->addr)) continue;
+    std::string a = local_address(n->conn->fd());
+    if (!a.empty()) return a;
+  }
+  for (const auto& n : nodes_)
+    for (const auto& other : n->addrs) {
+      if (is_own_address(other)) continue;
+      std::string a = route_source_address(other);
+      if (!a.empty() && a.rfind("127.", 0) != 0) return a;
+    }
+  return "";
 }
 
 int RemoteWorkers::master_port() {

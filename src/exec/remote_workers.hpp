@@ -68,6 +68,8 @@ class RemoteWorkers : public WorkerSet {
   void on_dmodex_response(Node& n, wire::Reader& r);
   void check_ready();
   std::vector<std::string> daemon_argv(int node, bool slurm) const;
+  bool is_own_address(const std::string& a) const;
+  std::string address_toward_others() const;
   EnvMap carried_environment() const;
 
   EventLoop& loop_;

@@ -33,6 +33,16 @@ CASES = [
     (["--kill-grace", "soon", "true"], 2, "--kill-grace"),
     (["--max-restarts", "-1", "true"], 2, "--max-restarts"),
     (["--tag-output=1", "true"], 2, "takes no value"),
+    # empty values: our message, not Boost's "should follow immediately after the equal sign"
+    (["-H", "", "true"], 2, "-H: the host list is empty"),
+    (["--host=", "true"], 2, "-H: the host list is empty"),
+    (["--hostfile", "", "true"], 2, "--hostfile: the file name is empty"),
+    (["--hostfile=", "true"], 2, "--hostfile: the file name is empty"),
+    (["--launch-agent", "", "true"], 2, "--launch-agent: the command is empty"),
+    (["--launch-agent=", "true"], 2, "--launch-agent: the command is empty"),
+    (["--launch-agent", '""', "true"], 2, "--launch-agent: the command is empty"),
+    (["--launch-agent", "''  ", "true"], 2, "--launch-agent: the command is empty"),
+    (["-n", "", "true"], 2, "-n: expected a positive integer, got ''"),
 ]
 
 

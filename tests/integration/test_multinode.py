@@ -253,6 +253,21 @@ def test_strangers_are_dropped_and_the_job_goes_on():
             closed = True
         check(closed, "a wrong proof got an answer")
         s.close()
+        # Frames that only an authenticated peer may send, before authenticating: output for a
+        # rank, and a signal routed to every node.  Dropped unread; no worker sees a signal.
+        for ftype, payload in ((31, struct.pack("<iiB", 0, 0, 1) + struct.pack("<I", 4) + b"fake"),
+                               (40, struct.pack("<IH", 0xFFFFFFFF, 12) + struct.pack("<I", 4) + struct.pack("<i", 9))):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.settimeout(5)
+            check(s.recv(4096)[:4] == b"PEX1", "no challenge")
+            s.sendall(frame(ftype, payload))
+            try:
+                check(s.recv(4096) == b"", f"an out-of-order frame of type {ftype} got an answer")
+            except ConnectionResetError:
+                pass
+            except socket.timeout:
+                check(False, f"an out-of-order frame of type {ftype} left the connection open")
+            s.close()
         # An oversized frame header.
         s = socket.create_connection(("127.0.0.1", port), timeout=5)
         s.recv(4096)
@@ -271,8 +286,54 @@ def test_strangers_are_dropped_and_the_job_goes_on():
             p.wait()
     check(p.returncode == 0, f"exit {p.returncode}: {err[-2000:]}")
     check(sorted(out.split()) == ["done-0", "done-1"], f"output: {out!r}")
-    check(err.count("dropped connection") >= 3, f"drops not logged: {err[-3000:]}")
+    check(err.count("dropped connection") >= 5, f"drops not logged: {err[-3000:]}")
     check("authentication failed" in err, err[-3000:])
+    for name in ("output", "routed"):
+        check(f"out-of-order {name} frame before authentication" in err, f"{name}: {err[-3000:]}")
+
+
+def proc_file(pid, name):
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+
+
+def test_the_secret_is_in_no_command_line_environment_or_log():
+    """The job's secret reaches each daemon on its standard input.  A launch agent that keeps a copy
+    learns it; then no daemon's or worker's command line or environment, and no log line, holds it."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    d = tmpdir()
+    keep = script(f"#!/bin/sh\nIFS= read -r secret\nprintf '%s\\n' \"$secret\" > {d}/secret.$1\nshift\n"
+                  "printf '%s\\n' \"$secret\" | \"$@\"\n")
+    p = start(["-vvv", "-H", "a:2,b:2", "--launch-agent", f"{keep} {{host}} {agent(marker)}", "sh", "-c",
+               "echo up; exec sleep 60"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(4):
+            check(p.stdout.readline() == "up\n", "the ranks did not start")
+        secrets = {open(os.path.join(d, f"secret.{n}")).read().strip() for n in ("a", "b")}
+        check(len(secrets) == 1 and re.fullmatch(r"[0-9a-f]{64}", next(iter(secrets))), f"secrets: {secrets}")
+        secret = next(iter(secrets)).encode()
+        procs = processes_with_marker(marker)
+        daemons = [pid for pid in procs if proc_file(pid, "cmdline").split(b"\0")[0].endswith(b"pytorch_execd")]
+        workers = [pid for pid in procs if re.search(rb"(^|\0)RANK=\d", proc_file(pid, "environ"))]
+        check(len(daemons) >= 2 and len(workers) >= 4, f"daemons {daemons}, workers {workers}")  # daemons fork helpers
+        for pid in procs:
+            argv, environ = proc_file(pid, "cmdline"), proc_file(pid, "environ")
+            check(secret not in argv and secret not in environ, f"pid {pid} holds the secret: {argv!r}")
+            check(b"PYTORCH_EXEC_SECRET" not in environ, f"pid {pid} has PYTORCH_EXEC_SECRET: {argv!r}")
+            check(not re.search(rb"(^|\0)[0-9a-fA-F]{64}(\0|$)", argv), f"pid {pid}: a secret-like argument: {argv!r}")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check("control plane on port" in err and "@a agent debug" in err, f"no logs to look at: {err[-2000:]}")
+    check(secret.decode() not in out + err, "the secret is in the output or the log")
+    assert_no_leftovers(marker)
 
 
 def daemon_of(marker, node):
@@ -340,5 +401,6 @@ if __name__ == "__main__":
           test_mpi_programs_wire_up_across_nodes, test_control_plane_tree, test_failure_names_rank_and_node,
           test_group_restart_across_nodes, test_output_volume_and_line_integrity_across_nodes, test_stdin_reaches_a_rank_on_another_node,
           test_signal_reaches_every_node, test_strangers_are_dropped_and_the_job_goes_on,
+          test_the_secret_is_in_no_command_line_environment_or_log,
           test_losing_a_daemon_ends_the_job_naming_the_node,
           test_killing_the_front_end_leaves_nothing_on_any_node, test_a_daemon_that_cannot_start_is_named])

@@ -17,9 +17,9 @@ BED = None
 BIN = tmpdir()
 
 
-def pe(args, env, timeout=120, **kw):
-    """pytorch_exec ARGS run in the front end's namespace."""
-    cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}"] + args
+def pe(args, env, timeout=120, ns=None, **kw):
+    """pytorch_exec ARGS run in the front end's namespace (or in `ns`)."""
+    cmd = ["ip", "netns", "exec", ns or BED.front, EXEC, "--launch-agent", "ip netns exec {host}"] + args
     try:
         return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, **kw)
     except subprocess.TimeoutExpired as e:
@@ -40,6 +40,30 @@ def test_each_host_has_its_address():
     want = [f"{i} {BED.addr(i + 1)}/24 {BED.addr(1)}" for i in range(4)]
     check(rows == want, f"{rows} != {want}")
     assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_master_addr_faces_the_other_hosts_when_the_front_end_is_node_0():
+    """pytorch_exec runs on rank 0's host, whose first address is a bridge the other hosts
+    cannot reach (as docker0 or cni0 would be): MASTER_ADDR is still the address they reach."""
+    h1 = BED.nodes[0]
+    for args in (["link", "add", "cni0", "type", "bridge"], ["addr", "add", "172.31.7.1/24", "dev", "cni0"],
+                 ["link", "set", "cni0", "up"]):
+        subprocess.run(["ip", "-n", h1, *args], check=True, timeout=30)
+    try:
+        listed = subprocess.run(["ip", "-n", h1, "-o", "-4", "addr"], capture_output=True, text=True).stdout
+        check(listed.find("cni0") < listed.find("pe0"), f"the bridge is not listed first: {listed}")
+        # radix 1: no other host talks to pytorch_exec directly (the route toward them decides)
+        for radix in ("32", "1"):
+            env = marker_env()
+            r = pe(["--tree-radix", radix, "-H", hosts("1:1,2:1,3:1"), "sh", "-c", "echo $RANK $MASTER_ADDR"],
+                   env, ns=h1)
+            check(r.returncode == 0, f"radix {radix}: exit {r.returncode}: {r.stderr}")
+            rows = sorted(r.stdout.split("\n")[:-1])
+            want = [f"{i} {BED.addr(1)}" for i in range(3)]
+            check(rows == want, f"radix {radix}: {rows} != {want}")
+            assert_no_leftovers(env["PE_TEST_MARKER"])
+    finally:
+        subprocess.run(["ip", "-n", h1, "link", "del", "cni0"], timeout=30)
 
 
 def test_torch_gloo_allreduce_across_hosts():
@@ -97,5 +121,6 @@ if __name__ == "__main__":
     if why:
         skip(why)
     with netns.NetnsBed(4) as BED:
-        main([test_each_host_has_its_address, test_torch_gloo_allreduce_across_hosts,
+        main([test_each_host_has_its_address, test_master_addr_faces_the_other_hosts_when_the_front_end_is_node_0,
+              test_torch_gloo_allreduce_across_hosts,
               test_mpi_across_hosts, test_cut_link_ends_the_job_naming_the_host])

@@ -63,11 +63,28 @@ def test_salloc_starts_daemons_mpi():
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
     got = sorted(l.split(" on ")[0] for l in r.stdout.splitlines())
     check(got == sorted(f"hello rank {i} of 8" for i in range(8)), f"{r.stdout}")
-    # -n defaults to the allocation's tasks; each node's ranks are its own.
-    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, "sh", "-c", "echo $RANK $GROUP_RANK $LOCAL_RANK $SLURM_JOB_ID"], env)
-    rows = sorted(l.split()[:3] for l in r.stdout.splitlines())
-    check(rows == sorted([str(i), str(i // 2), str(i % 2)] for i in range(8)), f"{r.stdout} {r.stderr}")
-    check(len({l.split()[3] for l in r.stdout.splitlines()}) == 1, "workers do not see the job's environment")
+    # -n defaults to the allocation's tasks; each node's ranks are its own; every rank on every node
+    # sees the launching shell's environment (as srun gives it), and not the job's secret.
+    env["PE_CARRY_CHECK"] = "carried-" + env["PE_TEST_MARKER"][:8]
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, "sh", "-c",
+            "echo $RANK $GROUP_RANK $LOCAL_RANK ${PE_CARRY_CHECK:-unset} ${PYTORCH_EXEC_SECRET:-no-secret}"], env)
+    rows = sorted(l.split() for l in r.stdout.splitlines())
+    want = sorted([str(i), str(i // 2), str(i % 2), env["PE_CARRY_CHECK"], "no-secret"] for i in range(8))
+    check(rows == want, f"{r.stdout} {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
+def test_the_interactive_step_is_no_direct_launch():
+    """salloc with LaunchParameters=use_interactive_step runs the user's shell as the task of the
+    allocation's interactive step (SLURM_STEP_ID 4294967290, what `srun --interactive` makes):
+    pytorch_exec there starts a daemon on every node, as under plain salloc."""
+    env = marker_env()
+    env.update(ENV)
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", "srun", "--interactive", "--preserve-env", EXEC, "sh", "-c",
+            "echo $RANK $WORLD_SIZE $GROUP_RANK"], env)
+    rows = sorted(l.split() for l in r.stdout.splitlines())
+    check(r.returncode == 0 and rows == sorted([str(i), "8", str(i // 2)] for i in range(8)),
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 
@@ -121,7 +138,8 @@ if __name__ == "__main__":
     ENV["SLURM_CONF"] = r.stdout.strip().split("=", 1)[1]
     try:
         build()
-        main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node, test_srun_direct_launch])
+        main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
+              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch])
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
         if not was_up:

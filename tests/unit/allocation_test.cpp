@@ -4,8 +4,11 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/net.hpp"
 #include "exec/allocation.hpp"
+#include "exec/direct_launch.hpp"
 #include "exec/job_map.hpp"
+#include "pytorch_exec/version.h"
 
 using pe::expand_hostlist;
 using V = std::vector<std::string>;
@@ -110,6 +113,28 @@ TEST(SlurmTest, ReadsTheAllocationFromTheEnvironment) {
             std::string::npos);
 }
 
+TEST(DirectLaunchTest, OnlyTasksOfNumberedStepsAreDirectLaunches) {
+  for (const char* id : {"0", "1", "17", "4294967279"}) EXPECT_TRUE(pe::is_task_step_id(id)) << id;
+  // interactive (salloc with use_interactive_step), batch, extern, pending, old batch; nonsense
+  for (const char* id : {"4294967280", "4294967290", "4294967291", "4294967292", "4294967293", "4294967294",
+                         "4294967295", "4294967296", "", "-1", "0x1", "batch"})
+    EXPECT_FALSE(pe::is_task_step_id(id)) << id;
+  pe::EnvMap task{{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "3"}, {"SLURM_JOB_NODELIST", "n[1-4]"}};
+  EXPECT_TRUE(pe::is_step_task(task));
+  pe::EnvMap interactive = task;
+  interactive["SLURM_STEP_ID"] = "4294967290";
+  EXPECT_FALSE(pe::is_step_task(interactive));
+  pe::EnvMap no_step = task;
+  no_step.erase("SLURM_STEP_ID");
+  EXPECT_FALSE(pe::is_step_task(no_step));
+  pe::EnvMap no_task = task;
+  no_task.erase("SLURM_PROCID");
+  EXPECT_FALSE(pe::is_step_task(no_task));
+  pe::EnvMap our_worker = task;
+  our_worker[PYTORCH_EXEC_ENV_JOBID] = "job";
+  EXPECT_FALSE(pe::is_step_task(our_worker));
+}
+
 TEST(MapJobTest, FillsNodesBySlotOrRoundRobinByNode) {
   auto a = alloc({{"a", 1}, {"b", 3}});
   EXPECT_EQ(ranks_per_node(pe::map_job(a, {})), (std::vector<std::vector<int>>{{0}, {1, 2, 3}}));
@@ -154,4 +179,22 @@ TEST(LocalHostTest, RecognisesThisMachine) {
   EXPECT_TRUE(pe::is_local_host("node7", "node7.cluster"));
   EXPECT_TRUE(pe::is_local_host("node7.cluster", "node7.cluster"));
   EXPECT_FALSE(pe::is_local_host("node8", "node7.cluster"));
+}
+
+TEST(LocalHostTest, OffersBridgeAndLoopbackAddressesLast) {
+  std::vector<pe::InterfaceAddress> ifs{{"lo", "127.0.0.1", true},      {"docker0", "172.17.0.1", false},
+                                        {"eth0", "10.0.0.5", false},    {"virbr0", "192.168.122.1", false},
+                                        {"br-1a2b", "172.18.0.1", false}, {"ib0", "10.1.0.5", false},
+                                        {"veth9", "169.254.1.1", false}};
+  EXPECT_EQ(pe::order_addresses(ifs),
+            (V{"10.0.0.5", "10.1.0.5", "172.17.0.1", "192.168.122.1", "172.18.0.1", "169.254.1.1", "127.0.0.1"}));
+  EXPECT_EQ(pe::order_addresses({{"docker0", "172.17.0.1", false}}), V{"172.17.0.1"});  // still offered
+}
+
+TEST(LocalHostTest, RouteSourceIsTheAddressTheKernelSendsFrom) {
+  EXPECT_EQ(pe::route_source_address("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(pe::route_source_address("127.3.4.5"), "127.0.0.1");
+  EXPECT_EQ(pe::route_source_address("not-an-address"), "");
+  auto own = pe::local_ipv4_addresses();
+  EXPECT_EQ(pe::route_source_address(own[0]), own[0]);  // an address of ours is reached from itself
 }

@@ -80,6 +80,18 @@ TEST(CliTest, ReportsUnknownOptionsAndMissingValues) {
   EXPECT_NE(usage_error({"--tag-output=yes", "prog"}).find("takes no value"), std::string::npos);
 }
 
+TEST(CliTest, EmptyValuesAreNamedByTheirOption) {
+  EXPECT_EQ(usage_error({"-H", "", "prog"}), "-H: the host list is empty");
+  EXPECT_EQ(usage_error({"--host=", "prog"}), "-H: the host list is empty");
+  EXPECT_EQ(usage_error({"--hostfile=", "prog"}), "--hostfile: the file name is empty");
+  EXPECT_EQ(usage_error({"--launch-agent", "", "prog"}), "--launch-agent: the command is empty");
+  EXPECT_EQ(usage_error({"--launch-agent", "\"\"", "prog"}), "--launch-agent: the command is empty");
+  EXPECT_EQ(usage_error({"--wdir=", "prog"}), "--wdir: the directory name is empty");
+  EXPECT_EQ(config({"--launch-agent", "ip netns exec {host}", "prog"}).launch_agent, "ip netns exec {host}");
+  EXPECT_NE(usage_error({"-n", "2", "-n", "3", "prog"}).find("'--np' cannot be specified more than once"),
+            std::string::npos);
+}
+
 TEST(CliTest, RequiresAProgram) {
   EXPECT_NE(usage_error({"-n", "2"}).find("no program given"), std::string::npos);
   EXPECT_NE(usage_error({"--", ""}).find("empty"), std::string::npos);
