@@ -4,12 +4,13 @@
 //   pg->allreduce(grad.data(), grad.size(), dc::DType::F32, dc::Op::Sum);
 //
 // A process group connects its ranks with one transport per level: `shm` (POSIX shared memory)
-// between ranks on the same node, `tcp` between nodes (`mpi` is planned for the inter-node
-// level).  Large allreduces are rings (reduce-scatter + allgather, chunked so that reduction
+// between ranks on the same node, `tcp` or `mpi` (MPI point-to-point calls only, never MPI's
+// collectives) between nodes.  Large allreduces are rings (reduce-scatter + allgather, chunked so that reduction
 // overlaps transfer), small ones recursive doubling; with ranks on several nodes, allreduce is
 // hierarchical: reduce-scatter inside each node, a ring per shard across nodes, allgather inside
 // the node.  Every operation has a timeout; a dead peer or mismatched calls raise dc::Error on
-// every rank that notices instead of hanging.  See pytorch_dc(3).
+// every rank that notices instead of hanging; after an error the group is unusable.  See
+// pytorch_dc(3).
 //
 // Thread safety: a ProcessGroup is used by one thread at a time; collectives on one group are
 // called in the same order by all of its ranks.
@@ -41,8 +42,10 @@ class TimeoutError : public Error {
 };
 
 struct Options {
-  // Transports: "shm" or "tcp" inside a node, "tcp" across nodes.  Empty: PYTORCH_DC_INTRA /
-  // PYTORCH_DC_INTER, else PYTORCH_DC_TRANSPORT (both levels), else shm inside, tcp across.
+  // Transports: "shm", "tcp" or "mpi" inside a node, "tcp" or "mpi" across nodes.  Empty:
+  // PYTORCH_DC_INTRA / PYTORCH_DC_INTER, else PYTORCH_DC_TRANSPORT (both levels; "shm" means shm
+  // inside and tcp across), else shm inside, tcp across.  Collectives other than allreduce, and
+  // send/recv, use the inter-node transport between all ranks.
   std::string intra;
   std::string inter;
   // Default timeout of every operation, seconds (PYTORCH_DC_TIMEOUT; default 300).

@@ -1,7 +1,8 @@
 """The benchmarks still run (one short round each) and print their comparison.
 
-This checks that bench/launch and bench/restart work, not how fast anything is: timings are
-read by people from the benchmarks' own output, never asserted in tests.
+This checks that bench/launch, bench/restart, bench/mpi_launch and bench/allreduce/run work (and
+that the allreduces they time give the right sums), not how fast anything is: timings are read by
+people from the benchmarks' own output, never asserted in tests.
 """
 import os
 import shutil
@@ -25,6 +26,19 @@ def test_mpi_launch_benchmark_runs():
     check("ratio pytorch_exec -n 2 / mpirun -n 2" in out, out)
 
 
+def test_allreduce_benchmark_runs():
+    if not shutil.which("mpicc"):
+        skip("no mpicc for bench/allreduce/mpi_bench.c")
+    out = bench("allreduce/run", "--quick")
+    for line in ("# dc tcp", "# dc mpi", "# dc shm", "# p2p tcp",
+                 "ratio dc tcp / MPI_Allreduce tcp busbw at >= 1 MiB:",
+                 "dc tcp busbw / p2p tcp at >= 1 MiB:",
+                 "dc tcp latency / MPI_Allreduce tcp at <= 8 KiB:",
+                 "dc shm / MPI_Allreduce vader busbw at >= 1 MiB:"):
+        check(line in out, f"no '{line}' in: {out}")
+    check(" n/a " not in out and "PROBLEM" not in out, out)
+
+
 def test_launch_benchmark_runs():
     out = bench("launch", "--runs", "1", "--np", "4")
     check("ratio pytorch_exec -n 4 /bin/true / mpirun" in out, out)
@@ -41,4 +55,5 @@ def test_restart_benchmark_runs():
 if __name__ == "__main__":
     if not shutil.which("mpirun"):
         skip("mpirun not found (openmpi-bin)")
-    main([test_launch_benchmark_runs, test_restart_benchmark_runs, test_mpi_launch_benchmark_runs])
+    main([test_launch_benchmark_runs, test_restart_benchmark_runs, test_mpi_launch_benchmark_runs,
+          test_allreduce_benchmark_runs])
