@@ -44,6 +44,7 @@ struct ProcessGroup::Impl {
   template <typename F>
   void guarded(F&& f);
   Deadline deadline(double timeout, const std::string& what) const;
+  double seconds(double timeout) const { return timeout < 0 ? s.timeout : timeout; }
 };
 
 std::unique_ptr<ProcessGroup::Impl> build_group(World w, const Settings& s, int tcp_fd_port,

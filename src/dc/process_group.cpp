@@ -169,10 +169,6 @@ const std::string& ProcessGroup::inter_transport() const { return impl_->s.inter
 
 namespace {
 
-std::string what(const char* op, size_t count, DType t) {
-  return std::string(op) + " of " + std::to_string(count) + " " + dtype_name(t);
-}
-
 void need_buffer(const void* p, size_t count, const char* op) {
   if (!p && count > 0) throw Error(std::string(op) + ": null buffer with a count of " + std::to_string(count));
 }
@@ -182,7 +178,7 @@ Deadline p2p_call(const ProcessGroup::Impl& g, const char* op, const void* buf, 
   need_buffer(buf, bytes, op);
   if (peer < 0 || peer >= g.size || peer == g.rank)
     throw Error(std::string(op) + ": rank " + std::to_string(peer) + " is not another rank of this group");
-  return g.deadline(timeout, std::string(op) + " of " + std::to_string(bytes) + " bytes with rank " + std::to_string(peer));
+  return Deadline::call(g.seconds(timeout), op, bytes, -1, -1, peer);
 }
 
 }  // namespace
@@ -194,7 +190,7 @@ void ProcessGroup::allreduce(void* buf, size_t count, DType t, Op op, double tim
 void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, Op op, double timeout) {
   need_buffer(in, count, "allreduce");
   need_buffer(out, count, "allreduce");
-  auto d = impl_->deadline(timeout, what("allreduce", count, t) + " (" + op_name(op) + ")");
+  auto d = Deadline::call(impl_->seconds(timeout), "allreduce", count, static_cast<int>(t), static_cast<int>(op));
   if (in != out) std::memcpy(out, in, count * dtype_size(t));
   impl_->guarded([&] { group_allreduce(*impl_, out, count, t, op, d); });
 }
@@ -203,7 +199,7 @@ void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType
   need_buffer(in, count, "reduce_scatter");
   need_buffer(out, count, "reduce_scatter");
   Impl& g = *impl_;
-  auto d = g.deadline(timeout, what("reduce_scatter", count, t) + " (" + op_name(op) + ")");
+  auto d = Deadline::call(g.seconds(timeout), "reduce_scatter", count, static_cast<int>(t), static_cast<int>(op));
   size_t es = dtype_size(t);
   g.guarded([&] {
     auto h = make_header(Kind::ReduceScatter, count, t, op, ++g.seq);
@@ -221,7 +217,7 @@ void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, d
   need_buffer(in, count, "allgather");
   need_buffer(out, count, "allgather");
   Impl& g = *impl_;
-  auto d = g.deadline(timeout, what("allgather", count, t));
+  auto d = Deadline::call(g.seconds(timeout), "allgather", count, static_cast<int>(t));
   size_t es = dtype_size(t);
   g.guarded([&] {
     auto h = make_header(Kind::Allgather, count, t, Op::Sum, ++g.seq);
@@ -236,7 +232,7 @@ void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double 
   need_buffer(buf, count, "broadcast");
   Impl& g = *impl_;
   if (root < 0 || root >= g.size) throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(g.size));
-  auto d = g.deadline(timeout, what("broadcast", count, t) + " from rank " + std::to_string(root));
+  auto d = Deadline::call(g.seconds(timeout), "broadcast", count, static_cast<int>(t), -1, root);
   g.guarded([&] {
     auto h = make_header(Kind::Broadcast, count, t, Op::Sum, ++g.seq, root);
     tree_broadcast(g.world_c, buf, count * dtype_size(t), root, h, d);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <memory>
 #include <vector>
 
 #include "dc/reduce.hpp"
@@ -46,6 +47,18 @@ std::vector<Unit> units(const Blocks& b, size_t esize, int steps, F block_of) {
   return out;
 }
 
+// Receive buffers of the reduce-scatter, kept from call to call (per thread: a rank's thread)
+// so that a collective neither zeroes nor faults in fresh memory.
+char* scratch_buffer(size_t bytes) {
+  thread_local std::unique_ptr<char[]> buf;
+  thread_local size_t size = 0;
+  if (bytes > size) {
+    buf.reset(new char[bytes]);
+    size = bytes;
+  }
+  return buf.get();
+}
+
 // Sends the call header to the next member and checks the previous member's.
 struct HeaderExchange {
   CallHeader theirs{};
@@ -60,6 +73,79 @@ struct HeaderExchange {
   }
 };
 
+// What flows from the previous member and on to the next, in stream order.  The first
+// `reduced` receives land in a window of scratch buffers and are reduced into place; the rest
+// land in place.  Receive i (i < recvs.size() - tail) makes send initial + i ready: the chunk
+// that just arrived (or was just reduced) is passed on at once.  `finished(i)` is called when
+// receive i completed its reduction (Avg divides the chunks that became final there).
+struct Stream {
+  std::vector<Unit> sends, recvs;
+  size_t initial = 0;  // sends ready at the start
+  size_t reduced = 0;  // receives that are reduced
+};
+
+template <typename F>
+void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, const CallHeader& h,
+                const Deadline& d, F finished) {
+  size_t es = dtype_size(t);
+  HeaderExchange hx(c, h);
+  std::vector<Request> sent;
+  sent.reserve(st.sends.size());
+  auto send = [&](size_t i) { sent.push_back(c.isend(c.me + 1, base + st.sends[i].first * es, st.sends[i].count * es)); };
+  size_t next_send = 0;
+  for (; next_send < st.initial; ++next_send) send(next_send);
+  size_t max_chunk = 0;
+  for (size_t i = 0; i < st.reduced; ++i) max_chunk = std::max(max_chunk, st.recvs[i].count);
+  char* tmp = scratch_buffer(static_cast<size_t>(kWindow) * max_chunk * es);
+  auto scratch = [&](size_t i) { return tmp + (i % static_cast<size_t>(kWindow)) * max_chunk * es; };
+  std::deque<Request> posted;
+  size_t next_post = 0;
+  auto post = [&](size_t done) {  // scratch slots are reused once receive `done` - 1 is reduced
+    for (; next_post < st.recvs.size(); ++next_post) {
+      const Unit& u = st.recvs[next_post];
+      bool to_scratch = next_post < st.reduced;
+      if (to_scratch && next_post >= done + static_cast<size_t>(kWindow)) break;
+      posted.push_back(c.irecv(c.me - 1, to_scratch ? scratch(next_post) : base + u.first * es, u.count * es));
+    }
+  };
+  post(0);
+  hx.check(c, h, d);
+  for (size_t i = 0; i < st.recvs.size(); ++i) {
+    c.wait(posted.front(), d);
+    posted.pop_front();
+    const Unit& u = st.recvs[i];
+    if (i < st.reduced) {
+      reduce_into(base + u.first * es, scratch(i), u.count, t, op);
+      finished(i);
+      post(i + 1);
+    }
+    if (next_send < st.sends.size()) send(next_send++);
+  }
+  for (Request r : sent) c.wait(r, d);
+  c.wait(hx.rs, d);
+}
+
+// Reduce-scatter units: step s sends block me-s-1 and receives block me-s-2 (reduced, it is
+// sent at step s+1; the last step's is this member's own block).
+void reduce_scatter_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
+  int n = c.size();
+  auto sends = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
+  auto recvs = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); });
+  for (auto& u : sends) st.initial += u.block == c.mod(c.me - 1);
+  st.sends.insert(st.sends.end(), sends.begin(), sends.end());
+  st.recvs.insert(st.recvs.end(), recvs.begin(), recvs.end());
+  st.reduced = st.recvs.size();
+}
+
+// Allgather units: step s sends block me-s and receives block me-s-1, sent on at step s+1.
+void allgather_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
+  int n = c.size();
+  auto sends = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s); });
+  auto recvs = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
+  st.sends.insert(st.sends.end(), sends.begin(), sends.end());
+  st.recvs.insert(st.recvs.end(), recvs.begin(), recvs.end());
+}
+
 }  // namespace
 
 Blocks even_blocks(size_t count, int n) {
@@ -73,85 +159,37 @@ Blocks even_blocks(size_t count, int n) {
 
 void ring_reduce_scatter(const Comm& c, void* buf, const Blocks& b, DType t, Op op,
                          const CallHeader& h, const Deadline& d) {
-  int n = c.size();
-  if (n == 1) return;
-  size_t es = dtype_size(t);
-  char* base = static_cast<char*>(buf);
-  // Step s sends block me-s-1 and receives block me-s-2 (reduced, it is sent at step s+1).
-  auto sends = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
-  auto recvs = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); });
-  HeaderExchange hx(c, h);
-  std::vector<Request> sent;
-  size_t next_send = 0;
-  // Step 0's chunks are ready now; a later step's chunk is ready once the same chunk arrived.
-  for (; next_send < sends.size() && sends[next_send].block == c.mod(c.me - 1); ++next_send)
-    sent.push_back(c.isend(c.me + 1, base + sends[next_send].first * es, sends[next_send].count * es));
-  size_t max_chunk = 0;
-  for (auto& u : recvs) max_chunk = std::max(max_chunk, u.count);
-  std::vector<char> tmp(static_cast<size_t>(kWindow) * max_chunk * es);
-  std::deque<Request> posted;
-  size_t next_post = 0;
-  auto post = [&] {
-    while (next_post < recvs.size() && posted.size() < static_cast<size_t>(kWindow)) {
-      const Unit& u = recvs[next_post];
-      char* slot = tmp.data() + (next_post % kWindow) * max_chunk * es;
-      posted.push_back(c.irecv(c.me - 1, slot, u.count * es));
-      ++next_post;
-    }
-  };
-  post();
-  hx.check(c, h, d);
-  for (size_t i = 0; i < recvs.size(); ++i) {
-    c.wait(posted.front(), d);
-    posted.pop_front();
-    const Unit& u = recvs[i];
-    reduce_into(base + u.first * es, tmp.data() + (i % kWindow) * max_chunk * es, u.count, t, op);
-    post();
-    if (next_send < sends.size()) {  // this chunk is the next one to send on
-      const Unit& s = sends[next_send++];
-      sent.push_back(c.isend(c.me + 1, base + s.first * es, s.count * es));
-    }
-  }
-  for (Request r : sent) c.wait(r, d);
-  c.wait(hx.rs, d);
+  if (c.size() == 1) return;
+  Stream st;
+  reduce_scatter_units(c, b, dtype_size(t), st);
+  run_stream(c, static_cast<char*>(buf), t, op, st, h, d, [](size_t) {});
 }
 
 void ring_allgather(const Comm& c, void* buf, const Blocks& b, DType t, const CallHeader& h,
                     const Deadline& d) {
-  int n = c.size();
-  if (n == 1) return;
-  size_t es = dtype_size(t);
-  char* base = static_cast<char*>(buf);
-  // Step s sends block me-s and receives block me-s-1, which is sent on at step s+1.
-  auto sends = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s); });
-  auto recvs = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
-  HeaderExchange hx(c, h);
-  std::vector<Request> rq;
-  rq.reserve(recvs.size());
-  for (const Unit& u : recvs) rq.push_back(c.irecv(c.me - 1, base + u.first * es, u.count * es));
-  std::vector<Request> sent;
-  size_t next_send = 0;
-  for (; next_send < sends.size() && sends[next_send].block == c.me; ++next_send)
-    sent.push_back(c.isend(c.me + 1, base + sends[next_send].first * es, sends[next_send].count * es));
-  hx.check(c, h, d);
-  for (size_t i = 0; i < recvs.size(); ++i) {
-    c.wait(rq[i], d);
-    if (next_send < sends.size()) {
-      const Unit& s = sends[next_send++];
-      sent.push_back(c.isend(c.me + 1, base + s.first * es, s.count * es));
-    }
-  }
-  for (Request r : sent) c.wait(r, d);
-  c.wait(hx.rs, d);
+  if (c.size() == 1) return;
+  Stream st;
+  allgather_units(c, b, dtype_size(t), st);
+  for (auto& u : st.sends) st.initial += u.block == c.me;
+  run_stream(c, static_cast<char*>(buf), t, Op::Sum, st, h, d, [](size_t) {});
 }
 
+// Reduce-scatter and allgather as one stream: a chunk of this member's block goes out as soon
+// as its last reduction is done, while the rest of the reduce-scatter is still arriving.
 void ring_allreduce(const Comm& c, void* buf, size_t count, DType t, Op op, const CallHeader& h,
                     const Deadline& d) {
-  Blocks b = even_blocks(count, c.size());
-  ring_reduce_scatter(c, buf, b, t, op, h, d);
+  int n = c.size();
+  if (n == 1) return;
+  Blocks b = even_blocks(count, n);
+  Stream st;
   size_t es = dtype_size(t);
-  if (op == Op::Avg) finish_avg(static_cast<char*>(buf) + b.off[static_cast<size_t>(c.me)] * es, b.count(c.me), t, c.size());
-  ring_allgather(c, buf, b, t, h, d);
+  reduce_scatter_units(c, b, es, st);
+  allgather_units(c, b, es, st);
+  char* base = static_cast<char*>(buf);
+  run_stream(c, base, t, op, st, h, d, [&](size_t i) {
+    const Unit& u = st.recvs[i];
+    if (op == Op::Avg && u.block == c.me) finish_avg(base + u.first * es, u.count, t, n);
+  });
 }
 
 }  // namespace pytorch_exec::dc

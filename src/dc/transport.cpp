@@ -4,9 +4,37 @@
 
 namespace pytorch_exec::dc {
 
-Deadline Deadline::after(double seconds, std::string what) {
-  auto d = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
-  return Deadline{Clock::now() + d, std::move(what)};
+namespace {
+Clock::time_point in(double seconds) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+}
+}  // namespace
+
+Deadline Deadline::after(double seconds, std::string label) {
+  Deadline d;
+  d.at = in(seconds);
+  d.label = std::move(label);
+  return d;
+}
+
+Deadline Deadline::call(double seconds, const char* op, uint64_t count, int dtype, int reduction, int peer) {
+  Deadline d;
+  d.at = in(seconds);
+  d.op = op;
+  d.count = count;
+  d.dtype = dtype;
+  d.reduction = reduction;
+  d.peer = peer;
+  return d;
+}
+
+std::string Deadline::describe() const {
+  if (!op) return label;
+  std::string s = std::string(op) + " of " + std::to_string(count);
+  s += dtype >= 0 ? std::string(" ") + dtype_name(static_cast<DType>(dtype)) : std::string(" bytes");
+  if (reduction >= 0) s += std::string(" (") + op_name(static_cast<Op>(reduction)) + ")";
+  if (peer >= 0) s += std::string(dtype >= 0 ? " from root " : " with rank ") + std::to_string(peer);
+  return s;
 }
 
 int Deadline::millis_left(int cap) const {
@@ -15,7 +43,7 @@ int Deadline::millis_left(int cap) const {
 }
 
 void Deadline::expire(const std::string& waiting_for) const {
-  throw TimeoutError(what + ": timed out waiting for " + waiting_for);
+  throw TimeoutError(describe() + ": timed out waiting for " + waiting_for);
 }
 
 void send(Transport& t, int peer, const void* buf, size_t bytes, const Deadline& d) {

@@ -29,12 +29,18 @@ namespace pytorch_exec::dc {
 using Clock = std::chrono::steady_clock;
 
 // A point in time by which an operation must complete, and what to call the operation in a
-// TimeoutError ("allreduce of 4096 f32 (sum)").
+// TimeoutError ("allreduce of 4096 f32 (sum)").  The description is put together only when it
+// is needed, so that a deadline costs nothing on the fast path.
 struct Deadline {
   Clock::time_point at;
-  std::string what;
+  std::string label;         // a fixed description ("process group set-up"), or
+  const char* op = nullptr;  // a call: its name, count, dtype, reduction, peer (-1: none)
+  uint64_t count = 0;
+  int dtype = -1, reduction = -1, peer = -1;
 
-  static Deadline after(double seconds, std::string what);
+  static Deadline after(double seconds, std::string label);
+  static Deadline call(double seconds, const char* op, uint64_t count, int dtype, int reduction = -1, int peer = -1);
+  std::string describe() const;
   bool passed() const { return Clock::now() >= at; }
   // Milliseconds left, at least 0, at most `cap` (for poll()).
   int millis_left(int cap = 1000) const;

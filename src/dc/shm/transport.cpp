@@ -21,19 +21,32 @@ namespace {
 
 constexpr uint64_t kMagic = 0x73686d2d64637031;  // "shm-dcp1"
 
+// A sequence counter on its own cache line; `in` carries the call of its round on the same
+// line, so that an owner learns both from one transfer.
 struct alignas(64) Counter {
   std::atomic<uint64_t> v;
+  CallHeader call;
 };
 struct alignas(64) RankState {
   Counter in, out, read;
   std::atomic<uint32_t> failed;
   int32_t pid;
-  CallHeader call;  // the call of this rank's latest round
 };
 struct Header {
   uint64_t magic;
   uint64_t local_size;
   uint64_t slot_bytes;
+};
+
+// even_blocks() without the vector: shard j of `count` elements cut in `n`.
+struct Shards {
+  size_t total;
+  int n;
+  size_t first(int j) const {
+    size_t base = total / static_cast<size_t>(n), extra = total % static_cast<size_t>(n), u = static_cast<size_t>(j);
+    return u * base + std::min(u, extra);
+  }
+  size_t count(int j) const { return first(j + 1) - first(j); }
 };
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -121,45 +134,67 @@ class NodeImpl : public Node {
     uint64_t seq = ++seq_;
     // The slots of this parity were last used two rounds ago: everyone must be done reading.
     if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
-    std::memcpy(slot(seq, me_), buf, m * es);
-    states_[me_].call = *h_;
+    Shards blk{m, owners};
+    // The owners need every shard but their own from this rank.
+    for (int j = 0; j < owners; ++j)
+      if (j != me_) copy(slot(seq, me_), buf, blk, j, es);
+    states_[me_].in.call = *h_;
     states_[me_].in.v.store(seq, std::memory_order_release);
-    Blocks blk = even_blocks(m, owners);
     if (me_ < owners) {
       wait_all(n_, &RankState::in, seq, d, "to contribute");
       for (int r = 0; r < n_; ++r)
-        if (r != me_) check_header(*h_, states_[r].call, r);
-      size_t first = blk.off[static_cast<size_t>(me_)], cnt = blk.count(me_);
-      char* mine = slot(seq, me_) + first * es;
+        if (r != me_) check_header(*h_, states_[r].in.call, r);
+      size_t first = blk.first(me_), cnt = blk.count(me_);
+      char* mine = buf + first * es;  // reduced in place in the caller's buffer, then published
       for (int r = 0; r < n_; ++r)
         if (r != me_) reduce_into(mine, slot(seq, r) + first * es, cnt, t, op);
       if (cross && cnt > 0) cross(mine, cnt);
       if (op == Op::Avg) finish_avg(mine, cnt, t, avg_divisor);
+      copy(slot(seq, me_), buf, blk, me_, es);
       states_[me_].out.v.store(seq, std::memory_order_release);
     }
     wait_all(owners, &RankState::out, seq, d, "to reduce its shard");
-    for (int j = 0; j < owners; ++j) {
-      size_t first = blk.off[static_cast<size_t>(j)];
-      std::memcpy(buf + first * es, slot(seq, j) + first * es, blk.count(j) * es);
-    }
+    for (int j = 0; j < owners; ++j)
+      if (j != me_) copy(buf, slot(seq, j), blk, j, es);
     states_[me_].read.v.store(seq, std::memory_order_release);
   }
 
-  // Waits until counter `which` of local ranks 0 .. upto-1 reaches `seq`.
+  // Copies shard j of a piece from one buffer to the other.
+  static void copy(char* to, const char* from, const Shards& blk, int j, size_t es) {
+    size_t first = blk.first(j) * es;
+    std::memcpy(to + first, from + first, blk.count(j) * es);
+  }
+
+  // Waits until counter `which` of local ranks 0 .. upto-1 reaches `seq`: spins for a few
+  // microseconds, then yields the processor, then sleeps in short steps; every millisecond it
+  // looks whether the rank it waits for is still there and whether the deadline passed.
   void wait_all(int upto, Counter RankState::*which, uint64_t seq, const Deadline& d, const char* what) {
     for (int r = 0; r < upto; ++r) {
       if (r == me_) continue;
-      RankState& s = states_[r];
-      auto start = Clock::now();
-      for (unsigned i = 0; (s.*which).v.load(std::memory_order_acquire) < seq; ++i) {
-        if (i < 256) continue;
-        if ((i & 63) == 0) check_peer(r, d, what);
-        if (Clock::now() - start < std::chrono::milliseconds(2))
+      auto& c = (states_[r].*which).v;
+      auto start = Clock::now(), next_check = start + std::chrono::milliseconds(1);
+      for (unsigned i = 0; c.load(std::memory_order_acquire) < seq; ++i) {
+        if (i < 4000) {
+          pause();
+          continue;
+        }
+        auto now = Clock::now();
+        if (now >= next_check) {
+          check_peer(r, d, what);
+          next_check = now + std::chrono::milliseconds(1);
+        }
+        if (now - start < std::chrono::milliseconds(2))
           ::sched_yield();
         else
           std::this_thread::sleep_for(std::chrono::microseconds(50));
       }
     }
+  }
+
+  static void pause() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
   }
 
   void check_peer(int r, const Deadline& d, const char* what) {

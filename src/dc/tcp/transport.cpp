@@ -12,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <thread>
 
@@ -248,7 +249,7 @@ int connect_to(const std::string& addr, const Deadline& d) {
     if (fd >= 0) ::close(fd);
     if (d.passed()) {
       ::freeaddrinfo(res);
-      throw TimeoutError(d.what + ": cannot connect to " + addr + " (" + errno_text(e) + ")");
+      throw TimeoutError(d.describe() + ": cannot connect to " + addr + " (" + errno_text(e) + ")");
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -337,7 +338,7 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
       if (fd < 0) continue;
       Hello h{};
       try {
-        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.what), "a connecting rank");
+        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.describe()), "a connecting rank");
       } catch (const Error&) {
         ::close(fd);
         continue;
