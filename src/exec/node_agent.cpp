@@ -135,12 +135,15 @@ void NodeAgent::on_abort(const std::string& nspace, int rank, int status, const 
 }
 
 void NodeAgent::on_sigchld() {
-  loop_.run_posted();  // PMIx notices sent before the exit are seen first
   for (;;) {
     siginfo_t info{};
     // Peek first: while the zombie exists its pid (= its process group id) cannot be reused,
     // so killing what it left in its group is safe.
     if (::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0) return;
+    // PMIx notices the process sent before it exited (its "finalized") were posted before the
+    // exit that waitid just saw: run them now, for every exit, so that none is judged without
+    // them (draining once before the loop missed ranks that exited while it ran).
+    loop_.run_posted();
     pid_t pid = info.si_pid;
     if (workers_.count(pid)) ::kill(-pid, SIGKILL);  // stragglers in the rank's group
     int status = 0;

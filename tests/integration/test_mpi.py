@@ -80,6 +80,16 @@ def test_plain_pmix_client():
         check(f"pmix_client rank {i} of 4 ok (local peers 0,1,2,3)" in r.stdout, r.stdout)
 
 
+def test_clients_that_finalize_and_exit_together_are_not_failures():
+    """24 PMIx clients finalize and exit at the same moment, 25 times.  Each "finalized" notice
+    is posted before its client exits; a launcher that drained those notices only once per
+    SIGCHLD reaped ranks that exited meanwhile without them ("exited without calling
+    MPI_Finalize": 2 of 25 jobs here before the fix)."""
+    for i in range(25):
+        r = run(["-n", "24", prog("pmix_client")], env=ENV, timeout=60)
+        check(r.returncode == 0, f"job {i}: exit {r.returncode}: {r.stderr[-600:]}")
+
+
 def test_mpi_wires_up_again_after_a_group_restart():
     r = run(["-n", "3", "--max-restarts", "1", prog("restart")], env=ENV, timeout=120)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
@@ -122,5 +132,6 @@ if __name__ == "__main__":
     build()
     main([test_hello_one_to_eight_ranks, test_ring, test_allreduce_alltoall_connectivity,
           test_mpi_abort_stops_the_job_with_its_code, test_exit_without_finalize_is_reported_and_does_not_hang,
-          test_plain_pmix_client, test_mpi_wires_up_again_after_a_group_restart,
+          test_plain_pmix_client, test_clients_that_finalize_and_exit_together_are_not_failures,
+          test_mpi_wires_up_again_after_a_group_restart,
           test_open_mpi_errors_reach_the_user, test_fences_through_the_launcher, test_mpi4py])
