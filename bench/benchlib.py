@@ -29,24 +29,41 @@ def mpirun_env():
     return env
 
 
+HUNG = {}  # name -> runs that did not finish within the timeout (left out of the medians)
+
+
 def timed(cmd, env=None, timeout=300):
+    """Wall seconds of one run, or None if it did not finish within `timeout` (then its whole
+    process group is killed)."""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         start_new_session=True)
+    try:
+        _, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        p.communicate()
+        return None
     dt = time.perf_counter() - t0
-    if r.returncode != 0:
-        sys.exit(f"bench: {' '.join(cmd)} failed ({r.returncode}): {r.stderr.decode()[-500:]}")
+    if p.returncode != 0:
+        sys.exit(f"bench: {' '.join(cmd)} failed ({p.returncode}): {err.decode()[-500:]}")
     return dt
 
 
-def interleaved(variants, runs, warmup=1):
-    """variants: {name: (cmd, env)}; runs them alternately; returns {name: [seconds]}."""
+def interleaved(variants, runs, warmup=1, timeout=30):
+    """variants: {name: (cmd, env)}; runs them alternately; returns {name: [seconds]}.  A run
+    that hangs past `timeout` is counted in HUNG and left out."""
     for _ in range(warmup):
         for cmd, env in variants.values():
-            timed(cmd, env)
+            timed(cmd, env, timeout)
     res = {k: [] for k in variants}
     for _ in range(runs):
         for name, (cmd, env) in variants.items():
-            res[name].append(timed(cmd, env))
+            dt = timed(cmd, env, timeout)
+            if dt is None:
+                HUNG[name] = HUNG.get(name, 0) + 1
+            else:
+                res[name].append(dt)
     return res
 
 
@@ -55,6 +72,8 @@ def report(title, times, ours, theirs, budget):
     for name, ts in times.items():
         print(f"  {name:<44} median {statistics.median(ts) * 1e3:8.1f} ms   "
               f"min {min(ts) * 1e3:8.1f} ms   max {max(ts) * 1e3:8.1f} ms   ({len(ts)} runs)")
+    for name, n in HUNG.items():
+        print(f"  {name}: {n} run(s) hung (no exit within the timeout; killed and left out)")
     ratio = statistics.median(times[ours]) / statistics.median(times[theirs])
     verdict = "within" if ratio <= budget else "OVER"
     print(f"  ratio {ours} / {theirs} = {ratio:.3f}  (budget <= {budget}: {verdict} budget)")
