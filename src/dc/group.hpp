@@ -40,9 +40,9 @@ struct ProcessGroup::Impl {
   // Fills the layout and the Comms from world, node_of and rank; creates the shm segment.
   void lay_out(const Deadline& d);
   // Runs f; on an error the group (and the transports it shares) is aborted, so that the other
-  // ranks get an error too instead of waiting for their timeout.
+  // ranks get an error too instead of waiting for their timeout.  The error names the call (d).
   template <typename F>
-  void guarded(F&& f);
+  void guarded(const Deadline& d, F&& f);
   Deadline deadline(double timeout, const std::string& what) const;
   double seconds(double timeout) const { return timeout < 0 ? s.timeout : timeout; }
 };

@@ -24,8 +24,8 @@
 namespace pytorch_exec::dc {
 
 template <typename F>
-void ProcessGroup::Impl::guarded(F&& f) {
-  if (!failed.empty()) throw Error("process group is unusable after an earlier error: " + failed);
+void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
+  if (!failed.empty()) throw Error(d.describe() + ": the process group is unusable after an earlier error: " + failed);
   try {
     f();
   } catch (const Error& e) {
@@ -33,7 +33,8 @@ void ProcessGroup::Impl::guarded(F&& f) {
     if (inter_t) inter_t->abort(failed);
     if (intra_t) intra_t->abort(failed);
     if (shm) shm->abort();
-    throw;
+    if (dynamic_cast<const TimeoutError*>(&e)) throw;  // it names the operation already
+    throw Error(d.describe() + ": " + e.what());
   }
 }
 
@@ -192,7 +193,7 @@ void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, O
   need_buffer(out, count, "allreduce");
   auto d = Deadline::call(impl_->seconds(timeout), "allreduce", count, static_cast<int>(t), static_cast<int>(op));
   if (in != out) std::memcpy(out, in, count * dtype_size(t));
-  impl_->guarded([&] { group_allreduce(*impl_, out, count, t, op, d); });
+  impl_->guarded(d, [&] { group_allreduce(*impl_, out, count, t, op, d); });
 }
 
 void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op, double timeout) {
@@ -201,7 +202,7 @@ void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType
   Impl& g = *impl_;
   auto d = Deadline::call(g.seconds(timeout), "reduce_scatter", count, static_cast<int>(t), static_cast<int>(op));
   size_t es = dtype_size(t);
-  g.guarded([&] {
+  g.guarded(d, [&] {
     auto h = make_header(Kind::ReduceScatter, count, t, op, ++g.seq);
     std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + count * es * static_cast<size_t>(g.size));
     Blocks b;
@@ -219,7 +220,7 @@ void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, d
   Impl& g = *impl_;
   auto d = Deadline::call(g.seconds(timeout), "allgather", count, static_cast<int>(t));
   size_t es = dtype_size(t);
-  g.guarded([&] {
+  g.guarded(d, [&] {
     auto h = make_header(Kind::Allgather, count, t, Op::Sum, ++g.seq);
     std::memmove(static_cast<char*>(out) + static_cast<size_t>(g.rank) * count * es, in, count * es);
     Blocks b;
@@ -233,7 +234,7 @@ void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double 
   Impl& g = *impl_;
   if (root < 0 || root >= g.size) throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(g.size));
   auto d = Deadline::call(g.seconds(timeout), "broadcast", count, static_cast<int>(t), -1, root);
-  g.guarded([&] {
+  g.guarded(d, [&] {
     auto h = make_header(Kind::Broadcast, count, t, Op::Sum, ++g.seq, root);
     tree_broadcast(g.world_c, buf, count * dtype_size(t), root, h, d);
   });
@@ -242,13 +243,13 @@ void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double 
 void ProcessGroup::barrier(double timeout) {
   Impl& g = *impl_;
   auto d = g.deadline(timeout, "barrier");
-  g.guarded([&] { dissemination_barrier(g.world_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, ++g.seq), d); });
+  g.guarded(d, [&] { dissemination_barrier(g.world_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, ++g.seq), d); });
 }
 
 void ProcessGroup::send(const void* buf, size_t bytes, int peer, double timeout) {
   Impl& g = *impl_;
   auto d = p2p_call(g, "send", buf, bytes, peer, timeout);
-  g.guarded([&] {
+  g.guarded(d, [&] {
     auto h = make_header(Kind::Send, bytes, DType::U8, Op::Sum, 0);
     Request a = g.world_c.isend(peer, &h, sizeof h), b = g.world_c.isend(peer, buf, bytes);
     g.world_c.wait(a, d);
@@ -259,7 +260,7 @@ void ProcessGroup::send(const void* buf, size_t bytes, int peer, double timeout)
 void ProcessGroup::recv(void* buf, size_t bytes, int peer, double timeout) {
   Impl& g = *impl_;
   auto d = p2p_call(g, "recv", buf, bytes, peer, timeout);
-  g.guarded([&] {
+  g.guarded(d, [&] {
     auto mine = make_header(Kind::Send, bytes, DType::U8, Op::Sum, 0);
     CallHeader theirs;
     Request a = g.world_c.irecv(peer, &theirs, sizeof theirs);
@@ -299,7 +300,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
   }
   c->node_of = number_nodes(node_names);
   auto d = g.deadline(timeout, "split");
-  g.guarded([&] { c->lay_out(d); });
+  g.guarded(d, [&] { c->lay_out(d); });
   return std::make_shared<ProcessGroup>(std::move(c));
 }
 

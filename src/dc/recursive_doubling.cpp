@@ -8,30 +8,39 @@
 namespace pytorch_exec::dc {
 namespace {
 
-// Messages are [CallHeader][payload]; the receiver checks the header.
+// Each exchange is a CallHeader and then the payload, sent from and received next to the
+// caller's buffer; the receiver checks the header first.
 class Exchanger {
  public:
   Exchanger(const Comm& c, void* buf, size_t bytes, const CallHeader& h, const Deadline& d)
       : c_(c), buf_(static_cast<char*>(buf)), bytes_(bytes), h_(h), d_(d),
-        out_(sizeof h + bytes), in_(sizeof h + bytes) {
-    std::memcpy(out_.data(), &h, sizeof h);
-  }
+        in_(sizeof h + bytes) {}
   // Sends this rank's buffer to member `to` and/or receives member `from`'s (either may be -1);
   // returns the received payload.
   const char* exchange(int to, int from) {
-    Request r{}, s{};
-    if (from >= 0) r = c_.irecv(from, in_.data(), in_.size());
+    Request rh{}, r{}, s{};
+    // The header is received on its own, and checked before the payload is waited for: a
+    // mismatched count is reported on both sides instead of waiting for bytes never sent.
+    if (from >= 0) {
+      rh = c_.irecv(from, in_.data(), sizeof h_);
+      r = c_.irecv(from, in_.data() + sizeof h_, bytes_);
+    }
+    Request sh{};
     if (to >= 0) {
-      std::memcpy(out_.data() + sizeof h_, buf_, bytes_);
-      s = c_.isend(to, out_.data(), out_.size());
+      sh = c_.isend(to, &h_, sizeof h_);
+      s = c_.isend(to, buf_, bytes_);
     }
     if (from >= 0) {
-      c_.wait(r, d_);
+      c_.wait(rh, d_);
       CallHeader theirs;
       std::memcpy(&theirs, in_.data(), sizeof theirs);
       check_header(h_, theirs, c_.world(from));
+      c_.wait(r, d_);
     }
-    if (to >= 0) c_.wait(s, d_);
+    if (to >= 0) {
+      c_.wait(sh, d_);
+      c_.wait(s, d_);
+    }
     return in_.data() + sizeof h_;
   }
 
@@ -41,7 +50,7 @@ class Exchanger {
   size_t bytes_;
   const CallHeader& h_;
   const Deadline& d_;
-  std::vector<char> out_, in_;
+  std::vector<char> in_;
 };
 
 }  // namespace

@@ -149,6 +149,8 @@ TEST_P(Conformance, SendRecvAndSplit) {
 INSTANTIATE_TEST_SUITE_P(
     Transports, Conformance,
     ::testing::Values(Config{"one_rank", 1, {}, "shm", nullptr, 1, 0},
+                      Config{"shm_2_ranks_one_node", 2, {}, "shm", nullptr, 1, 0},
+                      Config{"shm_2_ranks_small_slots", 2, {}, "shm", "8192", 1, 0},
                       Config{"shm_4_ranks_one_node", 4, {}, "shm", nullptr, 1, 0},
                       Config{"shm_3_ranks_small_slots", 3, {}, "shm", "8192", 1, 0},
                       Config{"tcp_4_ranks_one_node", 4, {}, "tcp", nullptr, 1, 0},

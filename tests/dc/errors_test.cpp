@@ -51,6 +51,15 @@ TEST_P(Errors, MismatchedCountsAreReportedNotCorrupted) {
   EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2] << " | " << e[3];
 }
 
+TEST_P(Errors, MismatchedCountsBetweenTwoRanksAreReported) {
+  auto g = groups(2, GetParam());
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<double> v(3000, 1.0);
+    pg.allreduce(v.data(), r == 1 ? 2999 : 3000, DType::F64, Op::Max, 10);
+  });
+  for (auto& s : e) EXPECT_NE(s.find("mismatched calls"), std::string::npos) << s;
+}
+
 TEST_P(Errors, DifferentCollectivesAreReported) {
   auto g = groups(2, GetParam());
   auto e = errors_of(g, [](ProcessGroup& pg, int r) {

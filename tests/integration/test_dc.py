@@ -41,6 +41,7 @@ def conformance(n, env=None, nodes=None, launcher=None):
 
 def test_one_node_shm():
     check("1 nodes, shm/tcp" in conformance(4), "expected shm inside the node")
+    check("2 ranks, 1 nodes, shm/tcp" in conformance(2), "expected shm inside the node")
 
 
 def test_two_nodes_hierarchical():

@@ -134,6 +134,7 @@ class NodeImpl : public Node {
     uint64_t seq = ++seq_;
     // The slots of this parity were last used two rounds ago: everyone must be done reading.
     if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
+    if (n_ == 2 && !cross) return pair_round(buf, m, t, op, avg_divisor, seq, d);
     Shards blk{m, owners};
     // The owners need every shard but their own from this rank.
     for (int j = 0; j < owners; ++j)
@@ -156,6 +157,22 @@ class NodeImpl : public Node {
     wait_all(owners, &RankState::out, seq, d, "to reduce its shard");
     for (int j = 0; j < owners; ++j)
       if (j != me_) copy(buf, slot(seq, j), blk, j, es);
+    states_[me_].read.v.store(seq, std::memory_order_release);
+  }
+
+  // Two local ranks: each reduces the whole piece itself from its own buffer and the other's
+  // slot, so that a round has one hand-over instead of two and no copy back.  x + y and y + x
+  // are the same bits, so both ranks still get identical results.
+  void pair_round(char* buf, size_t m, DType t, Op op, int avg_divisor, uint64_t seq, const Deadline& d) {
+    size_t es = dtype_size(t);
+    int peer = 1 - me_;
+    std::memcpy(slot(seq, me_), buf, m * es);
+    states_[me_].in.call = *h_;
+    states_[me_].in.v.store(seq, std::memory_order_release);
+    wait_all(n_, &RankState::in, seq, d, "to contribute");
+    check_header(*h_, states_[peer].in.call, peer);
+    reduce_into(buf, slot(seq, peer), m, t, op);
+    if (op == Op::Avg) finish_avg(buf, m, t, avg_divisor);
     states_[me_].read.v.store(seq, std::memory_order_release);
   }
 
