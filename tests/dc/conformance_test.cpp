@@ -196,3 +196,26 @@ TEST(Bf16Wire, ErrorWithinTheDocumentedBound) {
 }
 
 }  // namespace
+
+namespace {
+
+// Back-to-back small allreduces let one rank run a round ahead of the other; each round's call
+// and data must stay its own (a single call slot once made the slower rank check the faster
+// rank's next call and report a mismatch).
+TEST(ShmRounds, ManySmallAllreducesBackToBack) {
+  for (int n : {2, 3}) {
+    Options o;
+    o.timeout = 60;
+    auto g = ProcessGroup::threads(n, o);
+    on_all(g, [n](ProcessGroup& pg, int r) {
+      for (int i = 0; i < 20000; ++i) {
+        int64_t v[2] = {r + i, 1};
+        pg.allreduce(v, 2, DType::I64, Op::Sum);
+        ASSERT_EQ(v[0], static_cast<int64_t>(n) * i + n * (n - 1) / 2) << "iteration " << i;
+        ASSERT_EQ(v[1], n);
+      }
+    });
+  }
+}
+
+}  // namespace

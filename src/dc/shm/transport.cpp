@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -20,13 +21,17 @@ namespace pytorch_exec::dc::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x73686d2d64637031;  // "shm-dcp1"
+// Two local ranks reduce small pieces both (one hand-over); larger ones are split in shards.
+constexpr size_t kPairBytes = 2048;
 
 // A sequence counter on its own cache line; `in` carries the call of its round on the same
-// line, so that an owner learns both from one transfer.
+// line, so that an owner learns both from one transfer.  The call is kept per round parity, like
+// the slots: a rank may already be one round ahead while the others still check this one.
 struct alignas(64) Counter {
   std::atomic<uint64_t> v;
-  CallHeader call;
+  CallHeader call[2];
 };
+static_assert(sizeof(Counter) == 64);
 struct alignas(64) RankState {
   Counter in, out, read;
   std::atomic<uint32_t> failed;
@@ -134,17 +139,17 @@ class NodeImpl : public Node {
     uint64_t seq = ++seq_;
     // The slots of this parity were last used two rounds ago: everyone must be done reading.
     if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
-    if (n_ == 2 && !cross) return pair_round(buf, m, t, op, avg_divisor, seq, d);
+    if (n_ == 2 && !cross && m * es <= kPairBytes) return pair_round(buf, m, t, op, avg_divisor, seq, d);
     Shards blk{m, owners};
     // The owners need every shard but their own from this rank.
     for (int j = 0; j < owners; ++j)
       if (j != me_) copy(slot(seq, me_), buf, blk, j, es);
-    states_[me_].in.call = *h_;
+    states_[me_].in.call[seq & 1] = *h_;
     states_[me_].in.v.store(seq, std::memory_order_release);
     if (me_ < owners) {
       wait_all(n_, &RankState::in, seq, d, "to contribute");
       for (int r = 0; r < n_; ++r)
-        if (r != me_) check_header(*h_, states_[r].in.call, r);
+        if (r != me_) check_header(*h_, states_[r].in.call[seq & 1], r);
       size_t first = blk.first(me_), cnt = blk.count(me_);
       char* mine = buf + first * es;  // reduced in place in the caller's buffer, then published
       for (int r = 0; r < n_; ++r)
@@ -160,17 +165,18 @@ class NodeImpl : public Node {
     states_[me_].read.v.store(seq, std::memory_order_release);
   }
 
-  // Two local ranks: each reduces the whole piece itself from its own buffer and the other's
-  // slot, so that a round has one hand-over instead of two and no copy back.  x + y and y + x
+  // Two local ranks and a small piece: each reduces the whole piece itself from its own buffer
+  // and the other's slot, so that a round has one hand-over instead of two and no copy back
+  // (for large pieces the halved work of shards wins).  x + y and y + x
   // are the same bits, so both ranks still get identical results.
   void pair_round(char* buf, size_t m, DType t, Op op, int avg_divisor, uint64_t seq, const Deadline& d) {
     size_t es = dtype_size(t);
     int peer = 1 - me_;
     std::memcpy(slot(seq, me_), buf, m * es);
-    states_[me_].in.call = *h_;
+    states_[me_].in.call[seq & 1] = *h_;
     states_[me_].in.v.store(seq, std::memory_order_release);
     wait_all(n_, &RankState::in, seq, d, "to contribute");
-    check_header(*h_, states_[peer].in.call, peer);
+    check_header(*h_, states_[peer].in.call[seq & 1], peer);
     reduce_into(buf, slot(seq, peer), m, t, op);
     if (op == Op::Avg) finish_avg(buf, m, t, avg_divisor);
     states_[me_].read.v.store(seq, std::memory_order_release);
