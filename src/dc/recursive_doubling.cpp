@@ -8,39 +8,38 @@
 namespace pytorch_exec::dc {
 namespace {
 
-// Each exchange is a CallHeader and then the payload, sent from and received next to the
-// caller's buffer; the receiver checks the header first.
+// Each message is [CallHeader][payload], sent as one (one system call or MPI message).  On a
+// byte stream the header is received and checked on its own before the payload is waited for,
+// so that a mismatched count is reported by both sides instead of one waiting for bytes never
+// sent; a message transport receives it whole (a size mismatch is then its error).
 class Exchanger {
  public:
   Exchanger(const Comm& c, void* buf, size_t bytes, const CallHeader& h, const Deadline& d)
       : c_(c), buf_(static_cast<char*>(buf)), bytes_(bytes), h_(h), d_(d),
-        in_(sizeof h + bytes) {}
+        out_(sizeof h + bytes), in_(sizeof h + bytes),
+        split_((c.t->capabilities() & Transport::kByteStream) != 0) {
+    std::memcpy(out_.data(), &h, sizeof h);
+  }
   // Sends this rank's buffer to member `to` and/or receives member `from`'s (either may be -1);
   // returns the received payload.
   const char* exchange(int to, int from) {
     Request rh{}, r{}, s{};
-    // The header is received on its own, and checked before the payload is waited for: a
-    // mismatched count is reported on both sides instead of waiting for bytes never sent.
     if (from >= 0) {
-      rh = c_.irecv(from, in_.data(), sizeof h_);
-      r = c_.irecv(from, in_.data() + sizeof h_, bytes_);
+      if (split_) rh = c_.irecv(from, in_.data(), sizeof h_);
+      r = split_ ? c_.irecv(from, in_.data() + sizeof h_, bytes_) : c_.irecv(from, in_.data(), in_.size());
     }
-    Request sh{};
     if (to >= 0) {
-      sh = c_.isend(to, &h_, sizeof h_);
-      s = c_.isend(to, buf_, bytes_);
+      std::memcpy(out_.data() + sizeof h_, buf_, bytes_);
+      s = c_.isend(to, out_.data(), out_.size());
     }
     if (from >= 0) {
-      c_.wait(rh, d_);
+      c_.wait(split_ ? rh : r, d_);
       CallHeader theirs;
       std::memcpy(&theirs, in_.data(), sizeof theirs);
       check_header(h_, theirs, c_.world(from));
       c_.wait(r, d_);
     }
-    if (to >= 0) {
-      c_.wait(sh, d_);
-      c_.wait(s, d_);
-    }
+    if (to >= 0) c_.wait(s, d_);
     return in_.data() + sizeof h_;
   }
 
@@ -50,7 +49,8 @@ class Exchanger {
   size_t bytes_;
   const CallHeader& h_;
   const Deadline& d_;
-  std::vector<char> in_;
+  std::vector<char> out_, in_;
+  bool split_;
 };
 
 }  // namespace

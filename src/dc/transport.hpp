@@ -54,7 +54,9 @@ struct Request {
 
 class Transport {
  public:
-  enum Capability : unsigned { kPointToPoint = 1u << 0 };
+  // kByteStream: bytes from one isend may be taken by several irecvs (and one irecv may take
+  // several sends), as on a TCP stream; without it every send is one message, received whole.
+  enum Capability : unsigned { kPointToPoint = 1u << 0, kByteStream = 1u << 1 };
 
   virtual ~Transport() = default;
   virtual const char* name() const = 0;

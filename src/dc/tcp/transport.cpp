@@ -82,7 +82,7 @@ class TcpTransport : public Transport {
   }
 
   const char* name() const override { return "tcp"; }
-  unsigned capabilities() const override { return kPointToPoint; }
+  unsigned capabilities() const override { return kPointToPoint | kByteStream; }
   int rank() const override { return rank_; }
   int size() const override { return static_cast<int>(peers_.size()); }
 
