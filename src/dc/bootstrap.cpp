@@ -100,7 +100,7 @@ World bootstrap_env(int tcp_port, double timeout) {
   std::string session = w.store->get(g + "/session", timeout);
   w.session = std::strtoull(session.c_str(), nullptr, 16);
   w.key = "env" + session + "." + g;
-  std::string addr = tcp_port > 0 ? tcp::local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
+  std::string addr = tcp_port > 0 ? local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
   auto all = store_allgather(*w.store, g + "/who", rank, size, join({node_name(), addr}), timeout);
   for (auto& a : all) {
     auto f = split(a);
@@ -181,7 +181,7 @@ World bootstrap_pmix(int tcp_port, double timeout) {
   w.rank = static_cast<int>(me.rank);
   w.size = static_cast<int>(pmix_job_size(me));
   std::string master = env_or("MASTER_ADDR", "");
-  std::string ip = tcp::local_address_toward(master.empty() ? host_name() : master);
+  std::string ip = local_address_toward(master.empty() ? host_name() : master);
   std::shared_ptr<TcpStoreServer> server;
   int store_port = 0;
   if (w.rank == 0) server = serve_tcp_store(0, &store_port);

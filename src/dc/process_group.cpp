@@ -75,7 +75,7 @@ std::vector<int> number_nodes(const std::vector<std::string>& names) {
   return out;
 }
 
-Transports make_transports(const World& w, const Settings& s, tcp::Listener* listener, const Deadline& d) {
+Transports make_transports(const World& w, const Settings& s, Listener* listener, const Deadline& d) {
   Transports tr;
   if (s.intra == "tcp" || s.inter == "tcp")
     tr.tcp = tcp::connect_mesh(w.rank, w.size, std::move(*listener), w.addrs, w.session, d);
@@ -93,7 +93,7 @@ Transports make_transports(const World& w, const Settings& s, tcp::Listener* lis
   return tr;
 }
 
-std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, tcp::Listener* listener) {
+std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listener* listener) {
   auto d = Deadline::after(s.timeout, "process group set-up (rank " + std::to_string(w.rank) + ")");
   auto g = std::make_unique<ProcessGroup::Impl>();
   g->s = s;
@@ -118,8 +118,8 @@ bool needs_tcp(const Settings& s) { return s.intra == "tcp" || s.inter == "tcp";
 
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const Options& opts) {
   Settings s = resolve_settings(opts);
-  std::unique_ptr<tcp::Listener> l;
-  if (needs_tcp(s)) l = std::make_unique<tcp::Listener>();
+  std::unique_ptr<Listener> l;
+  if (needs_tcp(s)) l = std::make_unique<Listener>();
   World w = bootstrap_process(l ? l->port() : 0, s.timeout);
   return std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
 }
@@ -141,8 +141,8 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Op
   for (int i = 0; i < n; ++i) {
     th.emplace_back([&, i] {
       try {
-        std::unique_ptr<tcp::Listener> l;
-        if (needs_tcp(s)) l = std::make_unique<tcp::Listener>();
+        std::unique_ptr<Listener> l;
+        if (needs_tcp(s)) l = std::make_unique<Listener>();
         World w = bootstrap_thread(i, n, names, store, session, key, l ? l->port() : 0, s.timeout);
         out[static_cast<size_t>(i)] = std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
       } catch (const std::exception& e) {

@@ -1,17 +1,12 @@
 #include "dc/store.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -20,12 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "dc/socket.hpp"
 #include "pytorch_exec/dc.hpp"
 
 namespace pytorch_exec::dc {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 class MemoryStore : public Store {
  public:
@@ -49,30 +43,11 @@ class MemoryStore : public Store {
 
 void put_u32(std::string& s, uint32_t v) { s.append(reinterpret_cast<const char*>(&v), 4); }
 
-bool write_all(int fd, const std::string& s) {
-  size_t off = 0;
-  while (off < s.size()) {
-    ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    off += static_cast<size_t>(n);
-  }
-  return true;
-}
+// The server's own writes to a client (an answer to a get): bounded, a client that does not read
+// for this long is dropped.
+constexpr double kAnswerSeconds = 10;
 
-// Reads exactly n bytes before the deadline.
-void read_exact(int fd, char* p, size_t n, Clock::time_point deadline, const char* what) {
-  while (n > 0) {
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    struct pollfd pf {fd, POLLIN, 0};
-    if (left <= 0 || ::poll(&pf, 1, static_cast<int>(left)) == 0) throw TimeoutError(std::string("store: timed out ") + what);
-    ssize_t r = ::recv(fd, p, n, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) throw Error("store: the store server (rank 0) closed the connection");
-    p += r;
-    n -= static_cast<size_t>(r);
-  }
-}
+const char* const kLost = "store: the store server (rank 0)";
 
 }  // namespace
 
@@ -83,21 +58,13 @@ std::shared_ptr<Store> memory_store() { return std::make_shared<MemoryStore>(); 
 class TcpStoreServer {
  public:
   explicit TcpStoreServer(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int one = 1;
-    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in sa {};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd_, 1024) != 0) {
-      int e = errno;
+    Listener l(port);
+    port_ = l.port();
+    fd_ = l.release();
+    if (::pipe2(wake_, O_CLOEXEC) != 0) {
       ::close(fd_);
-      throw Error("store: cannot listen on port " + std::to_string(port) + ": " + std::strerror(e));
+      throw Error("store: pipe failed");
     }
-    socklen_t len = sizeof sa;
-    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
-    port_ = ntohs(sa.sin_port);
-    if (::pipe2(wake_, O_CLOEXEC) != 0) throw Error("store: pipe failed");
     thread_ = std::thread([this] { run(); });
   }
   ~TcpStoreServer() {
@@ -124,7 +91,11 @@ class TcpStoreServer {
     std::string out;
     put_u32(out, static_cast<uint32_t>(kv_[key].size()));
     out += kv_[key];
-    if (!write_all(c.fd, out)) c.dead = true;
+    try {
+      io_exact(c.fd, out.data(), out.size(), true, Deadline::after(kAnswerSeconds, "store: answering a client"), "a slow client", kLost);
+    } catch (const Error&) {
+      c.dead = true;
+    }
   }
 
   // Parses complete requests from c.in.
@@ -204,7 +175,9 @@ namespace {
 
 class TcpStore : public Store {
  public:
-  TcpStore(int fd, std::shared_ptr<TcpStoreServer> server) : fd_(fd), server_(std::move(server)) {}
+  // `timeout` also bounds every write (a set).
+  TcpStore(int fd, double timeout, std::shared_ptr<TcpStoreServer> server)
+      : fd_(fd), timeout_(timeout), server_(std::move(server)) {}
   ~TcpStore() override { ::close(fd_); }
   void set(const std::string& k, const std::string& v) override {
     std::string out = "S";
@@ -213,25 +186,25 @@ class TcpStore : public Store {
     put_u32(out, static_cast<uint32_t>(v.size()));
     out += v;
     std::lock_guard<std::mutex> l(m_);
-    if (!write_all(fd_, out)) throw Error("store: lost the store server (rank 0)");
+    io_exact(fd_, out.data(), out.size(), true, Deadline::after(timeout_, "store: setting '" + k + "'"), "rank 0's store", kLost);
   }
   std::string get(const std::string& k, double timeout) override {
     std::string out = "G";
     put_u32(out, static_cast<uint32_t>(k.size()));
     out += k;
     std::lock_guard<std::mutex> l(m_);
-    if (!write_all(fd_, out)) throw Error("store: lost the store server (rank 0)");
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
-    std::string what = "waiting for '" + k + "'";
+    auto d = Deadline::after(timeout, "store: waiting for '" + k + "'");
+    io_exact(fd_, out.data(), out.size(), true, d, "rank 0's store", kLost);
     uint32_t len;
-    read_exact(fd_, reinterpret_cast<char*>(&len), 4, deadline, what.c_str());
+    io_exact(fd_, &len, 4, false, d, "rank 0's store", kLost);
     std::string v(len, '\0');
-    read_exact(fd_, v.data(), len, deadline, what.c_str());
+    io_exact(fd_, v.data(), len, false, d, "rank 0's store", kLost);
     return v;
   }
 
  private:
   int fd_;
+  double timeout_;
   std::mutex m_;
   std::shared_ptr<TcpStoreServer> server_;
 };
@@ -246,30 +219,9 @@ std::shared_ptr<TcpStoreServer> serve_tcp_store(int port, int* bound_port) {
 
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port, double timeout,
                                          std::shared_ptr<TcpStoreServer> keep_alive) {
-  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout));
-  struct addrinfo hints {};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  struct addrinfo* res = nullptr;
-  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res)
-    throw Error("store: cannot resolve MASTER_ADDR '" + host + "'");
-  std::string last;
-  for (;;) {  // rank 0 may not listen yet: retry until the deadline
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-      ::freeaddrinfo(res);
-      int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return std::make_shared<TcpStore>(fd, std::move(keep_alive));
-    }
-    last = std::strerror(errno);
-    ::close(fd);
-    if (Clock::now() >= deadline) {
-      ::freeaddrinfo(res);
-      throw TimeoutError("store: cannot reach rank 0's store at " + host + ":" + std::to_string(port) + " (" + last + ")");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
+  // Rank 0 may not listen yet: connect_until retries until the deadline.
+  int fd = connect_until(host, port, Deadline::after(timeout, "store"), "store: cannot reach rank 0's store (MASTER_ADDR '" + host + "')");
+  return std::make_shared<TcpStore>(fd, timeout, std::move(keep_alive));
 }
 
 }  // namespace pytorch_exec::dc

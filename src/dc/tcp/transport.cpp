@@ -1,8 +1,6 @@
 #include "dc/tcp/transport.hpp"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -10,17 +8,17 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <algorithm>
 #include <deque>
-#include <thread>
 
 namespace pytorch_exec::dc::tcp {
 namespace {
 
 constexpr uint32_t kMagic = 0x31636470;  // "pdc1"
 constexpr int kMaxIov = 8;
+const std::string kSetUp = "tcp: connection set-up with ";
 // Before sleeping in poll(), a waiting rank retries nonblocking I/O for this long: a reply that
 // is microseconds away is picked up without a wake-up (small-message latency).
 constexpr auto kSpin = std::chrono::microseconds(30);
@@ -32,31 +30,6 @@ struct Hello {
 };
 
 std::string errno_text(int e) { return std::strerror(e); }
-
-void set_nodelay(int fd) {
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-}
-
-// Blocking exchange helpers used only while connecting (the socket is still blocking; poll
-// bounds each wait by the deadline).
-void io_exact(int fd, void* p, size_t n, bool out, const Deadline& d, const std::string& peer) {
-  char* c = static_cast<char*>(p);
-  while (n > 0) {
-    struct pollfd pf{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
-    int pr = ::poll(&pf, 1, d.millis_left());
-    if (pr == 0) {
-      if (d.passed()) d.expire(peer);
-      continue;
-    }
-    ssize_t r = out ? ::send(fd, c, n, MSG_NOSIGNAL) : ::recv(fd, c, n, 0);
-    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (r <= 0) throw Error("tcp: connection set-up with " + peer + " failed: " +
-                            (r == 0 ? std::string("closed") : errno_text(errno)));
-    c += r;
-    n -= static_cast<size_t>(r);
-  }
-}
 
 struct Op {
   char* buf;
@@ -230,79 +203,7 @@ class TcpTransport : public Transport {
   std::string failed_;
 };
 
-int connect_to(const std::string& addr, const Deadline& d) {
-  auto colon = addr.rfind(':');
-  if (colon == std::string::npos) throw Error("tcp: bad peer address '" + addr + "'");
-  struct addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_STREAM;
-  struct addrinfo* res = nullptr;
-  if (::getaddrinfo(addr.substr(0, colon).c_str(), addr.substr(colon + 1).c_str(), &hints, &res) != 0 || !res)
-    throw Error("tcp: cannot resolve peer address '" + addr + "'");
-  for (;;) {
-    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-      ::freeaddrinfo(res);
-      return fd;
-    }
-    int e = errno;
-    if (fd >= 0) ::close(fd);
-    if (d.passed()) {
-      ::freeaddrinfo(res);
-      throw TimeoutError(d.describe() + ": cannot connect to " + addr + " (" + errno_text(e) + ")");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 }  // namespace
-
-Listener::Listener() {
-  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd_, 1024) != 0) {
-    int e = errno;
-    if (fd_ >= 0) ::close(fd_);
-    throw Error("tcp: cannot listen on a port: " + errno_text(e));
-  }
-  socklen_t len = sizeof sa;
-  ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
-  port_ = ntohs(sa.sin_port);
-}
-
-Listener::~Listener() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
-Listener::Listener(Listener&& o) noexcept : fd_(o.fd_), port_(o.port_) { o.fd_ = -1; }
-
-int Listener::release() {
-  int fd = fd_;
-  fd_ = -1;
-  return fd;
-}
-
-std::string local_address_toward(const std::string& toward) {
-  if (toward.empty()) return "127.0.0.1";
-  struct addrinfo hints{};
-  hints.ai_family = AF_INET;
-  hints.ai_socktype = SOCK_DGRAM;
-  struct addrinfo* res = nullptr;
-  if (::getaddrinfo(toward.c_str(), "9", &hints, &res) != 0 || !res) return "127.0.0.1";
-  std::string out = "127.0.0.1";
-  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa{};
-  socklen_t len = sizeof sa;
-  if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-    char buf[INET_ADDRSTRLEN];
-    if (::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf)) out = buf;
-  }
-  if (fd >= 0) ::close(fd);
-  ::freeaddrinfo(res);
-  return out;
-}
 
 std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
                                         const std::vector<std::string>& addrs, uint64_t session,
@@ -318,10 +219,13 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
     const Hello mine{kMagic, static_cast<uint32_t>(rank), session};
     for (int j = 0; j < rank; ++j) {
       std::string who = "rank " + std::to_string(j) + " at " + addrs[j];
-      fds[j] = connect_to(addrs[j], d);
-      io_exact(fds[j], const_cast<Hello*>(&mine), sizeof mine, true, d, who);
+      std::string host;
+      int port = 0;
+      split_address(addrs[j], host, port, "tcp");
+      fds[j] = connect_until(host, port, d, d.describe());
+      io_exact(fds[j], const_cast<Hello*>(&mine), sizeof mine, true, d, who, kSetUp + who);
       Hello h{};
-      io_exact(fds[j], &h, sizeof h, false, d, who);
+      io_exact(fds[j], &h, sizeof h, false, d, who, kSetUp + who);
       if (h.magic != kMagic || h.session != session || h.rank != static_cast<uint32_t>(j))
         throw Error("tcp: " + who + " is not a member of this group (stale address?)");
     }
@@ -338,7 +242,7 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
       if (fd < 0) continue;
       Hello h{};
       try {
-        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.describe()), "a connecting rank");
+        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.describe()), "a connecting rank", kSetUp + "a connecting rank");
       } catch (const Error&) {
         ::close(fd);
         continue;
@@ -348,7 +252,8 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
         ::close(fd);  // a stranger or a stale connection: ignore it
         continue;
       }
-      io_exact(fd, const_cast<Hello*>(&mine), sizeof mine, true, d, "rank " + std::to_string(r));
+      io_exact(fd, const_cast<Hello*>(&mine), sizeof mine, true, d, "rank " + std::to_string(r),
+               kSetUp + "rank " + std::to_string(r));
       fds[r] = fd;
       ++accepted;
     }
@@ -360,7 +265,8 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
   }
   for (int fd : fds) {
     if (fd < 0) continue;
-    set_nodelay(fd);
+    int one = 1;
+    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // accepted ones
     ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   }
   return std::make_unique<TcpTransport>(rank, std::move(fds));

@@ -16,29 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "dc/socket.hpp"
 #include "dc/transport.hpp"
 
 namespace pytorch_exec::dc::tcp {
-
-class Listener {
- public:
-  // Binds a free port on every address.  Throws Error.
-  Listener();
-  ~Listener();
-  Listener(Listener&& o) noexcept;
-  Listener& operator=(Listener&&) = delete;
-  Listener(const Listener&) = delete;
-  int port() const { return port_; }
-  int release();  // hands the socket over
-
- private:
-  int fd_ = -1;
-  int port_ = 0;
-};
-
-// The address of this host that reaches `toward` (a host name or address, e.g. MASTER_ADDR);
-// 127.0.0.1 when `toward` is empty or unreachable.
-std::string local_address_toward(const std::string& toward);
 
 // addrs[r] is rank r's "ip:port" (its own entry is ignored).
 std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,

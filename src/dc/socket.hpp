@@ -1,0 +1,44 @@
+// Blocking TCP helpers of the DataChannel, shared by the key-value store (store.cpp) and the tcp
+// transport's set-up: a listener, a connect that retries until a deadline, and exact reads and
+// writes bounded by a deadline.  (libpytorch_dc is installed on its own, so it does not use the
+// launcher's src/common.)
+#pragma once
+
+#include <string>
+
+#include "dc/transport.hpp"
+
+namespace pytorch_exec::dc {
+
+class Listener {
+ public:
+  // Binds `port` (0: any free port) on every address.  Throws Error.
+  explicit Listener(int port = 0);
+  ~Listener();
+  Listener(Listener&& o) noexcept;
+  Listener& operator=(Listener&&) = delete;
+  Listener(const Listener&) = delete;
+  int port() const { return port_; }
+  int release();  // hands the socket over
+
+ private:
+  int fd_ = -1;
+  int port_ = 0;
+};
+
+// Connects to host:port with TCP_NODELAY, retrying while the other side does not listen yet;
+// TimeoutError (naming `what`) after the deadline, Error if the host cannot be resolved.
+int connect_until(const std::string& host, int port, const Deadline& d, const std::string& what);
+// "host:port" split; Error naming `what` if there is no port.
+void split_address(const std::string& addr, std::string& host, int& port, const std::string& what);
+
+// Sends (out) or receives exactly n bytes.  Each wait is bounded by the deadline (d.expire(who));
+// a closed or failed connection is Error("<what>: ...").
+void io_exact(int fd, void* p, size_t n, bool out, const Deadline& d, const std::string& who,
+              const std::string& what);
+
+// The address of this host that reaches `toward` (a host name or address, e.g. MASTER_ADDR);
+// 127.0.0.1 when `toward` is empty or unreachable.
+std::string local_address_toward(const std::string& toward);
+
+}  // namespace pytorch_exec::dc
