@@ -22,8 +22,7 @@ void group_allreduce(ProcessGroup::Impl& g, void* buf, size_t count, DType t, Op
     hierarchical_allreduce(g, buf, count, t, op, h, d);
     return;
   }
-  const Comm& c = g.nodes == 1 ? Comm{g.intra_t.get(), g.world, g.rank} : g.world_c;
-  cross_allreduce(g, c, buf, count, t, op, h, d, g.s.bf16_wire && g.nodes > 1);
+  cross_allreduce(g, g.flat_c, buf, count, t, op, h, d, g.s.bf16_wire && g.nodes > 1);
   if (op == Op::Avg) finish_avg(buf, count, t, g.size);
 }
 

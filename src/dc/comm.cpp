@@ -1,6 +1,18 @@
 #include "dc/comm.hpp"
 
+#include <memory>
+
 namespace pytorch_exec::dc {
+
+char* scratch_buffer(size_t bytes) {
+  thread_local std::unique_ptr<char[]> buf;
+  thread_local size_t size = 0;
+  if (bytes > size) {
+    buf.reset(new char[bytes]);
+    size = bytes;
+  }
+  return buf.get();
+}
 
 CallHeader make_header(Kind k, uint64_t count, DType t, Op op, uint64_t seq, int root) {
   CallHeader h;

@@ -33,6 +33,11 @@ std::string describe(const CallHeader& h);
 // Throws Error when `theirs` (from member `from`) differs from `mine`.
 void check_header(const CallHeader& mine, const CallHeader& theirs, int from_rank);
 
+// Receive buffers of the collectives, kept from call to call (per thread: a rank's thread) so
+// that a collective neither allocates, zeroes nor faults in fresh memory.  One user at a time:
+// the buffer is valid until the next call on this thread.
+char* scratch_buffer(size_t bytes);
+
 struct Comm {
   Transport* t = nullptr;
   std::vector<int> members;

@@ -33,6 +33,7 @@ struct ProcessGroup::Impl {
   std::shared_ptr<Transport> inter_t, intra_t;  // intra_t: the point-to-point transport inside a node
   std::unique_ptr<shm::Node> shm;
   Comm world_c, local_c, cross_c;  // cross_c: the ranks with this local rank on every node
+  Comm flat_c;                     // all ranks, over the intra-node transport on a single node
   uint64_t seq = 0;
   int splits = 0;
   std::string failed;

@@ -39,7 +39,7 @@ void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
 }
 
 Deadline ProcessGroup::Impl::deadline(double timeout, const std::string& what) const {
-  return Deadline::after(timeout < 0 ? s.timeout : timeout, what);
+  return Deadline::after(seconds(timeout), what);
 }
 
 void ProcessGroup::Impl::lay_out(const Deadline& d) {
@@ -57,6 +57,7 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
     max_local = std::max(max_local, static_cast<int>(v.size()));
   }
   world_c = Comm{inter_t.get(), world, rank};
+  flat_c = nodes == 1 ? Comm{intra_t.get(), world, rank} : world_c;
   local_c = Comm{intra_t.get(), {}, local_rank};
   for (int r : mine) local_c.members.push_back(world[static_cast<size_t>(r)]);
   cross_c = Comm{inter_t.get(), {}, node};
@@ -205,8 +206,7 @@ void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType
   g.guarded(d, [&] {
     auto h = make_header(Kind::ReduceScatter, count, t, op, ++g.seq);
     std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + count * es * static_cast<size_t>(g.size));
-    Blocks b;
-    for (int i = 0; i <= g.size; ++i) b.off.push_back(static_cast<size_t>(i) * count);
+    Blocks b = uniform_blocks(count, g.size);
     ring_reduce_scatter(g.world_c, work.data(), b, t, op, h, d);
     char* mine = work.data() + static_cast<size_t>(g.rank) * count * es;
     if (op == Op::Avg) finish_avg(mine, count, t, g.size);
@@ -223,8 +223,7 @@ void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, d
   g.guarded(d, [&] {
     auto h = make_header(Kind::Allgather, count, t, Op::Sum, ++g.seq);
     std::memmove(static_cast<char*>(out) + static_cast<size_t>(g.rank) * count * es, in, count * es);
-    Blocks b;
-    for (int i = 0; i <= g.size; ++i) b.off.push_back(static_cast<size_t>(i) * count);
+    Blocks b = uniform_blocks(count, g.size);
     ring_allgather(g.world_c, out, b, t, h, d);
   });
 }

@@ -1,7 +1,6 @@
 #include "dc/recursive_doubling.hpp"
 
 #include <cstring>
-#include <vector>
 
 #include "dc/reduce.hpp"
 
@@ -16,31 +15,31 @@ class Exchanger {
  public:
   Exchanger(const Comm& c, void* buf, size_t bytes, const CallHeader& h, const Deadline& d)
       : c_(c), buf_(static_cast<char*>(buf)), bytes_(bytes), h_(h), d_(d),
-        out_(sizeof h + bytes), in_(sizeof h + bytes),
+        out_(scratch_buffer(2 * (sizeof h + bytes))), in_(out_ + sizeof h + bytes),
         split_((c.t->capabilities() & Transport::kByteStream) != 0) {
-    std::memcpy(out_.data(), &h, sizeof h);
+    std::memcpy(out_, &h, sizeof h);
   }
   // Sends this rank's buffer to member `to` and/or receives member `from`'s (either may be -1);
   // returns the received payload.
   const char* exchange(int to, int from) {
     Request rh{}, r{}, s{};
     if (from >= 0) {
-      if (split_) rh = c_.irecv(from, in_.data(), sizeof h_);
-      r = split_ ? c_.irecv(from, in_.data() + sizeof h_, bytes_) : c_.irecv(from, in_.data(), in_.size());
+      if (split_) rh = c_.irecv(from, in_, sizeof h_);
+      r = split_ ? c_.irecv(from, in_ + sizeof h_, bytes_) : c_.irecv(from, in_, sizeof h_ + bytes_);
     }
     if (to >= 0) {
-      std::memcpy(out_.data() + sizeof h_, buf_, bytes_);
-      s = c_.isend(to, out_.data(), out_.size());
+      std::memcpy(out_ + sizeof h_, buf_, bytes_);
+      s = c_.isend(to, out_, sizeof h_ + bytes_);
     }
     if (from >= 0) {
       c_.wait(split_ ? rh : r, d_);
       CallHeader theirs;
-      std::memcpy(&theirs, in_.data(), sizeof theirs);
+      std::memcpy(&theirs, in_, sizeof theirs);
       check_header(h_, theirs, c_.world(from));
       c_.wait(r, d_);
     }
     if (to >= 0) c_.wait(s, d_);
-    return in_.data() + sizeof h_;
+    return in_ + sizeof h_;
   }
 
  private:
@@ -49,7 +48,8 @@ class Exchanger {
   size_t bytes_;
   const CallHeader& h_;
   const Deadline& d_;
-  std::vector<char> out_, in_;
+  char* out_;  // [header][payload] out, then the same in (scratch_buffer)
+  char* in_;
   bool split_;
 };
 

@@ -47,18 +47,6 @@ std::vector<Unit> units(const Blocks& b, size_t esize, int steps, F block_of) {
   return out;
 }
 
-// Receive buffers of the reduce-scatter, kept from call to call (per thread: a rank's thread)
-// so that a collective neither zeroes nor faults in fresh memory.
-char* scratch_buffer(size_t bytes) {
-  thread_local std::unique_ptr<char[]> buf;
-  thread_local size_t size = 0;
-  if (bytes > size) {
-    buf.reset(new char[bytes]);
-    size = bytes;
-  }
-  return buf.get();
-}
-
 // Sends the call header to the next member and checks the previous member's.
 struct HeaderExchange {
   CallHeader theirs{};
@@ -148,12 +136,20 @@ void allgather_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
 
 }  // namespace
 
+size_t even_first(size_t count, int n, int j) {
+  size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n), u = static_cast<size_t>(j);
+  return u * base + std::min(u, extra);
+}
+
 Blocks even_blocks(size_t count, int n) {
   Blocks b;
-  b.off.resize(static_cast<size_t>(n) + 1);
-  size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n);
-  for (int i = 0; i < n; ++i)
-    b.off[static_cast<size_t>(i) + 1] = b.off[static_cast<size_t>(i)] + base + (static_cast<size_t>(i) < extra ? 1 : 0);
+  for (int i = 0; i <= n; ++i) b.off.push_back(even_first(count, n, i));
+  return b;
+}
+
+Blocks uniform_blocks(size_t per_block, int n) {
+  Blocks b;
+  for (int i = 0; i <= n; ++i) b.off.push_back(static_cast<size_t>(i) * per_block);
   return b;
 }
 

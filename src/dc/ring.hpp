@@ -17,8 +17,11 @@ struct Blocks {
   std::vector<size_t> off;
   size_t count(int i) const { return off[static_cast<size_t>(i) + 1] - off[static_cast<size_t>(i)]; }
 };
-// `count` elements over `n` blocks as evenly as possible.
+// `count` elements over `n` blocks as evenly as possible; even_first is where block j starts.
 Blocks even_blocks(size_t count, int n);
+size_t even_first(size_t count, int n, int j);
+// `n` blocks of `per_block` elements each (reduce_scatter and allgather of the API).
+Blocks uniform_blocks(size_t per_block, int n);
 
 // Afterwards block `me` of buf holds the reduction of every member's block `me`.  Avg sums.
 void ring_reduce_scatter(const Comm& c, void* buf, const Blocks& b, DType t, Op op,

@@ -43,14 +43,11 @@ struct Header {
   uint64_t slot_bytes;
 };
 
-// even_blocks() without the vector: shard j of `count` elements cut in `n`.
+// Shard j of a piece of `total` elements cut in `n` (even_blocks without the vector).
 struct Shards {
   size_t total;
   int n;
-  size_t first(int j) const {
-    size_t base = total / static_cast<size_t>(n), extra = total % static_cast<size_t>(n), u = static_cast<size_t>(j);
-    return u * base + std::min(u, extra);
-  }
+  size_t first(int j) const { return even_first(total, n, j); }
   size_t count(int j) const { return first(j + 1) - first(j); }
 };
 
