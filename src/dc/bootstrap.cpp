@@ -14,11 +14,6 @@
 namespace pytorch_exec::dc {
 namespace {
 
-std::string env_or(const char* name, const std::string& def) {
-  const char* v = std::getenv(name);
-  return v && *v ? v : def;
-}
-
 std::string host_name() {
   char buf[256] = {};
   ::gethostname(buf, sizeof buf - 1);
@@ -213,6 +208,11 @@ World bootstrap_pmix(int tcp_port, double timeout) {
 bool is_pmix_client() { return std::getenv("PMIX_NAMESPACE") && std::getenv("PMIX_RANK"); }
 
 }  // namespace
+
+std::string env_or(const char* name, const std::string& def) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : def;
+}
 
 double env_number(const char* name, double def) {
   const char* v = std::getenv(name);

@@ -45,6 +45,8 @@ World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::
 std::vector<std::string> store_allgather(Store& store, const std::string& key, int rank, int size,
                                          const std::string& mine, double timeout);
 
+// The environment variable `name`, or `def` when it is unset or empty.
+std::string env_or(const char* name, const std::string& def);
 // The environment variable `name` as a number, or `def` when unset; Error naming it when it is
 // set to something else.
 double env_number(const char* name, double def);

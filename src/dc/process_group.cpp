@@ -78,9 +78,9 @@ std::vector<int> number_nodes(const std::vector<std::string>& names) {
 
 Transports make_transports(const World& w, const Settings& s, Listener* listener, const Deadline& d) {
   Transports tr;
-  if (s.intra == "tcp" || s.inter == "tcp")
+  if (s.uses("tcp"))
     tr.tcp = tcp::connect_mesh(w.rank, w.size, std::move(*listener), w.addrs, w.session, d);
-  if (s.intra == "mpi" || s.inter == "mpi") {
+  if (s.uses("mpi")) {
 #ifdef HAVE_MPI
     if (w.threads) throw Error("the mpi transport needs one process per rank (not threads)");
     auto gather = [&](const std::string& mine) {
@@ -113,14 +113,12 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   return g;
 }
 
-bool needs_tcp(const Settings& s) { return s.intra == "tcp" || s.inter == "tcp"; }
-
 }  // namespace
 
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const Options& opts) {
   Settings s = resolve_settings(opts);
   std::unique_ptr<Listener> l;
-  if (needs_tcp(s)) l = std::make_unique<Listener>();
+  if (s.uses("tcp")) l = std::make_unique<Listener>();
   World w = bootstrap_process(l ? l->port() : 0, s.timeout);
   return std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
 }
@@ -143,7 +141,7 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Op
     th.emplace_back([&, i] {
       try {
         std::unique_ptr<Listener> l;
-        if (needs_tcp(s)) l = std::make_unique<Listener>();
+        if (s.uses("tcp")) l = std::make_unique<Listener>();
         World w = bootstrap_thread(i, n, names, store, session, key, l ? l->port() : 0, s.timeout);
         out[static_cast<size_t>(i)] = std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
       } catch (const std::exception& e) {

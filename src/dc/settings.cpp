@@ -9,11 +9,6 @@
 namespace pytorch_exec::dc {
 namespace {
 
-std::string env(const char* name) {
-  const char* v = std::getenv(name);
-  return v ? v : "";
-}
-
 bool have_mpi() {
 #ifdef HAVE_MPI
   return true;
@@ -33,7 +28,7 @@ void check_transport(const std::string& t, const std::string& level, bool shm_ok
 
 int flag(int opt, const char* name, bool def) {
   if (opt >= 0) return opt != 0;
-  std::string v = env(name);
+  std::string v = env_or(name, "");
   if (v.empty()) return def;
   if (v == "1" || v == "yes" || v == "true" || v == "on") return 1;
   if (v == "0" || v == "no" || v == "false" || v == "off") return 0;
@@ -44,10 +39,9 @@ int flag(int opt, const char* name, bool def) {
 
 Settings resolve_settings(const Options& o) {
   Settings s;
-  std::string both = env("PYTORCH_DC_TRANSPORT");
-  s.intra = !o.intra.empty() ? o.intra : !env("PYTORCH_DC_INTRA").empty() ? env("PYTORCH_DC_INTRA") : !both.empty() ? both : "shm";
-  s.inter = !o.inter.empty() ? o.inter : !env("PYTORCH_DC_INTER").empty() ? env("PYTORCH_DC_INTER")
-                                                                           : (!both.empty() && both != "shm") ? both : "tcp";
+  std::string both = env_or("PYTORCH_DC_TRANSPORT", "");
+  s.intra = !o.intra.empty() ? o.intra : env_or("PYTORCH_DC_INTRA", both.empty() ? "shm" : both);
+  s.inter = !o.inter.empty() ? o.inter : env_or("PYTORCH_DC_INTER", !both.empty() && both != "shm" ? both : "tcp");
   check_transport(s.intra, "intra-node", true);
   check_transport(s.inter, "inter-node", false);
   s.timeout = o.timeout > 0 ? o.timeout : env_number("PYTORCH_DC_TIMEOUT", 300);

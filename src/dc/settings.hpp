@@ -16,6 +16,8 @@ struct Settings {
   bool hierarchical = true;
   bool bf16_wire = false;
   size_t shm_bytes = 4 << 20;
+
+  bool uses(const std::string& transport) const { return intra == transport || inter == transport; }
 };
 
 // Throws Error naming the option or variable that is wrong.
