@@ -11,8 +11,13 @@ namespace pytorch_exec::dc {
 namespace {
 
 constexpr size_t kMinChunk = 32 << 10;
-constexpr size_t kMaxChunk = 512 << 10;
+constexpr size_t kMaxChunk = 256 << 10;
 constexpr int kWindow = 4;  // receive buffers in flight during the reduce-scatter
+// A member keeps at most about this many bytes sent ahead of what it has received.  Without the
+// bound the whole first block goes out at once, the kernel's socket queues (or the MPI library's
+// buffers) hold megabytes, and every byte is copied through a cache that it no longer fits: on
+// the test machine the tcp ring fell from 4 to 2 GB/s at 4 MiB and above.
+constexpr size_t kAhead = 512 << 10;
 
 // Chunks of one block: about four per block, between kMinChunk and kMaxChunk bytes.
 struct Chunking {
@@ -64,7 +69,8 @@ struct HeaderExchange {
 // What flows from the previous member and on to the next, in stream order.  The first
 // `reduced` receives land in a window of scratch buffers and are reduced into place; the rest
 // land in place.  Receive i (i < recvs.size() - tail) makes send initial + i ready: the chunk
-// that just arrived (or was just reduced) is passed on at once.  `finished(i)` is called when
+// that just arrived (or was just reduced) is passed on at once, as long as no more than kAhead
+// bytes (at least two chunks) are sent ahead of the receives.  `finished(i)` is called when
 // receive i completed its reduction (Avg divides the chunks that became final there).
 struct Stream {
   std::vector<Unit> sends, recvs;
@@ -80,8 +86,13 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
   std::vector<Request> sent;
   sent.reserve(st.sends.size());
   auto send = [&](size_t i) { sent.push_back(c.isend(c.me + 1, base + st.sends[i].first * es, st.sends[i].count * es)); };
+  size_t max_send = 0;
+  for (const Unit& u : st.sends) max_send = std::max(max_send, u.count * es);
+  size_t ahead = std::max<size_t>(2, kAhead / std::max<size_t>(max_send, 1));
+  // Sends allowed once `received` receives are complete: ready (initial + received) and paced.
+  auto allowed = [&](size_t received) { return std::min({st.initial + received, ahead + received, st.sends.size()}); };
   size_t next_send = 0;
-  for (; next_send < st.initial; ++next_send) send(next_send);
+  for (; next_send < allowed(0); ++next_send) send(next_send);
   size_t max_chunk = 0;
   for (size_t i = 0; i < st.reduced; ++i) max_chunk = std::max(max_chunk, st.recvs[i].count);
   char* tmp = scratch_buffer(static_cast<size_t>(kWindow) * max_chunk * es);
@@ -107,8 +118,9 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
       finished(i);
       post(i + 1);
     }
-    if (next_send < st.sends.size()) send(next_send++);
+    for (; next_send < allowed(i + 1); ++next_send) send(next_send);
   }
+  for (; next_send < st.sends.size(); ++next_send) send(next_send);  // paced ones, or no receives
   for (Request r : sent) c.wait(r, d);
   c.wait(hx.rs, d);
 }
