@@ -60,6 +60,10 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
   flat_c = nodes == 1 ? Comm{intra_t.get(), world, rank} : world_c;
   local_c = Comm{intra_t.get(), {}, local_rank};
   for (int r : mine) local_c.members.push_back(world[static_cast<size_t>(r)]);
+  // The processes on this machine: the node's ranks, or more where nodes are simulated
+  // (PYTORCH_DC_NODE) and the launcher says how many it started here.
+  double here = std::max<double>(local_size, threads ? 0 : env_number("LOCAL_WORLD_SIZE", 0));
+  if (here > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)))) no_busy_polling();
   cross_c = Comm{inter_t.get(), {}, node};
   if (local_rank < min_local)
     for (auto& v : on_node) cross_c.members.push_back(world[static_cast<size_t>(v[static_cast<size_t>(local_rank)])]);

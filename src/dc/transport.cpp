@@ -1,8 +1,16 @@
 #include "dc/transport.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 namespace pytorch_exec::dc {
+
+namespace {
+std::atomic<bool> g_busy_polling{true};
+}  // namespace
+
+bool busy_polling() { return g_busy_polling.load(std::memory_order_relaxed); }
+void no_busy_polling() { g_busy_polling.store(false, std::memory_order_relaxed); }
 
 namespace {
 Clock::time_point in(double seconds) {

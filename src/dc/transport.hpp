@@ -76,6 +76,13 @@ class Transport {
   virtual void abort(const std::string& why) = 0;
 };
 
+// Whether a waiting rank may poll busily before it sleeps: only while this node has a processor
+// for each of its ranks.  On an oversubscribed node a polling rank takes the time of the rank it
+// waits for, so waits there yield or sleep at once.  A process group turns it off when its
+// layout has more ranks on this node than the node has processors; it stays off.
+bool busy_polling();
+void no_busy_polling();
+
 // Blocking helpers over a transport.
 void send(Transport& t, int peer, const void* buf, size_t bytes, const Deadline& d);
 void recv(Transport& t, int peer, void* buf, size_t bytes, const Deadline& d);

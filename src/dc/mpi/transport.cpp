@@ -17,7 +17,7 @@ constexpr int kDataTag = 1;
 constexpr int kAbortTag = 2;
 constexpr size_t kPiece = size_t{1} << 30;  // bytes per MPI message, below INT_MAX
 constexpr int kNoticeBytes = 256;           // longest abort notice, with its terminating zero
-constexpr unsigned kSpin = 200;             // tests before wait() starts yielding the CPU
+constexpr unsigned kSpin = 200;             // tests before wait() starts yielding the CPU (busy_polling())
 constexpr unsigned kPollEvery = 16;         // tests between looks at the clock and at notices
 
 std::string number(int n) { return std::to_string(n); }
@@ -216,7 +216,7 @@ void MpiTransport::wait(Request r, const Deadline& d) {
       poll_notice();
       if (d.passed()) d.expire("rank " + number(it->second.peer));
     }
-    if (i > kSpin) sched_yield();
+    if (i > kSpin || !busy_polling()) sched_yield();
   }
   pending_.erase(it);
 }

@@ -199,15 +199,17 @@ class NodeImpl : public Node {
   }
 
   // Waits until counter `which` of local ranks 0 .. upto-1 reaches `seq`: spins for a few
-  // microseconds, then yields the processor, then sleeps in short steps; every millisecond it
-  // looks whether the rank it waits for is still there and whether the deadline passed.
+  // microseconds (not on an oversubscribed node), then yields the processor, then sleeps in short
+  // steps; every millisecond it looks whether the rank it waits for is still there and whether
+  // the deadline passed.
   void wait_all(int upto, Counter RankState::*which, uint64_t seq, const Deadline& d, const char* what) {
+    unsigned spins = busy_polling() ? 4000 : 0;
     for (int r = 0; r < upto; ++r) {
       if (r == me_) continue;
       auto& c = (states_[r].*which).v;
       auto start = Clock::now(), next_check = start + std::chrono::milliseconds(1);
       for (unsigned i = 0; c.load(std::memory_order_acquire) < seq; ++i) {
-        if (i < 4000) {
+        if (i < spins) {
           pause();
           continue;
         }

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -20,8 +21,13 @@ constexpr uint32_t kMagic = 0x31636470;  // "pdc1"
 constexpr int kMaxIov = 8;
 const std::string kSetUp = "tcp: connection set-up with ";
 // Before sleeping in poll(), a waiting rank retries nonblocking I/O for this long: a reply that
-// is microseconds away is picked up without a wake-up (small-message latency).
+// is microseconds away is picked up without a wake-up (small-message latency).  Not on an
+// oversubscribed node (busy_polling()).
 constexpr auto kSpin = std::chrono::microseconds(30);
+// On an oversubscribed node a waiting rank yields its processor instead, for this long, and
+// then sleeps in poll(): a yield hands the processor to the rank it waits for without the cost
+// of a wake-up.
+constexpr auto kYield = std::chrono::milliseconds(2);
 
 struct Hello {
   uint32_t magic;
@@ -78,8 +84,12 @@ class TcpTransport : public Transport {
         continue;
       }
       if (done(r)) break;
-      if (Clock::now() < spin_until) continue;
+      if (busy_polling() && Clock::now() < spin_until) continue;
       if (d.passed()) d.expire("rank " + std::to_string(peer_of(r)));
+      if (!busy_polling() && Clock::now() < spin_until + kYield) {
+        ::sched_yield();
+        continue;
+      }
       sleep_in_poll(d);
     }
   }
