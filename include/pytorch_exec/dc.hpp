@@ -81,6 +81,11 @@ class ProcessGroup {
   int nodes() const;
   int local_rank() const;
   int local_size() const;
+  // The locality domain of this rank, or of rank `rank`, on its node: PYTORCH_EXEC_DOMAIN, which
+  // pytorch_exec sets from the machine's topology (the GPUs and NICs of one PCIe root complex or
+  // NVLink island, or a NUMA node), exchanged at init like the node; 0 where it is unset.
+  int domain() const;
+  int domain_of(int rank) const;
   const std::string& intra_transport() const;
   const std::string& inter_transport() const;
 

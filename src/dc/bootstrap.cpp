@@ -7,6 +7,7 @@
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <algorithm>
 #include <random>
 
 #include "dc/tcp/transport.hpp"
@@ -56,6 +57,9 @@ int env_int(const char* name, int lo, int hi) {
   return static_cast<int>(x);
 }
 
+// This rank's locality domain on its node, as pytorch_exec's placement numbers them; 0 without.
+std::string my_domain() { return std::to_string(std::max(0, env_int("PYTORCH_EXEC_DOMAIN", 0, 1 << 20))); }
+
 // Each process counts its groups, so that the keys of its second init() differ from the first.
 int next_generation() {
   static std::mutex m;
@@ -96,12 +100,13 @@ World bootstrap_env(int tcp_port, double timeout) {
   w.session = std::strtoull(session.c_str(), nullptr, 16);
   w.key = "env" + session + "." + g;
   std::string addr = tcp_port > 0 ? local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
-  auto all = store_allgather(*w.store, g + "/who", rank, size, join({node_name(), addr}), timeout);
+  auto all = store_allgather(*w.store, g + "/who", rank, size, join({node_name(), addr, my_domain()}), timeout);
   for (auto& a : all) {
     auto f = split(a);
-    if (f.size() != 2) throw Error("bootstrap: malformed record in the store");
+    if (f.size() != 3) throw Error("bootstrap: malformed record in the store");
     w.nodes.push_back(f[0]);
     w.addrs.push_back(f[1]);
+    w.domains.push_back(std::atoi(f[2].c_str()));
   }
   return w;
 }
@@ -184,15 +189,16 @@ World bootstrap_pmix(int tcp_port, double timeout) {
   std::string key = "pytorch_dc.who." + std::to_string(gen);
   uint64_t session = random64();
   std::string addr = tcp_port > 0 ? ip + ":" + std::to_string(tcp_port) : "";
-  pmix_put_fence(key, join({node_name(), addr, ip + ":" + std::to_string(store_port), hex(session)}), me, timeout);
+  pmix_put_fence(key, join({node_name(), addr, ip + ":" + std::to_string(store_port), hex(session), my_domain()}), me, timeout);
   std::string store_addr;
   for (int r = 0; r < w.size; ++r) {
     pmix_proc_t p;
     PMIX_LOAD_PROCID(&p, me.nspace, static_cast<pmix_rank_t>(r));
     auto f = split(pmix_get_string(p, key, timeout));
-    if (f.size() != 4) throw Error("PMIx bootstrap: rank " + std::to_string(r) + " published a malformed record");
+    if (f.size() != 5) throw Error("PMIx bootstrap: rank " + std::to_string(r) + " published a malformed record");
     w.nodes.push_back(f[0]);
     w.addrs.push_back(f[1]);
+    w.domains.push_back(std::atoi(f[4].c_str()));
     if (r == 0) {
       store_addr = f[2];
       w.session = std::strtoull(f[3].c_str(), nullptr, 16);
@@ -265,6 +271,7 @@ World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::
   w.session = session;
   w.key = key;
   w.nodes = std::move(nodes);
+  w.domains.assign(static_cast<size_t>(size), 0);
   std::string addr = tcp_port > 0 ? "127.0.0.1:" + std::to_string(tcp_port) : "";
   w.addrs = store_allgather(*w.store, key + "/addr", rank, size, addr, timeout);
   return w;

@@ -25,6 +25,7 @@ struct World {
   int rank = 0;
   int size = 1;
   std::vector<std::string> nodes;  // node name of every rank
+  std::vector<int> domains;        // locality domain of every rank on its node (PYTORCH_EXEC_DOMAIN)
   std::vector<std::string> addrs;  // tcp transport address of every rank ("" without tcp)
   std::shared_ptr<Store> store;
   uint64_t session = 0;            // random, the same on every rank

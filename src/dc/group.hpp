@@ -27,6 +27,7 @@ struct ProcessGroup::Impl {
   int rank = 0, size = 1;
   std::vector<int> world;    // world rank (transport peer) of every group rank
   std::vector<int> node_of;  // node index of every group rank, numbered in order of first rank
+  std::vector<int> domain_of;  // locality domain of every group rank on its node
   int node = 0, nodes = 1, local_rank = 0, local_size = 1;
   int min_local = 1, max_local = 1;  // fewest / most ranks on one node
   Transports tr;

@@ -113,6 +113,7 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   g->world.resize(static_cast<size_t>(w.size));
   std::iota(g->world.begin(), g->world.end(), 0);
   g->node_of = number_nodes(w.nodes);
+  g->domain_of = w.domains;
   g->lay_out(d);
   return g;
 }
@@ -168,6 +169,12 @@ int ProcessGroup::node() const { return impl_->node; }
 int ProcessGroup::nodes() const { return impl_->nodes; }
 int ProcessGroup::local_rank() const { return impl_->local_rank; }
 int ProcessGroup::local_size() const { return impl_->local_size; }
+int ProcessGroup::domain() const { return impl_->domain_of[static_cast<size_t>(impl_->rank)]; }
+int ProcessGroup::domain_of(int rank) const {
+  if (rank < 0 || rank >= impl_->size)
+    throw Error("domain_of(" + std::to_string(rank) + "): no such rank in a group of " + std::to_string(impl_->size));
+  return impl_->domain_of[static_cast<size_t>(rank)];
+}
 const std::string& ProcessGroup::intra_transport() const { return impl_->s.intra; }
 const std::string& ProcessGroup::inter_transport() const { return impl_->s.inter; }
 
@@ -298,6 +305,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
     if (members[i] == g.rank) c->rank = static_cast<int>(i);
     c->world.push_back(g.world[static_cast<size_t>(members[i])]);
     node_names.push_back(std::to_string(g.node_of[static_cast<size_t>(members[i])]));
+    c->domain_of.push_back(g.domain_of[static_cast<size_t>(members[i])]);
   }
   c->node_of = number_nodes(node_names);
   auto d = g.deadline(timeout, "split");

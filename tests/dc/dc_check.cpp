@@ -5,7 +5,8 @@
 //   dc_check die RANK           ranks loop over large allreduces; RANK exits abruptly in the
 //                               middle; the others must report an error within the timeout
 //                               (exit 4, "error after S s: ...").
-//   dc_check info               one line per rank: rank size node nodes local_rank local_size intra inter
+//   dc_check info               one line per rank: rank size node nodes local_rank local_size intra inter,
+//                               the domains of all ranks, and those of its half after split(rank % 2)
 #include <unistd.h>
 
 #include <chrono>
@@ -95,9 +96,16 @@ int main(int argc, char** argv) {
   try {
     auto pg = ProcessGroup::init();
     if (mode == "info") {
-      std::printf("rank %d size %d node %d nodes %d local_rank %d local_size %d intra %s inter %s\n", pg->rank(), pg->size(),
-                  pg->node(), pg->nodes(), pg->local_rank(), pg->local_size(), pg->intra_transport().c_str(),
-                  pg->inter_transport().c_str());
+      auto domains = [](ProcessGroup& g) {
+        std::string s;
+        for (int r = 0; r < g.size(); ++r) s += (r ? "," : "") + std::to_string(g.domain_of(r));
+        return s;
+      };
+      auto half = pg->split(pg->rank() % 2);
+      std::printf("rank %d size %d node %d nodes %d local_rank %d local_size %d intra %s inter %s domain %d domains %s half %s\n",
+                  pg->rank(), pg->size(), pg->node(), pg->nodes(), pg->local_rank(), pg->local_size(),
+                  pg->intra_transport().c_str(), pg->inter_transport().c_str(), pg->domain(), domains(*pg).c_str(),
+                  domains(*half).c_str());
       pg->barrier();
       return 0;
     }

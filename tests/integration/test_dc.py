@@ -122,6 +122,23 @@ def test_example_runs():
     check(r.returncode == 0 and "allreduce ok" in r.stdout, f"example failed: {r.stdout}{r.stderr}")
 
 
+def test_locality_domains():
+    # pytorch_exec's own PYTORCH_EXEC_DOMAIN (one domain on this machine), then one set per rank
+    # by a shell: every rank learns every rank's domain, through PMIx and through env://.
+    r = run(["-n", "2", DC_CHECK, "info"], env=marker_env(), timeout=120)
+    check(r.returncode == 0 and r.stdout.count("domain 0 domains 0,0 half 0") == 2, r.stdout + r.stderr)
+    for env in ({}, {"PYTORCH_DC_BOOTSTRAP": "env"}):
+        r = run(["-n", "4", "sh", "-c", f"PYTORCH_EXEC_DOMAIN=$((RANK % 2 * 3)) exec {DC_CHECK} info"],
+                env=marker_env(env), timeout=120)
+        lines = sorted(r.stdout.splitlines())
+        check(r.returncode == 0 and len(lines) == 4, f"{env}: {r.returncode} {r.stdout}{r.stderr}")
+        for rank, line in enumerate(lines):
+            want = f"domain {rank % 2 * 3} domains 0,3,0,3 half {rank % 2 * 3},{rank % 2 * 3}"
+            check(line.startswith(f"rank {rank} ") and want in line, f"{env}: rank {rank}: {line}")
+    r = run(["-n", "2", "sh", "-c", f"PYTORCH_EXEC_DOMAIN=west exec {DC_CHECK} info"], env=marker_env(), timeout=120)
+    check(r.returncode != 0 and "PYTORCH_EXEC_DOMAIN=west is not a number" in r.stderr, r.stderr)
+
+
 def test_no_launcher_is_a_clear_error():
     env = {k: v for k, v in os.environ.items() if not k.startswith("PMIX_") and k not in ("RANK", "WORLD_SIZE")}
     r = subprocess.run([DC_CHECK, "info"], capture_output=True, text=True, env=dict(env, WORLD_SIZE="2"), timeout=60)
@@ -136,4 +153,5 @@ if __name__ == "__main__":
         skip(f"{DC_CHECK} is not built")
     main([test_one_node_shm, test_two_nodes_hierarchical, test_unequal_nodes, test_tcp_only,
           test_env_bootstrap, test_mpi_transport, test_under_mpirun,
-          test_peer_death_is_an_error_on_every_survivor, test_example_runs, test_no_launcher_is_a_clear_error])
+          test_peer_death_is_an_error_on_every_survivor, test_example_runs, test_locality_domains,
+          test_no_launcher_is_a_clear_error])
