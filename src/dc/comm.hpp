@@ -38,10 +38,18 @@ void check_header(const CallHeader& mine, const CallHeader& theirs, int from_ran
 // the buffer is valid until the next call on this thread.
 char* scratch_buffer(size_t bytes);
 
+// The largest chunk of a ring.  On a machine that runs more ranks than it has processors a chunk
+// stays below one 64 KiB loopback segment: at 4 ranks on 2 processors, chunks of 64 KiB and more
+// made the tcp ring twice as slow at 1-8 MiB (a chunk that ends in a second, tiny segment costs
+// the receiver another wake-up).
+constexpr size_t kRingChunk = 256 << 10;
+constexpr size_t kRingChunkShared = 48 << 10;
+
 struct Comm {
   Transport* t = nullptr;
   std::vector<int> members;
   int me = 0;
+  size_t max_chunk = kRingChunk;  // the same on every member: it decides how messages are cut
 
   int size() const { return static_cast<int>(members.size()); }
   int world(int i) const { return members[static_cast<size_t>(mod(i))]; }

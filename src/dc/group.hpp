@@ -30,6 +30,7 @@ struct ProcessGroup::Impl {
   std::vector<int> domain_of;  // locality domain of every group rank on its node
   int node = 0, nodes = 1, local_rank = 0, local_size = 1;
   int min_local = 1, max_local = 1;  // fewest / most ranks on one node
+  bool shared_cpus = false;  // a machine of the group runs more ranks than it has processors (agreed)
   Transports tr;
   std::shared_ptr<Transport> inter_t, intra_t;  // intra_t: the point-to-point transport inside a node
   std::unique_ptr<shm::Node> shm;
@@ -39,8 +40,13 @@ struct ProcessGroup::Impl {
   int splits = 0;
   std::string failed;
 
-  // Fills the layout and the Comms from world, node_of and rank; creates the shm segment.
+  // Fills the layout and the Comms from world, node_of, shared_cpus and rank; creates the shm
+  // segment.
   void lay_out(const Deadline& d);
+  // Sets the Comms' ring chunking from shared_cpus.
+  void set_chunking();
+  // Whether this rank's machine runs more ranks than it has processors.
+  bool machine_oversubscribed() const;
   // Runs f; on an error the group (and the transports it shares) is aborted, so that the other
   // ranks get an error too instead of waiting for their timeout.  The error names the call (d).
   template <typename F>

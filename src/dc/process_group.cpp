@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "dc/group.hpp"
+#include "dc/recursive_doubling.hpp"
 #include "dc/reduce.hpp"
 #include "dc/ring.hpp"
 #include "dc/tcp/transport.hpp"
@@ -42,6 +43,17 @@ Deadline ProcessGroup::Impl::deadline(double timeout, const std::string& what) c
   return Deadline::after(seconds(timeout), what);
 }
 
+bool ProcessGroup::Impl::machine_oversubscribed() const {
+  // The processes on this machine: the node's ranks, or more where nodes are simulated
+  // (PYTORCH_DC_NODE) and the launcher says how many it started here.
+  double here = std::max<double>(local_size, threads ? 0 : env_number("LOCAL_WORLD_SIZE", 0));
+  return here > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+void ProcessGroup::Impl::set_chunking() {
+  for (Comm* c : {&world_c, &flat_c, &local_c, &cross_c}) c->max_chunk = shared_cpus ? kRingChunkShared : kRingChunk;
+}
+
 void ProcessGroup::Impl::lay_out(const Deadline& d) {
   std::vector<int> count(static_cast<size_t>(*std::max_element(node_of.begin(), node_of.end()) + 1));
   std::vector<std::vector<int>> on_node(count.size());
@@ -62,8 +74,8 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
   for (int r : mine) local_c.members.push_back(world[static_cast<size_t>(r)]);
   // The processes on this machine: the node's ranks, or more where nodes are simulated
   // (PYTORCH_DC_NODE) and the launcher says how many it started here.
-  double here = std::max<double>(local_size, threads ? 0 : env_number("LOCAL_WORLD_SIZE", 0));
-  if (here > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)))) no_busy_polling();
+  if (machine_oversubscribed()) no_busy_polling();
+  set_chunking();
   cross_c = Comm{inter_t.get(), {}, node};
   if (local_rank < min_local)
     for (auto& v : on_node) cross_c.members.push_back(world[static_cast<size_t>(v[static_cast<size_t>(local_rank)])]);
@@ -115,6 +127,13 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   g->node_of = number_nodes(w.nodes);
   g->domain_of = w.domains;
   g->lay_out(d);
+  if (g->size > 1) {  // every rank must cut ring messages the same way: agree on shared_cpus
+    int32_t shared = g->machine_oversubscribed();
+    recursive_doubling_allreduce(g->world_c, &shared, 1, DType::I32, Op::Max,
+                                 make_header(Kind::Allreduce, 1, DType::I32, Op::Max, 0), d);
+    g->shared_cpus = shared != 0;
+    g->set_chunking();
+  }
   return g;
 }
 
@@ -278,20 +297,17 @@ void ProcessGroup::recv(void* buf, size_t bytes, int peer, double timeout) {
   });
 }
 
-std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double timeout) {
-  Impl& g = *impl_;
-  int64_t mine[2] = {color, key};
-  std::vector<int64_t> all(2 * static_cast<size_t>(g.size));
-  allgather(mine, all.data(), 2, DType::I64, timeout);
-  int index = g.splits++;
-  if (color < 0) return nullptr;
+namespace {
+
+// The new group of `color` (colors and keys of all ranks in `all`).
+std::unique_ptr<ProcessGroup::Impl> split_impl(ProcessGroup::Impl& g, const std::vector<int64_t>& all, int color, int index, double timeout) {
   std::vector<int> members;
   for (int r = 0; r < g.size; ++r)
     if (all[2 * static_cast<size_t>(r)] == color) members.push_back(r);
   std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
     return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
   });
-  auto c = std::make_unique<Impl>();
+  auto c = std::make_unique<ProcessGroup::Impl>();
   c->s = g.s;
   c->store = g.store;
   c->key = g.key + ".s" + std::to_string(index) + "c" + std::to_string(color);
@@ -299,6 +315,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
   c->tr = g.tr;
   c->inter_t = g.inter_t;
   c->intra_t = g.intra_t;
+  c->shared_cpus = g.shared_cpus;
   c->size = static_cast<int>(members.size());
   std::vector<std::string> node_names;
   for (size_t i = 0; i < members.size(); ++i) {
@@ -310,7 +327,23 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
   c->node_of = number_nodes(node_names);
   auto d = g.deadline(timeout, "split");
   g.guarded(d, [&] { c->lay_out(d); });
-  return std::make_shared<ProcessGroup>(std::move(c));
+  return c;
+}
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double timeout) {
+  Impl& g = *impl_;
+  int64_t mine[2] = {color, key};
+  std::vector<int64_t> all(2 * static_cast<size_t>(g.size));
+  allgather(mine, all.data(), 2, DType::I64, timeout);
+  int index = g.splits++;
+  std::shared_ptr<ProcessGroup> out;
+  if (color >= 0) out = std::make_shared<ProcessGroup>(split_impl(g, all, color, index, timeout));
+  // Set-up goes through the store that rank 0 of the job serves: nobody leaves (and perhaps
+  // exits) until every new group is set up.
+  barrier(timeout);
+  return out;
 }
 
 }  // namespace pytorch_exec::dc

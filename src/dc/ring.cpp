@@ -11,7 +11,6 @@ namespace pytorch_exec::dc {
 namespace {
 
 constexpr size_t kMinChunk = 32 << 10;
-constexpr size_t kMaxChunk = 256 << 10;
 constexpr int kWindow = 4;  // receive buffers in flight during the reduce-scatter
 // A member keeps at most about this many bytes sent ahead of what it has received.  Without the
 // bound the whole first block goes out at once, the kernel's socket queues (or the MPI library's
@@ -19,11 +18,11 @@ constexpr int kWindow = 4;  // receive buffers in flight during the reduce-scatt
 // the test machine the tcp ring fell from 4 to 2 GB/s at 4 MiB and above.
 constexpr size_t kAhead = 512 << 10;
 
-// Chunks of one block: about four per block, between kMinChunk and kMaxChunk bytes.
+// Chunks of one block: about four per block, between kMinChunk and the Comm's max_chunk bytes.
 struct Chunking {
   size_t elems;  // elements per chunk (the last one may be shorter)
-  Chunking(size_t block_elems, size_t esize) {
-    size_t bytes = std::clamp(block_elems * esize / 4, kMinChunk, kMaxChunk);
+  Chunking(size_t block_elems, size_t esize, size_t max_chunk) {
+    size_t bytes = std::clamp(block_elems * esize / 4, std::min(kMinChunk, max_chunk), max_chunk);
     elems = std::max<size_t>(1, bytes / esize);
   }
   size_t chunks(size_t block_elems) const { return (block_elems + elems - 1) / elems; }
@@ -38,12 +37,12 @@ struct Unit {
 
 // The units of `steps` ring steps, step-major; block_of(s) names the block moved at step s.
 template <typename F>
-std::vector<Unit> units(const Blocks& b, size_t esize, int steps, F block_of) {
+std::vector<Unit> units(const Comm& c, const Blocks& b, size_t esize, int steps, F block_of) {
   std::vector<Unit> out;
   for (int s = 0; s < steps; ++s) {
     int blk = block_of(s);
     size_t n = b.count(blk);
-    Chunking ch(n, esize);
+    Chunking ch(n, esize, c.max_chunk);
     for (size_t k = 0; k < ch.chunks(n); ++k) {
       size_t first = b.off[static_cast<size_t>(blk)] + k * ch.elems;
       out.push_back({blk, first, std::min(ch.elems, n - k * ch.elems)});
@@ -129,8 +128,8 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
 // sent at step s+1; the last step's is this member's own block).
 void reduce_scatter_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
   int n = c.size();
-  auto sends = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
-  auto recvs = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); });
+  auto sends = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
+  auto recvs = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); });
   for (auto& u : sends) st.initial += u.block == c.mod(c.me - 1);
   st.sends.insert(st.sends.end(), sends.begin(), sends.end());
   st.recvs.insert(st.recvs.end(), recvs.begin(), recvs.end());
@@ -140,8 +139,8 @@ void reduce_scatter_units(const Comm& c, const Blocks& b, size_t es, Stream& st)
 // Allgather units: step s sends block me-s and receives block me-s-1, sent on at step s+1.
 void allgather_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
   int n = c.size();
-  auto sends = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s); });
-  auto recvs = units(b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
+  auto sends = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s); });
+  auto recvs = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
   st.sends.insert(st.sends.end(), sends.begin(), sends.end());
   st.recvs.insert(st.recvs.end(), recvs.begin(), recvs.end());
 }

@@ -5,6 +5,9 @@
 //   dc_check die RANK           ranks loop over large allreduces; RANK exits abruptly in the
 //                               middle; the others must report an error within the timeout
 //                               (exit 4, "error after S s: ...").
+//   dc_check split-exit         rank 0 leaves the job right after a split that it is not part of;
+//                               the others set up their group (through the store rank 0 serves)
+//                               and allreduce in it.  "ok" on rank 1.
 //   dc_check info               one line per rank: rank size node nodes local_rank local_size intra inter,
 //                               the domains of all ranks, and those of its half after split(rank % 2)
 #include <unistd.h>
@@ -109,6 +112,15 @@ int main(int argc, char** argv) {
       pg->barrier();
       return 0;
     }
+    if (mode == "split-exit") {
+      auto rest = pg->split(pg->rank() == 0 ? -1 : 1);
+      if (!rest) return 0;
+      int64_t v = pg->rank(), want = static_cast<int64_t>(pg->size()) * (pg->size() - 1) / 2;
+      rest->allreduce(&v, 1, DType::I64, Op::Sum);
+      if (v != want) std::printf("rank %d: %lld, expected %lld\n", pg->rank(), static_cast<long long>(v), static_cast<long long>(want));
+      else if (pg->rank() == 1) std::printf("ok\n");
+      return v == want ? 0 : 1;
+    }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
     if (mode == "conformance" && argc > 2) {
       uint64_t seed = std::strtoull(argv[2], nullptr, 10);
@@ -119,7 +131,7 @@ int main(int argc, char** argv) {
       if (pg->rank() == 0) std::printf("%s (%d ranks, %d nodes, %s/%s)\n", bad ? "FAILED" : "ok", pg->size(), pg->nodes(), pg->intra_transport().c_str(), pg->inter_transport().c_str());
       return bad ? 1 : 0;
     }
-    std::fprintf(stderr, "usage: dc_check conformance SEED | die RANK | info\n");
+    std::fprintf(stderr, "usage: dc_check conformance SEED | die RANK | split-exit | info\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dc_check: %s\n", e.what());

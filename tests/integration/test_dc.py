@@ -122,6 +122,14 @@ def test_example_runs():
     check(r.returncode == 0 and "allreduce ok" in r.stdout, f"example failed: {r.stdout}{r.stderr}")
 
 
+def test_split_then_exit():
+    # Rank 0 serves the store that the new groups are set up through; it must not leave split()
+    # (and exit) before they are.
+    for _ in range(5):
+        r = run(["-n", "4", DC_CHECK, "split-exit"], env=marker_env(), timeout=120)
+        check(r.returncode == 0 and r.stdout.strip() == "ok", f"{r.returncode} {r.stdout}{r.stderr}")
+
+
 def test_locality_domains():
     # pytorch_exec's own PYTORCH_EXEC_DOMAIN (one domain on this machine), then one set per rank
     # by a shell: every rank learns every rank's domain, through PMIx and through env://.
@@ -153,5 +161,5 @@ if __name__ == "__main__":
         skip(f"{DC_CHECK} is not built")
     main([test_one_node_shm, test_two_nodes_hierarchical, test_unequal_nodes, test_tcp_only,
           test_env_bootstrap, test_mpi_transport, test_under_mpirun,
-          test_peer_death_is_an_error_on_every_survivor, test_example_runs, test_locality_domains,
+          test_peer_death_is_an_error_on_every_survivor, test_example_runs, test_split_then_exit, test_locality_domains,
           test_no_launcher_is_a_clear_error])
