@@ -51,7 +51,10 @@ bool ProcessGroup::Impl::machine_oversubscribed() const {
 }
 
 void ProcessGroup::Impl::set_chunking() {
-  for (Comm* c : {&world_c, &flat_c, &local_c, &cross_c}) c->max_chunk = shared_cpus ? kRingChunkShared : kRingChunk;
+  for (Comm* c : {&world_c, &flat_c, &local_c, &cross_c}) {
+    bool stream = c->t && (c->t->capabilities() & Transport::kByteStream);  // tcp: segments
+    c->max_chunk = shared_cpus && stream ? kRingChunkShared : kRingChunk;
+  }
 }
 
 void ProcessGroup::Impl::lay_out(const Deadline& d) {
