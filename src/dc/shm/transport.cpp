@@ -149,23 +149,17 @@ class NodeImpl : public Node {
         if (r != me_) check_header(*h_, states_[r].in.call[seq & 1], r);
       size_t first = blk.first(me_), cnt = blk.count(me_);
       char* mine = buf + first * es;  // reduced in place in the caller's buffer, then published
-      if (cross) {
+      // Published a few KiB at a time, while the result is still in the first-level cache; with
+      // a cross-node step in between, the whole shard at once.
+      size_t step = cross ? std::max<size_t>(cnt, 1) : std::max<size_t>(1, (16 << 10) / es);
+      for (size_t o = 0; o < cnt; o += step) {
+        size_t k = std::min(step, cnt - o);
+        char* part = mine + o * es;
         for (int r = 0; r < n_; ++r)
-          if (r != me_) reduce_into(mine, slot(seq, r) + first * es, cnt, t, op);
-        if (cnt > 0) cross(mine, cnt);
-        if (op == Op::Avg) finish_avg(mine, cnt, t, avg_divisor);
-        copy(slot(seq, me_), buf, blk, me_, es);
-      } else {
-        // Published a few KiB at a time, while the result is still in the first-level cache.
-        size_t step = std::max<size_t>(1, (16 << 10) / es);
-        for (size_t o = 0; o < cnt; o += step) {
-          size_t k = std::min(step, cnt - o);
-          char* part = mine + o * es;
-          for (int r = 0; r < n_; ++r)
-            if (r != me_) reduce_into(part, slot(seq, r) + (first + o) * es, k, t, op);
-          if (op == Op::Avg) finish_avg(part, k, t, avg_divisor);
-          std::memcpy(slot(seq, me_) + (first + o) * es, part, k * es);
-        }
+          if (r != me_) reduce_into(part, slot(seq, r) + (first + o) * es, k, t, op);
+        if (cross) cross(part, k);
+        if (op == Op::Avg) finish_avg(part, k, t, avg_divisor);
+        std::memcpy(slot(seq, me_) + (first + o) * es, part, k * es);
       }
       states_[me_].out.v.store(seq, std::memory_order_release);
     }
