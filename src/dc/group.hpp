@@ -31,6 +31,10 @@ struct ProcessGroup::Impl {
   int node = 0, nodes = 1, local_rank = 0, local_size = 1;
   int min_local = 1, max_local = 1;  // fewest / most ranks on one node
   bool shared_cpus = false;  // a machine of the group runs more ranks than it has processors (agreed)
+  // The shm slot, and the piece of a hierarchical allreduce: PYTORCH_DC_SHM_BYTES, else 512 KiB
+  // on one node (a round then fits a 2 MiB L2 cache: 1.3x faster than 4 MiB there) and 4 MiB
+  // across nodes (each owner's cross-node allreduce gets a larger shard).
+  size_t shm_bytes = 512 << 10;
   Transports tr;
   std::shared_ptr<Transport> inter_t, intra_t;  // intra_t: the point-to-point transport inside a node
   std::unique_ptr<shm::Node> shm;

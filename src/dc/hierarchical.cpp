@@ -58,7 +58,7 @@ void piece(ProcessGroup::Impl& g, char* buf, size_t count, DType t, Op op, const
 
 void hierarchical_allreduce(ProcessGroup::Impl& g, void* buf, size_t count, DType t, Op op,
                             const CallHeader& h, const Deadline& d) {
-  size_t es = dtype_size(t), step = std::max<size_t>(1, g.s.shm_bytes / es);
+  size_t es = dtype_size(t), step = std::max<size_t>(1, g.shm_bytes / es);
   for (size_t off = 0; off < count; off += step)
     piece(g, static_cast<char*>(buf) + off * es, std::min(step, count - off), t, op, h, d);
 }

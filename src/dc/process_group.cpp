@@ -45,8 +45,9 @@ Deadline ProcessGroup::Impl::deadline(double timeout, const std::string& what) c
 
 bool ProcessGroup::Impl::machine_oversubscribed() const {
   // The processes on this machine: the node's ranks, or more where nodes are simulated
-  // (PYTORCH_DC_NODE) and the launcher says how many it started here.
-  double here = std::max<double>(local_size, threads ? 0 : env_number("LOCAL_WORLD_SIZE", 0));
+  // (PYTORCH_DC_NODE) and the launcher says how many it started here; ranks that are threads
+  // all run here.
+  double here = threads ? size : std::max<double>(local_size, env_number("LOCAL_WORLD_SIZE", 0));
   return here > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
@@ -75,15 +76,17 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
   flat_c = nodes == 1 ? Comm{intra_t.get(), world, rank} : world_c;
   local_c = Comm{intra_t.get(), {}, local_rank};
   for (int r : mine) local_c.members.push_back(world[static_cast<size_t>(r)]);
-  // The processes on this machine: the node's ranks, or more where nodes are simulated
-  // (PYTORCH_DC_NODE) and the launcher says how many it started here.
-  if (machine_oversubscribed()) no_busy_polling();
-  set_chunking();
   cross_c = Comm{inter_t.get(), {}, node};
   if (local_rank < min_local)
     for (auto& v : on_node) cross_c.members.push_back(world[static_cast<size_t>(v[static_cast<size_t>(local_rank)])]);
+  if (machine_oversubscribed()) no_busy_polling();
+  set_chunking();
+  shm_bytes = s.shm_bytes ? s.shm_bytes : nodes > 1 ? 4 << 20 : 512 << 10;
+  // Set up over the node's own connections, not the store: a group made by split() must not
+  // depend on the rank that serves the store still being there.
   if (s.intra == "shm" && local_size > 1)
-    shm = shm::Node::create(*store, key + ".node" + std::to_string(node), local_rank, local_size, s.shm_bytes, d);
+    shm = shm::Node::create([&] { dissemination_barrier(local_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, 0), d); },
+                            key + ".node" + std::to_string(node), local_rank, local_size, shm_bytes);
 }
 
 namespace {
@@ -129,14 +132,18 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   std::iota(g->world.begin(), g->world.end(), 0);
   g->node_of = number_nodes(w.nodes);
   g->domain_of = w.domains;
-  g->lay_out(d);
-  if (g->size > 1) {  // every rank must cut ring messages the same way: agree on shared_cpus
+  g->guarded(d, [&] {
+    g->lay_out(d);
+    if (g->size == 1) return;
+    // Every rank must cut ring messages the same way: agree on shared_cpus.  This also ends
+    // init only when every rank is done with the store (mpi set-up), so rank 0, which serves it,
+    // may exit at any time after.
     int32_t shared = g->machine_oversubscribed();
     recursive_doubling_allreduce(g->world_c, &shared, 1, DType::I32, Op::Max,
                                  make_header(Kind::Allreduce, 1, DType::I32, Op::Max, 0), d);
     g->shared_cpus = shared != 0;
     g->set_chunking();
-  }
+  });
   return g;
 }
 
@@ -341,12 +348,8 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
   std::vector<int64_t> all(2 * static_cast<size_t>(g.size));
   allgather(mine, all.data(), 2, DType::I64, timeout);
   int index = g.splits++;
-  std::shared_ptr<ProcessGroup> out;
-  if (color >= 0) out = std::make_shared<ProcessGroup>(split_impl(g, all, color, index, timeout));
-  // Set-up goes through the store that rank 0 of the job serves: nobody leaves (and perhaps
-  // exits) until every new group is set up.
-  barrier(timeout);
-  return out;
+  if (color < 0) return nullptr;
+  return std::make_shared<ProcessGroup>(split_impl(g, all, color, index, timeout));
 }
 
 }  // namespace pytorch_exec::dc

@@ -49,8 +49,10 @@ Settings resolve_settings(const Options& o) {
   s.small_bytes = o.small_bytes > 0 ? o.small_bytes : static_cast<size_t>(env_number("PYTORCH_DC_SMALL", 32 << 10));
   s.hierarchical = flag(o.hierarchical, "PYTORCH_DC_HIERARCHICAL", true);
   s.bf16_wire = flag(o.bf16_wire, "PYTORCH_DC_BF16_WIRE", false);
-  s.shm_bytes = static_cast<size_t>(env_number("PYTORCH_DC_SHM_BYTES", 512 << 10));
-  if (s.shm_bytes < 4096) throw Error("PYTORCH_DC_SHM_BYTES must be at least 4096");
+  if (!env_or("PYTORCH_DC_SHM_BYTES", "").empty()) {
+    s.shm_bytes = static_cast<size_t>(env_number("PYTORCH_DC_SHM_BYTES", 0));
+    if (s.shm_bytes < 4096) throw Error("PYTORCH_DC_SHM_BYTES must be at least 4096");
+  }
   return s;
 }
 

@@ -15,7 +15,7 @@ struct Settings {
   size_t small_bytes = 32 << 10;
   bool hierarchical = true;
   bool bf16_wire = false;
-  size_t shm_bytes = 4 << 20;
+  size_t shm_bytes = 0;  // PYTORCH_DC_SHM_BYTES; 0: by layout (ProcessGroup::Impl::shm_bytes)
 
   bool uses(const std::string& transport) const { return intra == transport || inter == transport; }
 };

@@ -5,9 +5,9 @@
 //   dc_check die RANK           ranks loop over large allreduces; RANK exits abruptly in the
 //                               middle; the others must report an error within the timeout
 //                               (exit 4, "error after S s: ...").
-//   dc_check split-exit         rank 0 leaves the job right after a split that it is not part of;
-//                               the others set up their group (through the store rank 0 serves)
-//                               and allreduce in it.  "ok" on rank 1.
+//   dc_check split-exit         rank 0 (which serves the bootstrap's store) leaves the job right
+//                               after a split that it is not part of; the others set up their
+//                               group, split it again and allreduce in both.  "ok" on rank 1.
 //   dc_check info               one line per rank: rank size node nodes local_rank local_size intra inter,
 //                               the domains of all ranks, and those of its half after split(rank % 2)
 #include <unistd.h>
@@ -115,8 +115,10 @@ int main(int argc, char** argv) {
     if (mode == "split-exit") {
       auto rest = pg->split(pg->rank() == 0 ? -1 : 1);
       if (!rest) return 0;
+      auto again = rest->split(0);
       int64_t v = pg->rank(), want = static_cast<int64_t>(pg->size()) * (pg->size() - 1) / 2;
       rest->allreduce(&v, 1, DType::I64, Op::Sum);
+      again->allreduce(&v, 1, DType::I64, Op::Max);
       if (v != want) std::printf("rank %d: %lld, expected %lld\n", pg->rank(), static_cast<long long>(v), static_cast<long long>(want));
       else if (pg->rank() == 1) std::printf("ok\n");
       return v == want ? 0 : 1;

@@ -123,8 +123,8 @@ def test_example_runs():
 
 
 def test_split_then_exit():
-    # Rank 0 serves the store that the new groups are set up through; it must not leave split()
-    # (and exit) before they are.
+    # Rank 0 serves the bootstrap's store; groups made by split() must not need it: rank 0 is in
+    # none of them and exits at once, and the others split once more.
     for _ in range(5):
         r = run(["-n", "4", DC_CHECK, "split-exit"], env=marker_env(), timeout=120)
         check(r.returncode == 0 and r.stdout.strip() == "ok", f"{r.returncode} {r.stdout}{r.stderr}")

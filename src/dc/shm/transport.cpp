@@ -246,13 +246,12 @@ class NodeImpl : public Node {
 
 }  // namespace
 
-std::unique_ptr<Node> Node::create(Store& store, const std::string& key, int local_rank,
-                                   int local_size, size_t slot_bytes, const Deadline& d) {
+std::unique_ptr<Node> Node::create(const std::function<void()>& local_barrier, const std::string& key,
+                                   int local_rank, int local_size, size_t slot_bytes) {
   slot_bytes = round_up(std::max<size_t>(slot_bytes, 4096), 4096);
   std::string name = "/pytorch_dc." + key;
   std::replace(name.begin() + 1, name.end(), '/', '_');
   size_t bytes = NodeImpl::bytes(local_size, slot_bytes);
-  double left = std::chrono::duration<double>(d.at - Clock::now()).count();
   std::unique_ptr<Segment> seg;
   if (local_rank == 0) {
     ::shm_unlink(name.c_str());  // a leftover of a crashed job with the same key
@@ -261,16 +260,16 @@ std::unique_ptr<Node> Node::create(Store& store, const std::string& key, int loc
     *h = Header{kMagic, static_cast<uint64_t>(local_size), slot_bytes};
     auto* st = reinterpret_cast<RankState*>(seg->base() + 4096);
     for (int r = 0; r < local_size; ++r) new (&st[r]) RankState{};
-    store.set(key + "/created", "1");
-    for (int r = 1; r < local_size; ++r) store.get(key + "/attached/" + std::to_string(r), left);
-    seg->unlink();  // every local rank has it mapped: nothing can leak from here on
+    local_barrier();  // created
+    local_barrier();  // attached
+    seg->unlink();    // every local rank has it mapped: nothing can leak from here on
   } else {
-    store.get(key + "/created", left);
+    local_barrier();
     seg = std::make_unique<Segment>(name, bytes, false);
     auto* h = reinterpret_cast<Header*>(seg->base());
     if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) || h->slot_bytes != slot_bytes)
       throw Error("shm: segment " + name + " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
-    store.set(key + "/attached/" + std::to_string(local_rank), "1");
+    local_barrier();
   }
   auto node = std::make_unique<NodeImpl>(std::move(seg), local_rank, local_size, slot_bytes);
   return node;

@@ -19,18 +19,18 @@
 #include <string>
 
 #include "dc/comm.hpp"
-#include "dc/store.hpp"
 #include "dc/transport.hpp"
 
 namespace pytorch_exec::dc::shm {
 
 class Node {
  public:
-  // All `local_size` ranks of the node call this together.  `key` names the segment uniquely
-  // among the jobs of this machine and the groups of this job (it goes into the store keys and
-  // the shm name).  Throws Error.
-  static std::unique_ptr<Node> create(Store& store, const std::string& key, int local_rank,
-                                      int local_size, size_t slot_bytes, const Deadline& d);
+  // All `local_size` ranks of the node call this together; `local_barrier` synchronizes them
+  // (twice: the segment exists; everyone has it mapped, so local rank 0 unlinks it).  `key`
+  // names the segment uniquely among the jobs of this machine and the groups of this job.
+  // Throws Error.
+  static std::unique_ptr<Node> create(const std::function<void()>& local_barrier, const std::string& key,
+                                      int local_rank, int local_size, size_t slot_bytes);
   virtual ~Node() = default;
 
   // The inter-node step: called by each owner on its reduced shard (in shared memory).
