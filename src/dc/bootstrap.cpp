@@ -3,11 +3,11 @@
 #include <pmix.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
-#include <algorithm>
 #include <random>
 
 #include "dc/tcp/transport.hpp"

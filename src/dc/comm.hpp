@@ -39,9 +39,9 @@ void check_header(const CallHeader& mine, const CallHeader& theirs, int from_ran
 char* scratch_buffer(size_t bytes);
 
 // The largest chunk of a ring.  On a machine that runs more ranks than it has processors a chunk
-// of a byte-stream transport (tcp) stays below one 64 KiB loopback segment: at 4 ranks on 2 processors, chunks of 64 KiB and more
-// made the tcp ring twice as slow at 1-8 MiB (a chunk that ends in a second, tiny segment costs
-// the receiver another wake-up).
+// of a byte-stream transport (tcp) stays below one 64 KiB loopback segment: at 4 ranks on 2
+// processors, chunks of 64 KiB and more made the tcp ring twice as slow at 1-8 MiB (a chunk
+// that ends in a second, tiny segment costs the receiver another wake-up).
 constexpr size_t kRingChunk = 256 << 10;
 constexpr size_t kRingChunkShared = 48 << 10;
 

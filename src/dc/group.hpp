@@ -47,9 +47,7 @@ struct ProcessGroup::Impl {
   // Fills the layout and the Comms from world, node_of, shared_cpus and rank; creates the shm
   // segment.
   void lay_out(const Deadline& d);
-  // Sets the Comms' ring chunking from shared_cpus.
-  void set_chunking();
-  // Whether this rank's machine runs more ranks than it has processors.
+  // Whether this rank's machine runs more ranks than it has processors (from node_of).
   bool machine_oversubscribed() const;
   // Runs f; on an error the group (and the transports it shares) is aborted, so that the other
   // ranks get an error too instead of waiting for their timeout.  The error names the call (d).

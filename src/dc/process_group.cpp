@@ -47,15 +47,9 @@ bool ProcessGroup::Impl::machine_oversubscribed() const {
   // The processes on this machine: the node's ranks, or more where nodes are simulated
   // (PYTORCH_DC_NODE) and the launcher says how many it started here; ranks that are threads
   // all run here.
-  double here = threads ? size : std::max<double>(local_size, env_number("LOCAL_WORLD_SIZE", 0));
+  double on_node = static_cast<double>(std::count(node_of.begin(), node_of.end(), node_of[static_cast<size_t>(rank)]));
+  double here = threads ? size : std::max(on_node, env_number("LOCAL_WORLD_SIZE", 0));
   return here > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-}
-
-void ProcessGroup::Impl::set_chunking() {
-  for (Comm* c : {&world_c, &flat_c, &local_c, &cross_c}) {
-    bool stream = c->t && (c->t->capabilities() & Transport::kByteStream);  // tcp: segments
-    c->max_chunk = shared_cpus && stream ? kRingChunkShared : kRingChunk;
-  }
 }
 
 void ProcessGroup::Impl::lay_out(const Deadline& d) {
@@ -79,8 +73,10 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
   cross_c = Comm{inter_t.get(), {}, node};
   if (local_rank < min_local)
     for (auto& v : on_node) cross_c.members.push_back(world[static_cast<size_t>(v[static_cast<size_t>(local_rank)])]);
-  if (machine_oversubscribed()) no_busy_polling();
-  set_chunking();
+  for (Comm* c : {&world_c, &flat_c, &local_c, &cross_c}) {
+    bool stream = c->t && (c->t->capabilities() & Transport::kByteStream);  // tcp: segments
+    c->max_chunk = shared_cpus && stream ? kRingChunkShared : kRingChunk;
+  }
   shm_bytes = s.shm_bytes ? s.shm_bytes : nodes > 1 ? 4 << 20 : 512 << 10;
   // Set up over the node's own connections, not the store: a group made by split() must not
   // depend on the rank that serves the store still being there.
@@ -133,16 +129,16 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   g->node_of = number_nodes(w.nodes);
   g->domain_of = w.domains;
   g->guarded(d, [&] {
-    g->lay_out(d);
-    if (g->size == 1) return;
-    // Every rank must cut ring messages the same way: agree on shared_cpus.  This also ends
-    // init only when every rank is done with the store (mpi set-up), so rank 0, which serves it,
-    // may exit at any time after.
     int32_t shared = g->machine_oversubscribed();
-    recursive_doubling_allreduce(g->world_c, &shared, 1, DType::I32, Op::Max,
-                                 make_header(Kind::Allreduce, 1, DType::I32, Op::Max, 0), d);
+    if (shared) no_busy_polling();
+    // Every rank must cut ring messages the same way: agree on shared_cpus.  This also keeps
+    // every rank in init until all are done with the store (mpi set-up), so rank 0, which serves
+    // it, may exit at any time after.
+    if (g->size > 1)
+      recursive_doubling_allreduce(Comm{g->inter_t.get(), g->world, g->rank}, &shared, 1, DType::I32, Op::Max,
+                                   make_header(Kind::Allreduce, 1, DType::I32, Op::Max, 0), d);
     g->shared_cpus = shared != 0;
-    g->set_chunking();
+    g->lay_out(d);
   });
   return g;
 }
@@ -307,17 +303,20 @@ void ProcessGroup::recv(void* buf, size_t bytes, int peer, double timeout) {
   });
 }
 
-namespace {
-
-// The new group of `color` (colors and keys of all ranks in `all`).
-std::unique_ptr<ProcessGroup::Impl> split_impl(ProcessGroup::Impl& g, const std::vector<int64_t>& all, int color, int index, double timeout) {
+std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double timeout) {
+  Impl& g = *impl_;
+  int64_t mine[2] = {color, key};
+  std::vector<int64_t> all(2 * static_cast<size_t>(g.size));
+  allgather(mine, all.data(), 2, DType::I64, timeout);
+  int index = g.splits++;
+  if (color < 0) return nullptr;
   std::vector<int> members;
   for (int r = 0; r < g.size; ++r)
     if (all[2 * static_cast<size_t>(r)] == color) members.push_back(r);
   std::stable_sort(members.begin(), members.end(), [&](int a, int b) {
     return all[2 * static_cast<size_t>(a) + 1] < all[2 * static_cast<size_t>(b) + 1];
   });
-  auto c = std::make_unique<ProcessGroup::Impl>();
+  auto c = std::make_unique<Impl>();
   c->s = g.s;
   c->store = g.store;
   c->key = g.key + ".s" + std::to_string(index) + "c" + std::to_string(color);
@@ -337,19 +336,7 @@ std::unique_ptr<ProcessGroup::Impl> split_impl(ProcessGroup::Impl& g, const std:
   c->node_of = number_nodes(node_names);
   auto d = g.deadline(timeout, "split");
   g.guarded(d, [&] { c->lay_out(d); });
-  return c;
-}
-
-}  // namespace
-
-std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double timeout) {
-  Impl& g = *impl_;
-  int64_t mine[2] = {color, key};
-  std::vector<int64_t> all(2 * static_cast<size_t>(g.size));
-  allgather(mine, all.data(), 2, DType::I64, timeout);
-  int index = g.splits++;
-  if (color < 0) return nullptr;
-  return std::make_shared<ProcessGroup>(split_impl(g, all, color, index, timeout));
+  return std::make_shared<ProcessGroup>(std::move(c));
 }
 
 }  // namespace pytorch_exec::dc

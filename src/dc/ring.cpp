@@ -22,7 +22,7 @@ constexpr size_t kAhead = 512 << 10;
 struct Chunking {
   size_t elems;  // elements per chunk (the last one may be shorter)
   Chunking(size_t block_elems, size_t esize, size_t max_chunk) {
-    size_t bytes = std::clamp(block_elems * esize / 4, std::min(kMinChunk, max_chunk), max_chunk);
+    size_t bytes = std::clamp(block_elems * esize / 4, kMinChunk, max_chunk);
     elems = std::max<size_t>(1, bytes / esize);
   }
   size_t chunks(size_t block_elems) const { return (block_elems + elems - 1) / elems; }
