@@ -29,10 +29,7 @@ def mpirun_env():
     return env
 
 
-HUNG = {}  # name -> runs that did not finish within the timeout (left out of the medians)
-
-
-def timed(cmd, env=None, timeout=300):
+def timed(cmd, env, timeout):
     """Wall seconds of one run, or None if it did not finish within `timeout` (then its whole
     process group is killed)."""
     t0 = time.perf_counter()
@@ -52,7 +49,7 @@ def timed(cmd, env=None, timeout=300):
 
 def interleaved(variants, runs, warmup=1, timeout=30):
     """variants: {name: (cmd, env)}; runs them alternately; returns {name: [seconds]}.  A run
-    that hangs past `timeout` is counted in HUNG and left out."""
+    that hangs past `timeout` is left out (report() counts it)."""
     for _ in range(warmup):
         for cmd, env in variants.values():
             timed(cmd, env, timeout)
@@ -60,20 +57,20 @@ def interleaved(variants, runs, warmup=1, timeout=30):
     for _ in range(runs):
         for name, (cmd, env) in variants.items():
             dt = timed(cmd, env, timeout)
-            if dt is None:
-                HUNG[name] = HUNG.get(name, 0) + 1
-            else:
+            if dt is not None:
                 res[name].append(dt)
     return res
 
 
-def report(title, times, ours, theirs, budget):
+def report(title, times, ours, theirs, budget, runs):
+    """`runs`: the runs interleaved() made of each variant; the missing ones hung."""
     print(title)
     for name, ts in times.items():
         print(f"  {name:<44} median {statistics.median(ts) * 1e3:8.1f} ms   "
               f"min {min(ts) * 1e3:8.1f} ms   max {max(ts) * 1e3:8.1f} ms   ({len(ts)} runs)")
-    for name, n in HUNG.items():
-        print(f"  {name}: {n} run(s) hung (no exit within the timeout; killed and left out)")
+    for name, ts in times.items():
+        if len(ts) < runs:
+            print(f"  {name}: {runs - len(ts)} run(s) hung (no exit within the timeout; killed and left out)")
     ratio = statistics.median(times[ours]) / statistics.median(times[theirs])
     verdict = "within" if ratio <= budget else "OVER"
     print(f"  ratio {ours} / {theirs} = {ratio:.3f}  (budget <= {budget}: {verdict} budget)")

@@ -44,12 +44,17 @@ std::string local_hostname() {
 namespace pe {
 namespace {
 
-struct sockaddr_in ipv4(const std::string& addr, int port) {
-  struct sockaddr_in sa {};
+// False when `addr` is not a dotted IPv4 address.
+bool parse_ipv4(const std::string& addr, int port, struct sockaddr_in& sa) {
+  sa = {};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
-    throw Error("not an IPv4 address: '" + addr + "'");
+  return ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) == 1;
+}
+
+struct sockaddr_in ipv4(const std::string& addr, int port) {
+  struct sockaddr_in sa {};
+  if (!parse_ipv4(addr, port, sa)) throw Error("not an IPv4 address: '" + addr + "'");
   return sa;
 }
 
@@ -183,11 +188,7 @@ std::vector<std::string> local_ipv4_addresses() {
 
 std::string route_source_address(const std::string& dest) {
   struct sockaddr_in sa {};
-  try {
-    sa = ipv4(dest, 9);  // discard; connect() on UDP only picks the route
-  } catch (const Error&) {
-    return "";
-  }
+  if (!parse_ipv4(dest, 9, sa)) return "";  // port 9, discard: connect() on UDP only picks the route
   UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!fd.valid() || ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0) return "";
   return local_address(fd.get());

@@ -169,7 +169,6 @@ void take(Prescan& p, const OptDef* o, const std::optional<std::string>& inline_
     value = toks[++i];
   }
   p.options.emplace_back(o->name, std::vector<std::string>{value});
-  p.options.back().original_tokens = {spelled, value};
 }
 
 Prescan prescan(const std::vector<std::string>& toks) {
