@@ -4,13 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <mutex>
 #include <random>
 
-#include "dc/tcp/transport.hpp"
+#include "dc/socket.hpp"
 
 namespace pytorch_exec::dc {
 namespace {
@@ -22,11 +22,6 @@ std::string host_name() {
 }
 
 std::string node_name() { return env_or("PYTORCH_DC_NODE", host_name()); }
-
-uint64_t random64() {
-  std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
-}
 
 std::string hex(uint64_t v) {
   char buf[17];
@@ -60,6 +55,13 @@ int env_int(const char* name, int lo, int hi) {
 // This rank's locality domain on its node, as pytorch_exec's placement numbers them; 0 without.
 std::string my_domain() { return std::to_string(std::max(0, env_int("PYTORCH_EXEC_DOMAIN", 0, 1 << 20))); }
 
+}  // namespace
+
+uint64_t random64() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+}
+
 // Each process counts its groups, so that the keys of its second init() differ from the first.
 int next_generation() {
   static std::mutex m;
@@ -67,6 +69,8 @@ int next_generation() {
   std::lock_guard<std::mutex> l(m);
   return n++;
 }
+
+namespace {
 
 // --- env:// -------------------------------------------------------------------------------
 
@@ -88,7 +92,6 @@ World bootstrap_env(int tcp_port, double timeout) {
   World w;
   w.rank = rank;
   w.size = size;
-  w.how = "env";
   std::shared_ptr<TcpStoreServer> server;
   int bound = port;
   if (rank == 0) server = serve_tcp_store(port, &bound);
@@ -177,7 +180,6 @@ World bootstrap_pmix(int tcp_port, double timeout) {
     if (pmix_inits++ == 0) std::atexit(finalize_pmix_at_exit);
   }
   World w;
-  w.how = "pmix";
   w.rank = static_cast<int>(me.rank);
   w.size = static_cast<int>(pmix_job_size(me));
   std::string master = env_or("MASTER_ADDR", "");
@@ -265,7 +267,6 @@ World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::
   World w;
   w.rank = rank;
   w.size = size;
-  w.how = "threads";
   w.threads = true;
   w.store = std::move(store);
   w.session = session;

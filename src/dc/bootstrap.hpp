@@ -31,7 +31,6 @@ struct World {
   uint64_t session = 0;            // random, the same on every rank
   std::string key;                 // unique among the groups on this machine (shm names, store keys)
   bool threads = false;
-  std::string how;                 // "pmix", "env" or "threads"
 };
 
 // Bootstraps this process.  `tcp_port` > 0: this rank's tcp listener port, whose address is
@@ -45,6 +44,11 @@ World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::
 // with the same `key`.
 std::vector<std::string> store_allgather(Store& store, const std::string& key, int rank, int size,
                                          const std::string& mine, double timeout);
+
+// 64 random bits (a group's session number).
+uint64_t random64();
+// Numbers the groups this process bootstraps: 0, 1, ... (unique keys within a process).
+int next_generation();
 
 // The environment variable `name`, or `def` when it is unset or empty.
 std::string env_or(const char* name, const std::string& def);

@@ -51,4 +51,10 @@ void check_header(const CallHeader& mine, const CallHeader& theirs, int from_ran
               ", this rank " + describe(mine));
 }
 
+void recv_header(const Comm& c, int from, const CallHeader& mine, const Deadline& d) {
+  CallHeader theirs;
+  c.wait(c.irecv(from, &theirs, sizeof theirs), d);
+  check_header(mine, theirs, c.world(from));
+}
+
 }  // namespace pytorch_exec::dc

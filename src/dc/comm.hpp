@@ -62,4 +62,7 @@ struct Comm {
   void wait(Request r, const Deadline& d) const { t->wait(r, d); }
 };
 
+// Receives member `from`'s call header and checks it against `mine`.
+void recv_header(const Comm& c, int from, const CallHeader& mine, const Deadline& d);
+
 }  // namespace pytorch_exec::dc

@@ -14,11 +14,6 @@
 
 namespace pytorch_exec::dc {
 
-struct Transports {
-  std::shared_ptr<Transport> tcp, mpi;
-  std::shared_ptr<Transport> get(const std::string& name) const { return name == "mpi" ? mpi : tcp; }
-};
-
 struct ProcessGroup::Impl {
   Settings s;
   std::shared_ptr<Store> store;
@@ -35,7 +30,6 @@ struct ProcessGroup::Impl {
   // on one node (a round then fits a 2 MiB L2 cache: 1.3x faster than 4 MiB there) and 4 MiB
   // across nodes (each owner's cross-node allreduce gets a larger shard).
   size_t shm_bytes = 512 << 10;
-  Transports tr;
   std::shared_ptr<Transport> inter_t, intra_t;  // intra_t: the point-to-point transport inside a node
   std::unique_ptr<shm::Node> shm;
   Comm world_c, local_c, cross_c;  // cross_c: the ranks with this local rank on every node
@@ -56,9 +50,6 @@ struct ProcessGroup::Impl {
   Deadline deadline(double timeout, const std::string& what) const;
   double seconds(double timeout) const { return timeout < 0 ? s.timeout : timeout; }
 };
-
-std::unique_ptr<ProcessGroup::Impl> build_group(World w, const Settings& s, int tcp_fd_port,
-                                                void* listener, const Deadline& d);
 
 // The allreduce of a group, by level and size (collectives.cpp).
 void group_allreduce(ProcessGroup::Impl& g, void* buf, size_t count, DType t, Op op, const Deadline& d);

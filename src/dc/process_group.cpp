@@ -5,11 +5,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <map>
 #include <numeric>
-#include <random>
 #include <thread>
 
 #include "dc/group.hpp"
@@ -27,14 +25,19 @@ namespace pytorch_exec::dc {
 template <typename F>
 void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
   if (!failed.empty()) throw Error(d.describe() + ": the process group is unusable after an earlier error: " + failed);
-  try {
-    f();
-  } catch (const Error& e) {
+  auto fail = [&](const Error& e) {
     failed = e.what();
     if (inter_t) inter_t->abort(failed);
     if (intra_t) intra_t->abort(failed);
     if (shm) shm->abort();
-    if (dynamic_cast<const TimeoutError*>(&e)) throw;  // it names the operation already
+  };
+  try {
+    f();
+  } catch (const TimeoutError& e) {  // d.expire(): it names the operation, and stays a TimeoutError
+    fail(e);
+    throw;
+  } catch (const Error& e) {
+    fail(e);
     throw Error(d.describe() + ": " + e.what());
   }
 }
@@ -53,8 +56,7 @@ bool ProcessGroup::Impl::machine_oversubscribed() const {
 }
 
 void ProcessGroup::Impl::lay_out(const Deadline& d) {
-  std::vector<int> count(static_cast<size_t>(*std::max_element(node_of.begin(), node_of.end()) + 1));
-  std::vector<std::vector<int>> on_node(count.size());
+  std::vector<std::vector<int>> on_node(static_cast<size_t>(*std::max_element(node_of.begin(), node_of.end()) + 1));
   for (int r = 0; r < size; ++r) on_node[static_cast<size_t>(node_of[static_cast<size_t>(r)])].push_back(r);
   nodes = static_cast<int>(on_node.size());
   node = node_of[static_cast<size_t>(rank)];
@@ -94,6 +96,12 @@ std::vector<int> number_nodes(const std::vector<std::string>& names) {
   return out;
 }
 
+// The transports a group's settings use (they own them; intra and inter may be the same one).
+struct Transports {
+  std::shared_ptr<Transport> tcp, mpi;
+  std::shared_ptr<Transport> get(const std::string& name) const { return name == "mpi" ? mpi : tcp; }
+};
+
 Transports make_transports(const World& w, const Settings& s, Listener* listener, const Deadline& d) {
   Transports tr;
   if (s.uses("tcp"))
@@ -104,7 +112,7 @@ Transports make_transports(const World& w, const Settings& s, Listener* listener
     auto gather = [&](const std::string& mine) {
       return store_allgather(*w.store, w.key + "/mpi", w.rank, w.size, mine, s.timeout);
     };
-    tr.mpi = mpi::create(w.rank, w.size, gather, d);
+    tr.mpi = mpi::create(w.rank, w.size, gather);
 #else
     throw Error("the mpi transport is not available: libpytorch_dc was built without MPI");
 #endif
@@ -116,9 +124,9 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   auto d = Deadline::after(s.timeout, "process group set-up (rank " + std::to_string(w.rank) + ")");
   auto g = std::make_unique<ProcessGroup::Impl>();
   g->s = s;
-  g->tr = make_transports(w, s, listener, d);
-  g->inter_t = g->tr.get(s.inter);
-  g->intra_t = s.intra == "shm" ? g->inter_t : g->tr.get(s.intra);
+  Transports tr = make_transports(w, s, listener, d);
+  g->inter_t = tr.get(s.inter);
+  g->intra_t = s.intra == "shm" ? g->inter_t : tr.get(s.intra);
   g->store = w.store;
   g->key = w.key;
   g->threads = w.threads;
@@ -160,10 +168,8 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Op
   std::vector<std::string> names;
   for (int i = 0; i < n; ++i) names.push_back("node" + std::to_string(nodes.empty() ? 0 : nodes[static_cast<size_t>(i)]));
   auto store = memory_store();
-  std::random_device rd;
-  uint64_t session = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  static std::atomic<int> counter{0};
-  std::string key = "threads" + std::to_string(::getpid()) + "." + std::to_string(counter++) + "." + std::to_string(session % 100000);
+  uint64_t session = random64();
+  std::string key = "threads" + std::to_string(::getpid()) + "." + std::to_string(next_generation()) + "." + std::to_string(session % 100000);
   std::vector<std::shared_ptr<ProcessGroup>> out(static_cast<size_t>(n));
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> th;
@@ -294,11 +300,7 @@ void ProcessGroup::recv(void* buf, size_t bytes, int peer, double timeout) {
   Impl& g = *impl_;
   auto d = p2p_call(g, "recv", buf, bytes, peer, timeout);
   g.guarded(d, [&] {
-    auto mine = make_header(Kind::Send, bytes, DType::U8, Op::Sum, 0);
-    CallHeader theirs;
-    Request a = g.world_c.irecv(peer, &theirs, sizeof theirs);
-    g.world_c.wait(a, d);
-    check_header(mine, theirs, g.world[static_cast<size_t>(peer)]);
+    recv_header(g.world_c, peer, make_header(Kind::Send, bytes, DType::U8, Op::Sum, 0), d);
     g.world_c.wait(g.world_c.irecv(peer, buf, bytes), d);
   });
 }
@@ -321,7 +323,6 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
   c->store = g.store;
   c->key = g.key + ".s" + std::to_string(index) + "c" + std::to_string(color);
   c->threads = g.threads;
-  c->tr = g.tr;
   c->inter_t = g.inter_t;
   c->intra_t = g.intra_t;
   c->shared_cpus = g.shared_cpus;

@@ -86,7 +86,6 @@ void recursive_doubling_allreduce(const Comm& c, void* buf, size_t count, DType 
     else
       x.exchange(me - 1, -1);
   }
-  if (op == Op::Avg) finish_avg(buf, count, t, n);
 }
 
 }  // namespace pytorch_exec::dc

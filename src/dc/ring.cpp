@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <deque>
-#include <memory>
 #include <vector>
 
 #include "dc/reduce.hpp"
@@ -35,10 +34,10 @@ struct Unit {
   size_t count;
 };
 
-// The units of `steps` ring steps, step-major; block_of(s) names the block moved at step s.
+// Appends the units of `steps` ring steps to `out`, step-major; block_of(s) names the block
+// moved at step s.
 template <typename F>
-std::vector<Unit> units(const Comm& c, const Blocks& b, size_t esize, int steps, F block_of) {
-  std::vector<Unit> out;
+void units(const Comm& c, const Blocks& b, size_t esize, int steps, F block_of, std::vector<Unit>& out) {
   for (int s = 0; s < steps; ++s) {
     int blk = block_of(s);
     size_t n = b.count(blk);
@@ -48,7 +47,6 @@ std::vector<Unit> units(const Comm& c, const Blocks& b, size_t esize, int steps,
       out.push_back({blk, first, std::min(ch.elems, n - k * ch.elems)});
     }
   }
-  return out;
 }
 
 // Sends the call header to the next member and checks the previous member's.
@@ -69,17 +67,15 @@ struct HeaderExchange {
 // `reduced` receives land in a window of scratch buffers and are reduced into place; the rest
 // land in place.  Receive i (i < recvs.size() - tail) makes send initial + i ready: the chunk
 // that just arrived (or was just reduced) is passed on at once, as long as no more than kAhead
-// bytes (at least two chunks) are sent ahead of the receives.  `finished(i)` is called when
-// receive i completed its reduction (Avg divides the chunks that became final there).
+// bytes (at least two chunks) are sent ahead of the receives.
 struct Stream {
   std::vector<Unit> sends, recvs;
   size_t initial = 0;  // sends ready at the start
   size_t reduced = 0;  // receives that are reduced
 };
 
-template <typename F>
 void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, const CallHeader& h,
-                const Deadline& d, F finished) {
+                const Deadline& d) {
   size_t es = dtype_size(t);
   HeaderExchange hx(c, h);
   std::vector<Request> sent;
@@ -114,7 +110,6 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
     const Unit& u = st.recvs[i];
     if (i < st.reduced) {
       reduce_into(base + u.first * es, scratch(i), u.count, t, op);
-      finished(i);
       post(i + 1);
     }
     for (; next_send < allowed(i + 1); ++next_send) send(next_send);
@@ -128,21 +123,17 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
 // sent at step s+1; the last step's is this member's own block).
 void reduce_scatter_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
   int n = c.size();
-  auto sends = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
-  auto recvs = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); });
-  for (auto& u : sends) st.initial += u.block == c.mod(c.me - 1);
-  st.sends.insert(st.sends.end(), sends.begin(), sends.end());
-  st.recvs.insert(st.recvs.end(), recvs.begin(), recvs.end());
+  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); }, st.sends);
+  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); }, st.recvs);
+  for (auto& u : st.sends) st.initial += u.block == c.mod(c.me - 1);
   st.reduced = st.recvs.size();
 }
 
 // Allgather units: step s sends block me-s and receives block me-s-1, sent on at step s+1.
 void allgather_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
   int n = c.size();
-  auto sends = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s); });
-  auto recvs = units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); });
-  st.sends.insert(st.sends.end(), sends.begin(), sends.end());
-  st.recvs.insert(st.recvs.end(), recvs.begin(), recvs.end());
+  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s); }, st.sends);
+  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); }, st.recvs);
 }
 
 }  // namespace
@@ -169,7 +160,7 @@ void ring_reduce_scatter(const Comm& c, void* buf, const Blocks& b, DType t, Op 
   if (c.size() == 1) return;
   Stream st;
   reduce_scatter_units(c, b, dtype_size(t), st);
-  run_stream(c, static_cast<char*>(buf), t, op, st, h, d, [](size_t) {});
+  run_stream(c, static_cast<char*>(buf), t, op, st, h, d);
 }
 
 void ring_allgather(const Comm& c, void* buf, const Blocks& b, DType t, const CallHeader& h,
@@ -178,7 +169,7 @@ void ring_allgather(const Comm& c, void* buf, const Blocks& b, DType t, const Ca
   Stream st;
   allgather_units(c, b, dtype_size(t), st);
   for (auto& u : st.sends) st.initial += u.block == c.me;
-  run_stream(c, static_cast<char*>(buf), t, Op::Sum, st, h, d, [](size_t) {});
+  run_stream(c, static_cast<char*>(buf), t, Op::Sum, st, h, d);
 }
 
 // Reduce-scatter and allgather as one stream: a chunk of this member's block goes out as soon
@@ -189,14 +180,9 @@ void ring_allreduce(const Comm& c, void* buf, size_t count, DType t, Op op, cons
   if (n == 1) return;
   Blocks b = even_blocks(count, n);
   Stream st;
-  size_t es = dtype_size(t);
-  reduce_scatter_units(c, b, es, st);
-  allgather_units(c, b, es, st);
-  char* base = static_cast<char*>(buf);
-  run_stream(c, base, t, op, st, h, d, [&](size_t i) {
-    const Unit& u = st.recvs[i];
-    if (op == Op::Avg && u.block == c.me) finish_avg(base + u.first * es, u.count, t, n);
-  });
+  reduce_scatter_units(c, b, dtype_size(t), st);
+  allgather_units(c, b, dtype_size(t), st);
+  run_stream(c, static_cast<char*>(buf), t, op, st, h, d);
 }
 
 }  // namespace pytorch_exec::dc

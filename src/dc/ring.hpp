@@ -29,7 +29,7 @@ void ring_reduce_scatter(const Comm& c, void* buf, const Blocks& b, DType t, Op 
 // Block `me` of buf is this member's; afterwards every block holds its owner's.
 void ring_allgather(const Comm& c, void* buf, const Blocks& b, DType t, const CallHeader& h,
                     const Deadline& d);
-// In place; Avg divides.
+// In place.  Avg sums; the caller divides.
 void ring_allreduce(const Comm& c, void* buf, size_t count, DType t, Op op, const CallHeader& h,
                     const Deadline& d);
 

@@ -69,8 +69,6 @@ class Transport {
   // Progress until `r` completes.  Throws TimeoutError when the deadline passes first, and Error
   // when the peer of `r` (or of any operation progressed meanwhile) is lost.
   virtual void wait(Request r, const Deadline& d) = 0;
-  // Progress without blocking; true once `r` has completed.
-  virtual bool test(Request r) = 0;
   // After an error: make the peers notice that this rank can no longer take part (they get an
   // error instead of waiting for their timeout).  Every later operation throws.
   virtual void abort(const std::string& why) = 0;

@@ -9,12 +9,6 @@ namespace {
 constexpr size_t kChainAbove = 256 << 10;
 constexpr size_t kChainChunk = 256 << 10;
 
-void recv_header(const Comm& c, int from, const CallHeader& mine, const Deadline& d) {
-  CallHeader theirs;
-  c.wait(c.irecv(from, &theirs, sizeof theirs), d);
-  check_header(mine, theirs, c.world(from));
-}
-
 void binomial(const Comm& c, char* buf, size_t bytes, int root, const CallHeader& h, const Deadline& d) {
   int n = c.size(), v = c.mod(c.me - root);
   int mask = 1;

@@ -103,7 +103,6 @@ class MpiTransport final : public Transport {
     });
   }
   void wait(Request r, const Deadline& d) override;
-  bool test(Request r) override;
   void abort(const std::string& why) override;
 
  private:
@@ -133,7 +132,6 @@ class MpiTransport final : public Transport {
   MPI_Comm comm_ = MPI_COMM_NULL;
   Table pending_;
   uint64_t next_id_ = 1;
-  unsigned polls_ = 0;
   std::string failed_;  // why every call throws; empty while usable
   bool peers_told_ = false;
   char notice_in_[kNoticeBytes] = {};
@@ -221,16 +219,6 @@ void MpiTransport::wait(Request r, const Deadline& d) {
   pending_.erase(it);
 }
 
-bool MpiTransport::test(Request r) {
-  usable();
-  if (++polls_ % kPollEvery == 0) poll_notice();
-  auto it = find(r);
-  if (it == pending_.end()) return true;
-  if (!progress(it->second)) return false;
-  pending_.erase(it);
-  return true;
-}
-
 void MpiTransport::poll_notice() {
   int flag = 0;
   MPI_Status st;
@@ -288,8 +276,7 @@ void MpiTransport::drain_notices() {
 
 // The allgather (bounded by the store's own timeout) proves every rank present and gives all of
 // them the same answer, so they all reach MPI_Comm_dup, which no deadline can bound, or none does.
-std::unique_ptr<Transport> create(int rank, int size, const Allgather& allgather,
-                                  const Deadline& /*d*/) {
+std::unique_ptr<Transport> create(int rank, int size, const Allgather& allgather) {
   std::vector<int> world = world_ranks(allgather(identity()), size);
   return std::make_unique<MpiTransport>(rank, std::move(world));
 }

@@ -70,12 +70,6 @@ class TcpTransport : public Transport {
   }
   Request irecv(int peer, void* buf, size_t bytes) override { return post(peer, 1, buf, bytes); }
 
-  bool test(Request r) override {
-    if (done(r)) return true;
-    progress_all();
-    return done(r);
-  }
-
   void wait(Request r, const Deadline& d) override {
     auto spin_until = Clock::now() + kSpin;
     while (!done(r)) {
