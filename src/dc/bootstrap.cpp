@@ -95,15 +95,18 @@ World bootstrap_env(int tcp_port, double timeout) {
   std::shared_ptr<TcpStoreServer> server;
   int bound = port;
   if (rank == 0) server = serve_tcp_store(port, &bound);
-  w.store = connect_tcp_store(rank == 0 ? "127.0.0.1" : master, bound, timeout, server);
+  std::shared_ptr<Store> store = connect_tcp_store(rank == 0 ? "127.0.0.1" : master, bound, timeout, server);
   int gen = next_generation();
   std::string g = "g" + std::to_string(gen);
-  if (rank == 0) w.store->set(g + "/session", hex(random64()));
-  std::string session = w.store->get(g + "/session", timeout);
+  if (rank == 0) store->set(g + "/session", hex(random64()));
+  std::string session = store->get(g + "/session", timeout);
   w.session = std::strtoull(session.c_str(), nullptr, 16);
   w.key = "env" + session + "." + g;
+  w.allgather = [=](const std::string& key, const std::string& mine) {
+    return store_allgather(*store, g + "/" + key, rank, size, mine, timeout);
+  };
   std::string addr = tcp_port > 0 ? local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
-  auto all = store_allgather(*w.store, g + "/who", rank, size, join({node_name(), addr, my_domain()}), timeout);
+  auto all = w.allgather("who", join({node_name(), addr, my_domain()}));
   for (auto& a : all) {
     auto f = split(a);
     if (f.size() != 3) throw Error("bootstrap: malformed record in the store");
@@ -172,6 +175,19 @@ void pmix_put_fence(const std::string& key, const std::string& value, const pmix
   pmix_check(rc, "PMIx_Fence");
 }
 
+// Every rank's `mine` under `key`, in rank order: PMIx_Put, a collecting PMIx_Fence, PMIx_Get.
+std::vector<std::string> pmix_allgather(const std::string& key, const std::string& mine, const pmix_proc_t& me,
+                                        int size, double timeout) {
+  pmix_put_fence(key, mine, me, timeout);
+  std::vector<std::string> out;
+  for (int r = 0; r < size; ++r) {
+    pmix_proc_t p;
+    PMIX_LOAD_PROCID(&p, me.nspace, static_cast<pmix_rank_t>(r));
+    out.push_back(pmix_get_string(p, key, timeout));
+  }
+  return out;
+}
+
 World bootstrap_pmix(int tcp_port, double timeout) {
   pmix_proc_t me;
   {
@@ -184,31 +200,22 @@ World bootstrap_pmix(int tcp_port, double timeout) {
   w.size = static_cast<int>(pmix_job_size(me));
   std::string master = env_or("MASTER_ADDR", "");
   std::string ip = local_address_toward(master.empty() ? host_name() : master);
-  std::shared_ptr<TcpStoreServer> server;
-  int store_port = 0;
-  if (w.rank == 0) server = serve_tcp_store(0, &store_port);
   int gen = next_generation();
-  std::string key = "pytorch_dc.who." + std::to_string(gen);
-  uint64_t session = random64();
+  std::string prefix = "pytorch_dc." + std::to_string(gen) + ".";
+  int size = w.size;
+  w.allgather = [=](const std::string& key, const std::string& mine) {
+    return pmix_allgather(prefix + key, mine, me, size, timeout);
+  };
   std::string addr = tcp_port > 0 ? ip + ":" + std::to_string(tcp_port) : "";
-  pmix_put_fence(key, join({node_name(), addr, ip + ":" + std::to_string(store_port), hex(session), my_domain()}), me, timeout);
-  std::string store_addr;
+  auto all = w.allgather("who", join({node_name(), addr, hex(random64()), my_domain()}));
   for (int r = 0; r < w.size; ++r) {
-    pmix_proc_t p;
-    PMIX_LOAD_PROCID(&p, me.nspace, static_cast<pmix_rank_t>(r));
-    auto f = split(pmix_get_string(p, key, timeout));
-    if (f.size() != 5) throw Error("PMIx bootstrap: rank " + std::to_string(r) + " published a malformed record");
+    auto f = split(all[static_cast<size_t>(r)]);
+    if (f.size() != 4) throw Error("PMIx bootstrap: rank " + std::to_string(r) + " published a malformed record");
     w.nodes.push_back(f[0]);
     w.addrs.push_back(f[1]);
-    w.domains.push_back(std::atoi(f[4].c_str()));
-    if (r == 0) {
-      store_addr = f[2];
-      w.session = std::strtoull(f[3].c_str(), nullptr, 16);
-    }
+    w.domains.push_back(std::atoi(f[3].c_str()));
+    if (r == 0) w.session = std::strtoull(f[2].c_str(), nullptr, 16);
   }
-  auto colon = store_addr.rfind(':');
-  w.store = connect_tcp_store(w.rank == 0 ? "127.0.0.1" : store_addr.substr(0, colon),
-                              std::atoi(store_addr.c_str() + colon + 1), timeout, server);
   w.key = "pmix" + hex(std::hash<std::string>{}(me.nspace)) + "." + std::to_string(gen);
   return w;
 }
@@ -268,13 +275,15 @@ World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::
   w.rank = rank;
   w.size = size;
   w.threads = true;
-  w.store = std::move(store);
   w.session = session;
   w.key = key;
   w.nodes = std::move(nodes);
   w.domains.assign(static_cast<size_t>(size), 0);
+  w.allgather = [=](const std::string& k, const std::string& mine) {
+    return store_allgather(*store, key + "/" + k, rank, size, mine, timeout);
+  };
   std::string addr = tcp_port > 0 ? "127.0.0.1:" + std::to_string(tcp_port) : "";
-  w.addrs = store_allgather(*w.store, key + "/addr", rank, size, addr, timeout);
+  w.addrs = w.allgather("addr", addr);
   return w;
 }
 

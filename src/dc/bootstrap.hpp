@@ -2,8 +2,7 @@
 //
 //   PMIx:    the process is a PMIx client (PMIX_NAMESPACE and PMIX_RANK set: under pytorch_exec,
 //            srun --mpi=pmix or mpirun).  Rank and size come from PMIx; every rank puts its node
-//            name and transport address (and rank 0 its key-value store's address) with
-//            PMIx_Put/Commit and a collecting PMIx_Fence.
+//            name and transport address with PMIx_Put/Commit and a collecting PMIx_Fence.
 //   env://:  RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (torchrun's variables); rank 0 serves a
 //            small TCP store on MASTER_PORT+1 (or PYTORCH_DC_PORT) through which the same
 //            information is gathered.
@@ -12,6 +11,7 @@
 // PYTORCH_DC_NODE when set (to simulate several nodes on one machine).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +27,9 @@ struct World {
   std::vector<std::string> nodes;  // node name of every rank
   std::vector<int> domains;        // locality domain of every rank on its node (PYTORCH_EXEC_DOMAIN)
   std::vector<std::string> addrs;  // tcp transport address of every rank ("" without tcp)
-  std::shared_ptr<Store> store;
+  // Every rank's `mine`, in rank order; all ranks call it with the same `key` (unique within the
+  // world), during set-up only.  Through PMIx or the world's store.
+  std::function<std::vector<std::string>(const std::string& key, const std::string& mine)> allgather;
   uint64_t session = 0;            // random, the same on every rank
   std::string key;                 // unique among the groups on this machine (shm names, store keys)
   bool threads = false;

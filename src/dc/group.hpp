@@ -16,8 +16,7 @@ namespace pytorch_exec::dc {
 
 struct ProcessGroup::Impl {
   Settings s;
-  std::shared_ptr<Store> store;
-  std::string key;  // unique name of this group (store keys, shm segment)
+  std::string key;  // unique name of this group (shm segment names)
   bool threads = false;
   int rank = 0, size = 1;
   std::vector<int> world;    // world rank (transport peer) of every group rank

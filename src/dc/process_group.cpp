@@ -109,10 +109,7 @@ Transports make_transports(const World& w, const Settings& s, Listener* listener
   if (s.uses("mpi")) {
 #ifdef HAVE_MPI
     if (w.threads) throw Error("the mpi transport needs one process per rank (not threads)");
-    auto gather = [&](const std::string& mine) {
-      return store_allgather(*w.store, w.key + "/mpi", w.rank, w.size, mine, s.timeout);
-    };
-    tr.mpi = mpi::create(w.rank, w.size, gather);
+    tr.mpi = mpi::create(w.rank, w.size, [&](const std::string& mine) { return w.allgather("mpi", mine); });
 #else
     throw Error("the mpi transport is not available: libpytorch_dc was built without MPI");
 #endif
@@ -127,7 +124,6 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   Transports tr = make_transports(w, s, listener, d);
   g->inter_t = tr.get(s.inter);
   g->intra_t = s.intra == "shm" ? g->inter_t : tr.get(s.intra);
-  g->store = w.store;
   g->key = w.key;
   g->threads = w.threads;
   g->rank = w.rank;
@@ -320,7 +316,6 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
   });
   auto c = std::make_unique<Impl>();
   c->s = g.s;
-  c->store = g.store;
   c->key = g.key + ".s" + std::to_string(index) + "c" + std::to_string(color);
   c->threads = g.threads;
   c->inter_t = g.inter_t;

@@ -1,5 +1,5 @@
 // The key-value store the ranks of a DataChannel group use to find each other at init (addresses,
-// node names, MPI identities).  A TCP store served by rank 0 for env:// and PMIx bootstraps; an
+// node names, MPI identities).  A TCP store served by rank 0 for the env:// bootstrap; an
 // in-memory one for ranks that are threads of one process.
 #pragma once
 

@@ -274,7 +274,7 @@ void MpiTransport::drain_notices() {
 
 }  // namespace
 
-// The allgather (bounded by the store's own timeout) proves every rank present and gives all of
+// The allgather (bounded by its own timeout) proves every rank present and gives all of
 // them the same answer, so they all reach MPI_Comm_dup, which no deadline can bound, or none does.
 std::unique_ptr<Transport> create(int rank, int size, const Allgather& allgather) {
   std::vector<int> world = world_ranks(allgather(identity()), size);
