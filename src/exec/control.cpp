@@ -22,9 +22,9 @@ Connection::Connection(EventLoop& loop, UniqueFd fd, std::string peer, uint32_t 
 
 Connection::~Connection() = default;
 
-void Connection::send(Msg type, std::string_view payload) {
+void Connection::send(uint16_t type, std::string_view payload) {
   if (!fd_.valid()) return;
-  out_.push_back(wire::encode_frame(static_cast<uint16_t>(type), payload));
+  out_.push_back(wire::encode_frame(type, payload));
   out_bytes_ += out_.back().size();
   if (out_.size() == 1 && !flush()) return;
   if (!out_.empty() && !write_ev_) write_ev_ = loop_.watch_writable(fd_.get(), [this] { on_writable(); });
@@ -108,6 +108,11 @@ constexpr uint32_t kHandshakeMaxPayload = 4096;
 constexpr int kKeepaliveSeconds = 10;
 }  // namespace
 
+ConnLink::~ConnLink() {
+  conn_->close();
+  loop_.post([c = conn_.release()] { delete c; });
+}
+
 struct Acceptor::Pending {
   std::unique_ptr<Connection> conn;
   std::string nonce_f;
@@ -137,9 +142,7 @@ void Acceptor::on_accept() {
     p->conn->on_closed([this, pp](const std::string& why) { drop(pp, why); });
     p->timer = loop_.timer([this, pp] { drop(pp, "no handshake within 10 s"); });
     p->timer.arm(kHandshakeTimeout);
-    wire::Writer w;
-    w.str(p->nonce_f);
-    p->conn->send(Msg::Challenge, w.data());
+    p->conn->send(Challenge{p->nonce_f});
     pending_.push_back(std::move(p));
   }
 }
@@ -165,20 +168,15 @@ void Acceptor::on_frame(Pending* p, wire::Frame& f) {
   if (p->done) return;
   if (f.type != static_cast<uint16_t>(Msg::Hello))
     throw wire::WireError(std::string("out-of-order ") + msg_name(f.type) + " frame before authentication");
-  wire::Reader r(f.payload);
-  std::string name = r.str(1024);
-  std::string nonce_d = r.str(auth::kNonceBytes);
-  std::string proof = r.str(auth::kProofBytes);
-  r.finish();
-  if (!auth::proof_matches(auth::daemon_proof(secret_, p->nonce_f, nonce_d, name), proof))
+  Hello h = decode<Hello>(f.payload);
+  const std::string& name = h.node;
+  if (!auth::proof_matches(auth::daemon_proof(secret_, p->nonce_f, h.nonce, name), h.proof))
     return drop(p, "authentication failed (node '" + name + "')");
   std::string refused = check_(name);
   if (!refused.empty()) return drop(p, refused);
-  wire::Writer w;
-  w.str(auth::frontend_proof(secret_, p->nonce_f, nonce_d, name));
-  p->conn->send(Msg::Welcome, w.data());
+  p->conn->send(Welcome{auth::frontend_proof(secret_, p->nonce_f, h.nonce, name)});
   p->conn->set_max_payload(wire::kMaxPayload);
-  auto conn = std::move(p->conn);
+  std::unique_ptr<Connection> conn = std::move(p->conn);
   conn->on_frame({});  // the new owner installs its own
   conn->on_closed({});
   forget(p);

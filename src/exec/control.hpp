@@ -1,6 +1,6 @@
 // The control plane's connections between pytorch_exec (the front end) and the pytorch_execd
 // daemons: a framed, non-blocking connection on the event loop, and the accepting side of the
-// handshake.  Messages are in control_codec.hpp; connections are authenticated as
+// handshake.  Messages are in ctrl/messages.hpp; connections are authenticated as
 // common/auth.hpp describes before anything else is accepted on them.
 //
 // Threading: a Connection is used on its event loop's thread only.
@@ -17,7 +17,8 @@
 #include "common/event_loop.hpp"
 #include "common/unique_fd.hpp"
 #include "common/wire.hpp"
-#include "exec/control_codec.hpp"
+#include "exec/ctrl/messages.hpp"
+#include "exec/ctrl/tree.hpp"
 
 namespace pe::ctrl {
 
@@ -25,20 +26,22 @@ namespace pe::ctrl {
 // malformed one (WireError) or one that on_frame rejects by throwing WireError closes the
 // connection with the reason, reported once through on_closed.  Never destroy a connection
 // inside one of its own callbacks: post() the destruction to the loop.
-class Connection {
+class Connection : public Link {
  public:
   using FrameFn = std::function<void(wire::Frame&)>;
   using ClosedFn = std::function<void(const std::string& why)>;
 
   Connection(EventLoop& loop, UniqueFd fd, std::string peer, uint32_t max_payload = wire::kMaxPayload);
-  ~Connection();
+  ~Connection() override;
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
   void on_frame(FrameFn f) { on_frame_ = std::move(f); }
   void set_max_payload(uint32_t max) { decoder_.set_max_payload(max); }
   void on_closed(ClosedFn f) { on_closed_ = std::move(f); }
-  void send(Msg type, std::string_view payload = {});
+  using Link::send;
+  void send(uint16_t type, std::string_view payload) override;
+  void finish() override { flush_and_close(1.0); }
   // Closes now (queued output is dropped); on_closed is not called.
   void close();
   // Sends what is queued (waiting at most `timeout` seconds), then closes.
@@ -65,6 +68,21 @@ class Connection {
   FrameFn on_frame_;
   ClosedFn on_closed_;
   bool in_callback_ = false;
+};
+
+// A Connection as a tree Link that the tree may destroy at any time: it closes at once and is
+// deleted later on the loop (never inside one of its own callbacks).
+class ConnLink : public Link {
+ public:
+  ConnLink(EventLoop& loop, std::unique_ptr<Connection> conn) : loop_(loop), conn_(std::move(conn)) {}
+  ~ConnLink() override;
+  void send(uint16_t type, std::string_view payload) override { conn_->send(type, payload); }
+  void finish() override { conn_->finish(); }
+  Connection& conn() { return *conn_; }
+
+ private:
+  EventLoop& loop_;
+  std::unique_ptr<Connection> conn_;
 };
 
 // The accepting side of the handshake, for the front end and for relaying daemons: listens on

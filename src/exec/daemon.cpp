@@ -62,7 +62,22 @@ wire::Frame read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
 
 }  // namespace
 
-Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {}
+Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
+  using namespace ctrl;
+  before_job_.on<Job>([this](Job& m) { on_job(m); })
+      .on<Redirect>([this](Redirect& m) { on_redirect(m); });
+  dispatch_.on<Start>([this](Start& m) { on_start(m); })
+      .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
+      .on<Stdin>([this](Stdin& m) { on_stdin(m); })
+      .on<StdinClose>([this](StdinClose&) { agent_->stdin_close_all(); })
+      .on<FenceDone>([this](FenceDone& m) {
+        on_reply(fences_, {m.nspace, m.seq}, m.status, std::move(m.data), "fence-done");
+      })
+      .on<DmodexReq>([this](DmodexReq& m) { on_dmodex_request(m); })
+      .on<DmodexResp>([this](DmodexResp& m) {
+        on_reply(dmodex_, m.id, m.status, std::move(m.data), "dmodex-response");
+      });
+}
 
 Daemon::~Daemon() = default;
 
@@ -85,17 +100,15 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
                       std::chrono::duration<double>(opts_.connect_timeout));
   wire::Frame ch = read_frame(fd.get(), deadline);
   if (ch.type != static_cast<uint16_t>(ctrl::Msg::Challenge)) throw wire::WireError("expected a challenge");
-  std::string nonce_f = wire::Reader(ch.payload).str(auth::kNonceBytes);
-  std::string nonce_d = auth::random_bytes(auth::kNonceBytes);
-  wire::Writer hello;
-  hello.str(opts_.node).str(nonce_d).str(auth::daemon_proof(opts_.secret, nonce_f, nonce_d, opts_.node));
-  std::string frame = wire::encode_frame(static_cast<uint16_t>(ctrl::Msg::Hello), hello.data());
+  std::string nonce_f = ctrl::decode<ctrl::Challenge>(ch.payload).nonce;
+  ctrl::Hello hello{opts_.node, auth::random_bytes(auth::kNonceBytes), ""};
+  hello.proof = auth::daemon_proof(opts_.secret, nonce_f, hello.nonce, opts_.node);
+  std::string frame = wire::encode_frame(static_cast<uint16_t>(ctrl::Msg::Hello), ctrl::encode(hello));
   if (!write_all(fd.get(), frame.data(), frame.size())) throw SystemError("write to the front end", errno);
   wire::Frame wel = read_frame(fd.get(), deadline);
   if (wel.type != static_cast<uint16_t>(ctrl::Msg::Welcome)) throw wire::WireError("expected a welcome");
-  wire::Reader r(wel.payload);
-  std::string proof = r.str(auth::kProofBytes);
-  if (!auth::proof_matches(auth::frontend_proof(opts_.secret, nonce_f, nonce_d, opts_.node), proof))
+  std::string proof = ctrl::decode<ctrl::Welcome>(wel.payload).proof;
+  if (!auth::proof_matches(auth::frontend_proof(opts_.secret, nonce_f, hello.nonce, opts_.node), proof))
     throw Error("the front end at " + peer + " failed to prove it knows the job's secret");
   conn_ = std::make_unique<ctrl::Connection>(loop_, std::move(fd), peer);
   int epoch = ++conn_epoch_;
@@ -103,7 +116,8 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
   conn_->on_closed([this, epoch](const std::string& why) {
     loop_.post([this, epoch, why] { if (epoch == conn_epoch_) on_closed(why); });
   });
-  conn_->send(ctrl::Msg::Joined);
+  if (relay_) relay_->set_upstream(conn_.get());
+  conn_->send(ctrl::Joined{});
 }
 
 int Daemon::run() {
@@ -116,8 +130,9 @@ int Daemon::run() {
       if (agent_) agent_->signal_all(sig);
     }));
   loop_.run();
-  agent_.reset();  // kills and reaps whatever is left
-  children_.clear();
+  agent_ = nullptr;
+  runner_.reset();  // kills and reaps whatever is left
+  relay_.reset();
   opts_.secret.assign(opts_.secret.size(), '\0');
   return status_;
 }
@@ -134,110 +149,48 @@ void Daemon::on_closed(const std::string& why) {
   loop_.stop();
 }
 
-// From upstream: for us, for every node (handled here and passed down), or for a node below us.
+// From upstream.  Before the job, only the job (perhaps routed to us through our parent, which
+// knows our index before we do) or a redirect; after it, the relay routes and we handle ours.
 void Daemon::on_frame(wire::Frame& f) {
   if (redirected_) return;
-  if (f.type != static_cast<uint16_t>(ctrl::Msg::Routed)) return handle(f);
-  ctrl::Routed r = ctrl::unwrap(f.payload);
-  if (r.node == ctrl::kAllNodes) {
-    for (auto& [id, c] : children_) c->send(ctrl::Msg::Routed, f.payload);
-    return handle(r.inner);
+  if (have_job_) return relay_->from_upstream(f);
+  if (f.type == static_cast<uint16_t>(ctrl::Msg::Routed)) {
+    ctrl::Routed r = ctrl::decode<ctrl::Routed>(f.payload);
+    if (r.inner.type == static_cast<uint16_t>(ctrl::Msg::Job)) return before_job_.dispatch(r.inner);
   }
-  if (static_cast<int>(r.node) == job_.node && have_job_) return handle(r.inner);
-  if (!have_job_ && r.inner.type == static_cast<uint16_t>(ctrl::Msg::Job)) return handle(r.inner);
-  for (auto& [id, c] : children_)
-    if (ctrl::in_subtree(id, static_cast<int>(r.node), job_.tree_radix)) return c->send(ctrl::Msg::Routed, f.payload);
-  // A node below us that is gone: its loss has been reported.
+  if (!before_job_.handles(f.type))
+    throw wire::WireError(std::string("unexpected ") + ctrl::msg_name(f.type) + " before the job");
+  before_job_.dispatch(f);
 }
 
-void Daemon::handle(wire::Frame& f) {
-  using ctrl::Msg;
-  auto type = static_cast<Msg>(f.type);
-  if (type == Msg::Redirect && !have_job_) return on_redirect(f);
-  if (!have_job_ && type != Msg::Job)
-    throw wire::WireError(std::string("unexpected ") + ctrl::msg_name(f.type) + " before the job");
-  wire::Reader r(f.payload);
-  switch (type) {
-    case Msg::Job:
-      if (have_job_) throw wire::WireError("a second job description");
-      on_job(f);
-      return;
-    case Msg::Start:
-      on_start(f);
-      return;
-    case Msg::Signal: {
-      int sig = r.i32();
-      r.finish();
-      if (sig <= 0 || sig >= NSIG) throw wire::WireError("bad signal number");
-      if (agent_) agent_->signal_all(sig);
-      return;
-    }
-    case Msg::Stdin: {
-      int rank = r.i32();
-      std::string data = r.str(wire::kMaxPayload);
-      r.finish();
-      agent_->stdin_write(rank, data);
-      if (agent_->stdin_backlog() == 0) conn_->send(Msg::StdinDrained);
-      return;
-    }
-    case Msg::StdinClose:
-      agent_->stdin_close_all();
-      return;
-    case Msg::FenceDone: {
-      std::string ns = r.str();
-      uint32_t seq = r.u32();
-      int st = r.i32();
-      std::string data = r.str(wire::kMaxPayload);
-      r.finish();
-      auto it = fences_.find({ns, seq});
-      if (it == fences_.end()) throw wire::WireError("fence-done for an unknown fence");
-      auto done = std::move(it->second);
-      fences_.erase(it);
-      done(st, std::move(data));
-      return;
-    }
-    case Msg::DmodexReq: {  // the front end asks for one of our ranks' data
-      uint64_t id = r.u64();
-      std::string ns = r.str();
-      int rank = r.i32();
-      r.finish();
-      agent_->dmodex_request(ns, rank, [this, id](int st, std::string data) {
-        if (!conn_) return;
-        wire::Writer w;
-        w.u64(id).i32(st).blob(data);
-        conn_->send(ctrl::Msg::DmodexResp, w.data());
-      });
-      return;
-    }
-    case Msg::DmodexResp: {  // the answer to one of our clients' requests
-      uint64_t id = r.u64();
-      int st = r.i32();
-      std::string data = r.str(wire::kMaxPayload);
-      r.finish();
-      auto it = dmodex_.find(id);
-      if (it == dmodex_.end()) throw wire::WireError("dmodex-response for an unknown request");
-      auto done = std::move(it->second);
-      dmodex_.erase(it);
-      done(st, std::move(data));
-      return;
-    }
-    default:
-      throw wire::WireError(std::string("unexpected ") + ctrl::msg_name(f.type) + " frame");
-  }
+void Daemon::on_stdin(ctrl::Stdin& m) {
+  agent_->stdin_write(m.rank, m.data);
+  if (agent_->stdin_backlog() == 0) conn_->send(ctrl::StdinDrained{});
+}
+
+// The front end asks for one of our ranks' data.
+void Daemon::on_dmodex_request(ctrl::DmodexReq& m) {
+  agent_->dmodex_request(m.nspace, m.rank, [this, id = m.id](int st, std::string data) {
+    if (conn_) conn_->send(ctrl::DmodexResp{id, st, std::move(data)});
+  });
+}
+
+// The answer to one of our clients' fences or direct-modex requests.
+template <class M>
+void Daemon::on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status,
+                      std::string data, const char* what) {
+  auto it = waiting.find(key);
+  if (it == waiting.end()) throw wire::WireError(std::string(what) + " for an unknown request");
+  auto done = std::move(it->second);
+  waiting.erase(it);
+  done(status, std::move(data));
 }
 
 // We are below another daemon in the tree: connect to it instead (it is listening already).
-void Daemon::on_redirect(const wire::Frame& f) {
-  wire::Reader r(f.payload);
-  uint32_t n = r.u32();
-  if (n == 0 || n > 256) throw wire::WireError("bad address count");
-  std::vector<std::string> addrs;
-  for (uint32_t i = 0; i < n; ++i) addrs.push_back(r.str(256));
-  int port = r.i32();
-  r.finish();
-  if (port <= 0 || port > 65535) throw wire::WireError("bad port");
+void Daemon::on_redirect(ctrl::Redirect& m) {
+  if (m.addrs.empty() || m.port <= 0 || m.port > 65535) throw wire::WireError("bad redirect");
   std::vector<std::pair<std::string, int>> targets;
-  for (auto& a : addrs) targets.emplace_back(a, port);
+  for (auto& a : m.addrs) targets.emplace_back(a, m.port);
   redirected_ = true;
   loop_.post([this, targets] {
     conn_.reset();
@@ -254,120 +207,88 @@ void Daemon::on_redirect(const wire::Frame& f) {
 
 // Our children in the tree connect to us; what they send goes up with their node id on it.
 void Daemon::start_relay() {
-  auto kids = ctrl::tree_children(job_.node, job_.tree_radix, static_cast<int>(job_.map.nodes.size()));
-  if (kids.empty()) {
+  const auto& nodes = job_.map.nodes;
+  relay_ = std::make_unique<ctrl::TreeRelay>(
+      job_.node, static_cast<int>(nodes.size()), job_.tree_radix,
+      nodes[static_cast<size_t>(job_.node)].host,
+      ctrl::TreeRelay::Callbacks{[this](wire::Frame& f) {
+        if (agent_ || f.type == static_cast<uint16_t>(ctrl::Msg::Start)) dispatch_.dispatch(f);
+      }});
+  relay_->set_upstream(conn_.get());
+  if (!relay_->has_children()) {
     opts_.secret.assign(opts_.secret.size(), '\0');
     return;
   }
+  auto index_of = [this](const std::string& name) {
+    for (size_t i = 0; i < job_.map.nodes.size(); ++i)
+      if (job_.map.nodes[i].host == name) return static_cast<int>(i);
+    return -1;
+  };
   acceptor_ = std::make_unique<ctrl::Acceptor>(
       loop_, opts_.secret,
-      [this](const std::string& name) -> std::string {
-        for (size_t i = 0; i < job_.map.nodes.size(); ++i) {
-          if (job_.map.nodes[i].host != name) continue;
-          if (ctrl::tree_parent(static_cast<int>(i), job_.tree_radix) != job_.node)
-            return "node '" + name + "' is not a child of this node";
-          if (children_.count(static_cast<int>(i))) return "node '" + name + "' is already connected";
-          return "";
-        }
-        return "node '" + name + "' is not in the job";
+      [this, index_of](const std::string& name) -> std::string {
+        int i = index_of(name);
+        if (i < 0) return "node '" + name + "' is not in the job";
+        std::string why = relay_->check_child(i);
+        return why.empty() ? why : "node '" + name + "' " + why;
       },
-      [this](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
-        for (size_t i = 0; i < job_.map.nodes.size(); ++i)
-          if (job_.map.nodes[i].host == name) return on_child(static_cast<int>(i), std::move(conn));
+      [this, index_of](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
+        on_child(index_of(name), std::move(conn));
       });
 }
 
 void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
   ctrl::Connection* c = conn.get();
-  children_[node] = std::move(conn);
-  c->on_frame([this, node](wire::Frame& f) {
-    if (!conn_) return;
-    if (f.type == static_cast<uint16_t>(ctrl::Msg::Routed)) {
-      ctrl::Routed r = ctrl::unwrap(f.payload);
-      if (r.node >= job_.map.nodes.size() || !ctrl::in_subtree(node, static_cast<int>(r.node), job_.tree_radix))
-        throw wire::WireError("routed frame from a node not below this child");
-      conn_->send(ctrl::Msg::Routed, f.payload);
-    } else {
-      conn_->send(ctrl::Msg::Routed, ctrl::wrap(static_cast<uint32_t>(node), f.type, f.payload));
-    }
-  });
+  c->on_frame([this, node](wire::Frame& f) { relay_->from_child(node, f); });
   c->on_closed([this, node](const std::string& why) {
-    loop_.post([this, node, why] {
-      auto it = children_.find(node);
-      if (it == children_.end()) return;
-      children_.erase(it);
-      if (!conn_) return;
-      wire::Writer w;
-      w.str("lost contact with its daemon (" + why + ", seen by node " + job_.map.nodes[static_cast<size_t>(job_.node)].host + ")");
-      conn_->send(ctrl::Msg::Routed, ctrl::wrap(static_cast<uint32_t>(node), static_cast<uint16_t>(ctrl::Msg::Lost), w.data()));
-    });
+    loop_.post([this, node, why] { relay_->child_closed(node, why); });
   });
+  relay_->add_child(node, std::make_unique<ctrl::ConnLink>(loop_, std::move(conn)));
   logger("ctrl")->info("child node {} ({}) connected", node, job_.map.nodes[static_cast<size_t>(node)].host);
 }
 
-void Daemon::on_job(const wire::Frame& f) {
-  job_ = ctrl::decode_job(f.payload);
+void Daemon::on_job(ctrl::Job& m) {
+  if (have_job_) throw wire::WireError("a second job description");
+  job_ = std::move(m.job);
   have_job_ = true;
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
-  init_logging(job_.cfg.verbosity, spec ? spec : "", opts_.node);
-  if (job_.replace_env) {
-    env_ = job_.env;
-  } else {
-    env_ = environment_from(environ);
-    for (const auto& [k, v] : job_.env) env_[k] = v;
+  init_logging(job_.verbosity, spec ? spec : "", opts_.node);
+  EnvMap env = job_.env;
+  if (!job_.replace_env) {
+    env = environment_from(environ);
+    for (const auto& [k, v] : job_.env) env[k] = v;
   }
   const auto& node = job_.map.nodes.at(static_cast<size_t>(job_.node));
-  logger("agent")->info("job {}: node {} of {} ({} ranks)", job_.job_id, job_.node, job_.map.nodes.size(),
-                        node.ranks.size());
+  logger("agent")->info("job {}: node {} of {} ({} ranks)", job_.job_id, job_.node,
+                        job_.map.nodes.size(), node.ranks.size());
   try {
-    plan_ = plan_node(job_.cfg, static_cast<int>(node.ranks.size()));
-    agent_ = std::make_unique<NodeAgent>(loop_, *this, this,
-                                         "pytorch_execd." + job_.job_id + "." + std::to_string(job_.node),
-                                         plan_.topology->raw());
+    runner_ = std::make_unique<NodeRunner>(job_);
+    runner_->open(loop_, *this, this, "pytorch_execd." + job_.job_id + "." + std::to_string(job_.node),
+                  std::move(env));
+    agent_ = runner_->agent();
   } catch (const Error& e) {
-    wire::Writer w;
-    w.i32(0).str(e.what());
-    conn_->send(ctrl::Msg::StartFailed, w.data());
+    start_relay();
+    conn_->send(ctrl::StartFailed{0, e.what()});
     return;
   }
   start_relay();
-  wire::Writer w;
-  w.i32(find_free_port("0.0.0.0")).i32(acceptor_ ? acceptor_->port() : 0);
-  auto addrs = local_ipv4_addresses();
-  w.u32(static_cast<uint32_t>(addrs.size()));
-  for (const auto& a : addrs) w.str(a);
-  conn_->send(ctrl::Msg::Ready, w.data());
+  conn_->send(ctrl::Ready{find_free_port("0.0.0.0"), acceptor_ ? acceptor_->port() : 0,
+                          local_ipv4_addresses()});
 }
 
-void Daemon::on_start(const wire::Frame& f) {
-  GenerationInfo gen = ctrl::decode_generation(f.payload);
+void Daemon::on_start(ctrl::Start& m) {
   if (!agent_) return;  // the set-up failed and was reported
-  const auto& node = job_.map.nodes.at(static_cast<size_t>(job_.node));
-  gen.oversubscribed = oversubscribed_here(node.ranks.size());
-  auto specs = node_worker_specs(job_.cfg, env_, job_.map, job_.node, plan_, gen,
-                                 job_.stdin_forwarded ? StdinHow::Forward : StdinHow::DevNull);
-  if (job_.cfg.report_bindings) {
-    std::string r = binding_report(job_.map, job_.node, plan_, gen.generation);
-    write_all(2, r.data(), r.size());
-  }
   fence_seq_.clear();
-  auto ns = namespace_for(job_.map, job_.node, gen);
   try {
-    agent_->start(gen.generation, std::move(specs), &ns);
+    runner_->start(m.gen);
   } catch (const Error& e) {
-    wire::Writer w;
-    w.i32(static_cast<int>(agent_->live())).str(e.what());
-    conn_->send(ctrl::Msg::StartFailed, w.data());
+    conn_->send(ctrl::StartFailed{static_cast<int>(agent_->live()), e.what()});
     return;
   }
   send_port();
 }
 
-void Daemon::send_port() {
-  wire::Writer w;
-  w.i32(find_free_port("0.0.0.0"));
-  conn_->send(ctrl::Msg::Port, w.data());
-}
+void Daemon::send_port() { conn_->send(ctrl::Port{find_free_port("0.0.0.0")}); }
 
 void Daemon::on_output(int generation, int rank, Stream s, std::string_view lines) {
   if (!conn_) return;
@@ -376,44 +297,36 @@ void Daemon::on_output(int generation, int rank, Stream s, std::string_view line
   while (!lines.empty()) {
     size_t n = lines.size() <= kChunk ? lines.size() : lines.rfind('\n', kChunk) + 1;
     if (n == 0 || n > kChunk) n = std::min(lines.size(), kChunk);
-    wire::Writer w;
-    w.i32(generation).i32(rank).u8(s == Stream::Out ? 1 : 2).blob(lines.substr(0, n));
-    conn_->send(ctrl::Msg::Output, w.data());
+    conn_->send(ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2),
+                             std::string(lines.substr(0, n))});
     lines.remove_prefix(n);
   }
 }
 
 void Daemon::on_exit(const WorkerExit& e) {
-  if (conn_) conn_->send(ctrl::Msg::Exit, ctrl::encode_exit(e));
+  if (conn_) conn_->send(ctrl::Exit{e});
 }
 
 void Daemon::on_stdin_drained() {
-  if (conn_) conn_->send(ctrl::Msg::StdinDrained);
+  if (conn_) conn_->send(ctrl::StdinDrained{});
 }
 
 void Daemon::on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) {
-  if (!conn_) return;
-  wire::Writer w;
-  w.i32(generation).i32(rank).i32(pid).i32(status).str(msg);
-  conn_->send(ctrl::Msg::Abort, w.data());
+  if (conn_) conn_->send(ctrl::Abort{generation, rank, pid, status, msg});
 }
 
 void Daemon::fence(const std::string& nspace, bool collect, std::string data, pmix::ModexDone done) {
   if (!conn_) return done(-1, "");
   uint32_t seq = fence_seq_[nspace]++;
   fences_[{nspace, seq}] = std::move(done);
-  wire::Writer w;
-  w.str(nspace).u32(seq).u8(collect).blob(data);
-  conn_->send(ctrl::Msg::Fence, w.data());
+  conn_->send(ctrl::Fence{nspace, seq, collect, std::move(data)});
 }
 
 void Daemon::direct_modex(const std::string& nspace, int rank, pmix::ModexDone done) {
   if (!conn_) return done(-1, "");
   uint64_t id = next_dmodex_++;
   dmodex_[id] = std::move(done);
-  wire::Writer w;
-  w.u64(id).str(nspace).i32(rank);
-  conn_->send(ctrl::Msg::DmodexReq, w.data());
+  conn_->send(ctrl::DmodexReq{id, nspace, rank});
 }
 
 }  // namespace pe

@@ -16,7 +16,7 @@
 #include "common/event_loop.hpp"
 #include "exec/control.hpp"
 #include "exec/node_agent.hpp"
-#include "exec/node_plan.hpp"
+#include "exec/node_runner.hpp"
 #include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {
@@ -38,12 +38,15 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
  private:
   void handshake(const std::vector<std::pair<std::string, int>>& targets);
   void on_frame(wire::Frame& f);
-  void handle(wire::Frame& f);
-  void on_redirect(const wire::Frame& f);
+  void on_redirect(ctrl::Redirect& m);
   void start_relay();
   void on_child(int node, std::unique_ptr<ctrl::Connection> conn);
-  void on_job(const wire::Frame& f);
-  void on_start(const wire::Frame& f);
+  void on_job(ctrl::Job& m);
+  void on_start(ctrl::Start& m);
+  void on_stdin(ctrl::Stdin& m);
+  void on_dmodex_request(ctrl::DmodexReq& m);
+  template <class M> void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status,
+                                   std::string data, const char* what);
   void on_closed(const std::string& why);
   void send_port();
   // AgentListener
@@ -60,15 +63,15 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   std::unique_ptr<ctrl::Connection> conn_;  // to the front end or, in a tree, to our parent
   int conn_epoch_ = 0;                       // which connection a posted close notice is about
   bool redirected_ = false;
+  ctrl::Dispatcher<> before_job_, dispatch_;
   // Relaying for our children in the control-plane tree.
+  std::unique_ptr<ctrl::TreeRelay> relay_;
   std::unique_ptr<ctrl::Acceptor> acceptor_;
-  std::map<int, std::unique_ptr<ctrl::Connection>> children_;
   std::vector<Event> signal_events_;
-  ctrl::JobDescription job_;
+  NodeJob job_;
   bool have_job_ = false;
-  EnvMap env_;
-  NodePlan plan_;
-  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<NodeRunner> runner_;
+  NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
   int status_ = 0;
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;                          // per namespace

@@ -42,10 +42,10 @@ void say(const std::string& line) {
 
 }  // namespace
 
-JobController::JobController(LaunchConfig cfg, EnvMap env, std::string host, JobMap map)
+JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSetSource workers)
     : cfg_(std::move(cfg)),
       env_(std::move(env)),
-      host_(std::move(host)),
+      source_(std::move(workers)),
       job_id_(random_job_id()),
       sink_(OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy},
             map.world_size),
@@ -54,13 +54,8 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, std::string host, Job
 JobController::~JobController() = default;
 
 int JobController::run() {
-  bool local = map_.nodes.size() == 1 && is_local_host(map_.nodes[0].host, host_);
-  if (!cfg_.dry_run) setup_stdin(local);
-  if (local)
-    workers_ = std::make_unique<LocalWorkers>(loop_, *this, cfg_, env_, map_, job_id_, stdin_how_);
-  else
-    workers_ = std::make_unique<RemoteWorkers>(loop_, *this, cfg_, env_, map_, job_id_, host_,
-                                               stdin_how_ == StdinHow::Forward);
+  if (!cfg_.dry_run) setup_stdin(source_.local);
+  workers_ = source_.make(WorkerSetContext{loop_, *this, cfg_, env_, map_, job_id_, stdin_how_});
   if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();

@@ -23,8 +23,8 @@ namespace pe {
 
 class JobController : public AgentListener {
  public:
-  // A map of one node, this machine, runs in-process; any other through pytorch_execd daemons.
-  JobController(LaunchConfig cfg, EnvMap env, std::string host, JobMap map);
+  // `workers` makes the job's WorkerSet (workers_for(), or a fake in unit tests).
+  JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSetSource workers);
   ~JobController() override;
   // Runs the job to its end; returns pytorch_exec's exit status.
   int run();
@@ -47,9 +47,9 @@ class JobController : public AgentListener {
   void setup_stdin(bool local);
   void on_stdin_readable();
 
-  LaunchConfig cfg_;
+  const LaunchConfig cfg_;
   EnvMap env_;
-  std::string host_;
+  WorkerSetSource source_;
   std::string job_id_;
   EventLoop loop_;
   OutputSink sink_;

@@ -47,7 +47,7 @@ int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std:
   std::vector<const pe::NodePlan*> ptrs;
   for (const auto& node : map.nodes) {
     bool known = !cfg.topology_file.empty() || pe::is_local_host(node.host, host);
-    plans.push_back(known ? pe::plan_node(cfg, static_cast<int>(node.ranks.size())) : pe::NodePlan{});
+    plans.push_back(known ? pe::plan_node(pe::placement_of(cfg), static_cast<int>(node.ranks.size())) : pe::NodePlan{});
   }
   for (auto& p : plans) ptrs.push_back(p.topology ? &p : nullptr);
   std::cout << pe::format_job_map(map, ptrs);
@@ -75,7 +75,7 @@ int real_main(int argc, char** argv) {
   ctx.default_np = ncpu > 0 ? static_cast<int>(ncpu) : 1;
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
   if (cfg.display_only) {
-    pe::NodePlan plan = pe::plan_node(cfg, 0);
+    pe::NodePlan plan = pe::plan_node(pe::placement_of(cfg), 0);
     std::cout << pe::topo::format_topology(*plan.topology, plan.analysis);
     return 0;
   }
@@ -91,7 +91,8 @@ int real_main(int argc, char** argv) {
   auto path = ctx.env.count("PATH") ? ctx.env["PATH"] : std::string("/usr/bin:/bin");
   // A dry run starts nothing: the program need not exist here.
   cfg.program = cfg.dry_run ? cfg.program_arg0 : pe::resolve_program(cfg.program_arg0, cfg.wdir, path);
-  pe::JobController job(std::move(cfg), std::move(ctx.env), host, std::move(map));
+  pe::WorkerSetSource workers = pe::workers_for(map, host);
+  pe::JobController job(std::move(cfg), std::move(ctx.env), std::move(map), std::move(workers));
   return job.run();
 }
 

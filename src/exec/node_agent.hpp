@@ -18,6 +18,7 @@
 #include "common/line_buffer.hpp"
 #include "exec/child_process.hpp"
 #include "exec/orphan_guard.hpp"
+#include "exec/worker_exit.hpp"
 #include "pmix_rdzv/pmix_server.hpp"
 #include "exec/stdio.hpp"
 
@@ -28,16 +29,6 @@ namespace pe {
 struct WorkerSpec {
   int rank = 0;
   SpawnSpec spawn;
-};
-
-struct WorkerExit {
-  int rank = 0;
-  pid_t pid = -1;
-  int generation = 0;
-  int status = 0;      // wait status
-  int exec_errno = 0;  // non-zero when execve (or binding, with bind_failed) failed in the child
-  bool bind_failed = false;
-  bool pmix_unfinalized = false;  // connected to the PMIx server but never finalized
 };
 
 class AgentListener {

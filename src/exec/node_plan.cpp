@@ -20,7 +20,12 @@ void apply_rank_by(const std::string& rank_by, const topo::Analysis& a,
   for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
 }
 
-NodePlan plan_node(const LaunchConfig& cfg, int nlocal) {
+PlacementRequest placement_of(const LaunchConfig& cfg) {
+  return PlacementRequest{cfg.map_by, cfg.rank_by, cfg.bind_to, cfg.gpus_per_rank,
+                          cfg.topology_file};
+}
+
+NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
   NodePlan p;
   try {
     p.topology = topo::load_topology(topo::LoadOptions{cfg.topology_file});

@@ -9,10 +9,13 @@
 
 #include "exec/job_map.hpp"
 #include "exec/launch_config.hpp"
+#include "exec/node_job.hpp"
 #include "exec/worker_env.hpp"
 #include "topology/placement.hpp"
 
 namespace pe {
+
+PlacementRequest placement_of(const LaunchConfig& cfg);
 
 struct NodePlan {
   std::unique_ptr<topo::Topology> topology;
@@ -21,7 +24,7 @@ struct NodePlan {
 };
 
 // Throws UsageError for a bad topology file or an impossible request (one sentence).
-NodePlan plan_node(const LaunchConfig& cfg, int nlocal);
+NodePlan plan_node(const PlacementRequest& req, int nlocal);
 
 // Stable renumbering of placed ranks for --rank-by (slot/node: placement order).
 void apply_rank_by(const std::string& rank_by, const topo::Analysis& a,

@@ -1,25 +1,23 @@
-// The workers of a multi-node job: one pytorch_execd per node, started with srun inside a SLURM
-// allocation, else with a launch agent (ssh by default, or --launch-agent "CMD {host}").  The
-// daemons connect back over TCP, authenticate with the job's secret and get the job description;
-// from then on this class is the front end's end of the control plane: it starts generations,
-// forwards signals and stdin, relays PMIx fences and direct-modex requests between nodes, and
-// reports the daemons' output, exits and aborts to the job controller.  A daemon that cannot be
-// started, or whose connection closes or times out, is reported as a lost node.  A stranger's
-// connection that fails the handshake, or any malformed, oversized or out-of-order frame before
-// it, is dropped and logged; the job goes on.
+// The workers of a multi-node job: one pytorch_execd per node (started by DaemonLauncher),
+// connected back over the authenticated control plane (ctrl/), in a tree (TreeRoot).  This class
+// is the front end's end of it: it sends each daemon its NodeJob, starts generations, forwards
+// signals and stdin, relays PMIx traffic between nodes (ModexRelay), and reports the daemons'
+// output, exits and aborts to the job controller.  A daemon that cannot be started, or whose
+// connection closes or times out, is reported as a lost node.  A stranger's connection that
+// fails the handshake, or any malformed, oversized or out-of-order frame, is dropped and logged;
+// the job goes on.
 //
 // Threading: everything runs on the event-loop thread.
 #pragma once
 
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/event_loop.hpp"
-#include "common/line_buffer.hpp"
-#include "exec/child_process.hpp"
 #include "exec/control.hpp"
+#include "exec/frontend/daemon_launcher.hpp"
+#include "exec/frontend/modex_relay.hpp"
 #include "exec/workers.hpp"
 
 namespace pe {
@@ -29,8 +27,8 @@ class RemoteWorkers : public WorkerSet {
   RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg, const EnvMap& env,
                 const JobMap& map, const std::string& job_id, const std::string& host,
                 bool stdin_forwarded);
-  // Closes every connection (the daemons then kill what is left and exit) and waits a moment
-  // for the launchers (srun, ssh, ...) to exit, killing them after that.
+  // Closes every connection (the daemons then kill what is left and exit); the launchers are
+  // waited for, then killed.
   ~RemoteWorkers() override;
 
   void prepare(std::function<void()> ready) override;
@@ -45,31 +43,29 @@ class RemoteWorkers : public WorkerSet {
   std::string host_of_rank(int rank) const override;
   std::string format_map() const override;
 
-  // The daemon command line and launcher command for node `node` (exposed for --dry-run
-  // and tests).
-  std::vector<std::string> launch_command(int node) const;
+  std::vector<std::string> launch_command(int node) const { return launcher_.launch_command(node); }
 
  private:
-  struct Node;
-  struct Launcher;
-  void launch_daemons();
-  void start_launcher(std::vector<std::string> argv, std::vector<int> nodes, bool secret_on_stdin);
-  void on_authenticated(Node& n, std::unique_ptr<ctrl::Connection> conn);
-  void redirect_waiting();
-  void send_job(Node& n);
-  void send_to(Node& n, ctrl::Msg type, std::string_view payload);
-  void broadcast(ctrl::Msg type, std::string_view payload);
-  void on_child_frame(Node& child, wire::Frame& f);
-  void on_node_frame(Node& n, wire::Frame& f);
-  void node_lost(Node& n, const std::string& why);
-  void on_sigchld();
-  void on_fence(Node& n, wire::Reader& r);
-  void on_dmodex_request(Node& n, wire::Reader& r);
-  void on_dmodex_response(Node& n, wire::Reader& r);
+  struct Node {
+    std::string host;
+    std::string seen;                // its address as we see it (children of the front end)
+    ctrl::ConnLink* direct = nullptr;     // its connection, when it is a child of the front end
+    std::vector<std::string> addrs;  // its own addresses
+    bool job_sent = false;
+    bool ready = false;
+    size_t live = 0;
+    size_t stdin_inflight = 0;
+    int port = 0;                    // free on the node, for MASTER_PORT
+  };
+  void on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn);
+  void on_ready(int node, ctrl::Ready& m);
+  void on_exit(int node, ctrl::Exit& m);
+  void on_start_failed(int node, ctrl::StartFailed& m);
+  void on_stdin_drained(int node);
+  void node_lost(int node, const std::string& why);
   void check_ready();
-  std::vector<std::string> daemon_argv(int node, bool slurm) const;
-  bool is_own_address(const std::string& a) const;
-  std::string address_toward_others() const;
+  int valid_rank(int rank) const;
+  Node& node_of_rank(int rank);
   EnvMap carried_environment() const;
 
   EventLoop& loop_;
@@ -78,34 +74,19 @@ class RemoteWorkers : public WorkerSet {
   const EnvMap& env_;
   const JobMap& map_;
   std::string job_id_;
-  std::string host_;
   std::string secret_;
   bool slurm_ = false;
   bool stdin_forwarded_ = false;
-  std::string execd_;  // path of pytorch_execd
+  std::vector<Node> nodes_;
+  ctrl::TreeRoot tree_;
+  ModexRelay modex_;
+  ctrl::Dispatcher<int> dispatch_;  // frames by the node they came from
+  DaemonLauncher launcher_;
   std::unique_ptr<ctrl::Acceptor> acceptor_;
-  int port_ = 0;
   std::vector<std::string> addresses_;  // where daemons can reach us
-  Event sigchld_ev_, ready_timer_;
-  std::vector<std::unique_ptr<Node>> nodes_;
-  std::map<std::string, int> node_by_host_;
-  std::vector<std::unique_ptr<Launcher>> launchers_;
+  Event ready_timer_;
   std::function<void()> ready_;
   bool prepared_ = false;
-  int generation_ = -1;
-  // PMIx traffic between nodes.
-  struct FenceState {
-    std::vector<bool> arrived;
-    int count = 0;
-    std::vector<std::string> data;  // per node
-  };
-  std::map<std::pair<std::string, uint32_t>, FenceState> fences_;
-  struct DmodexRoute {
-    int from_node;
-    uint64_t from_id;
-  };
-  uint64_t next_dmodex_ = 1;
-  std::map<uint64_t, DmodexRoute> dmodex_;
 };
 
 }  // namespace pe

@@ -2,8 +2,6 @@
 // through a node agent inside pytorch_exec; RemoteWorkers (remote_workers.hpp) runs them on the
 // nodes of an allocation through one pytorch_execd per node.  Both report to an AgentListener.
 //
-// Also the per-node pieces both need: the specs of one node's workers and its PMIx namespace.
-//
 // Threading: everything runs on the event-loop thread.
 #pragma once
 
@@ -17,14 +15,11 @@
 #include "exec/job_map.hpp"
 #include "exec/launch_config.hpp"
 #include "exec/node_agent.hpp"
-#include "exec/node_plan.hpp"
+#include "exec/node_runner.hpp"
 #include "exec/worker_env.hpp"
 #include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {
-
-// How the workers' standard input is provided.
-enum class StdinHow { DevNull, Forward, Direct };
 
 class WorkerSet {
  public:
@@ -48,23 +43,27 @@ class WorkerSet {
   virtual std::string format_map() const = 0;
 };
 
-// "pytorch_exec.<job>.<generation>"
-std::string namespace_name(const std::string& job_id, int generation);
+// What a job controller gives the maker of its WorkerSet.
+struct WorkerSetContext {
+  EventLoop& loop;
+  AgentListener& listener;  // the controller
+  const LaunchConfig& cfg;
+  const EnvMap& env;
+  const JobMap& map;
+  const std::string& job_id;
+  StdinHow stdin_how;
+};
 
-// What one node's PMIx server registers for a generation.
-pmix::NamespaceInfo namespace_for(const JobMap& map, int node, const GenerationInfo& gen);
+// How a job controller gets its workers: `local` (everything on this machine: standard input
+// can be handed over directly) and the maker.  Unit tests pass a fake.
+struct WorkerSetSource {
+  bool local = true;
+  std::function<std::unique_ptr<WorkerSet>(const WorkerSetContext&)> make;
+};
 
-// The workers of node `node` for generation `gen`: program, arguments, environment, binding and
-// standard input.
-std::vector<WorkerSpec> node_worker_specs(const LaunchConfig& cfg, const EnvMap& env,
-                                          const JobMap& map, int node, const NodePlan& plan,
-                                          const GenerationInfo& gen, StdinHow stdin_how);
-
-// The --report-bindings lines of one node, one per rank.
-std::string binding_report(const JobMap& map, int node, const NodePlan& plan, int generation);
-
-// True when more ranks run on this machine than it has processors.
-bool oversubscribed_here(size_t local_ranks);
+// A map of one node, this machine, runs in-process (LocalWorkers); any other through
+// pytorch_execd daemons (RemoteWorkers).
+WorkerSetSource workers_for(const JobMap& map, const std::string& host);
 
 // The workers on this machine, through a node agent with a PMIx server (single-node jobs).
 class LocalWorkers : public WorkerSet {
@@ -77,24 +76,21 @@ class LocalWorkers : public WorkerSet {
   std::string master_addr() override { return "127.0.0.1"; }
   int master_port() override;
   void start(const GenerationInfo& gen) override;
-  void signal_all(int sig) override { agent_->signal_all(sig); }
-  size_t live() const override { return agent_->live(); }
-  void stdin_write(int rank, std::string_view data) override { agent_->stdin_write(rank, data); }
-  void stdin_close_all() override { agent_->stdin_close_all(); }
-  size_t stdin_backlog() const override { return agent_->stdin_backlog(); }
+  void signal_all(int sig) override { agent().signal_all(sig); }
+  size_t live() const override { return runner_.live(); }
+  void stdin_write(int rank, std::string_view data) override { agent().stdin_write(rank, data); }
+  void stdin_close_all() override { agent().stdin_close_all(); }
+  size_t stdin_backlog() const override;
   std::string host_of_rank(int rank) const override;
   std::string format_map() const override;
 
-  const NodePlan& plan() const { return plan_; }
+  NodeAgent& agent() { return *runner_.agent(); }
+  const NodePlan& plan() const { return runner_.plan(); }
 
  private:
   const LaunchConfig& cfg_;
-  const EnvMap& env_;
-  const JobMap& map_;
-  StdinHow stdin_how_;
   pmix::LocalModexRouter modex_;
-  NodePlan plan_;                    // before agent_: the agent borrows its topology
-  std::unique_ptr<NodeAgent> agent_;
+  NodeRunner runner_;
 };
 
 }  // namespace pe

@@ -311,6 +311,8 @@ void add_job_info(InfoList& il, const NamespaceInfo& info, const std::string& tm
   il.u32(PMIX_LOCAL_SIZE, static_cast<uint32_t>(local.size()));
   il.u32(PMIX_NODE_SIZE, static_cast<uint32_t>(local.size()));
   il.rank(PMIX_LOCALLDR, local.empty() ? 0 : static_cast<pmix_rank_t>(local.front()));
+  // As mpirun says it: more of the job's ranks on this node than it has processors.
+  il.flag(PMIX_NODE_OVERSUBSCRIBED, info.oversubscribed);
   // The application (one per job).
   il.u32(PMIX_APPNUM, 0);
   il.rank(PMIX_APPLDR, 0);

@@ -1,14 +1,15 @@
 // libFuzzer target for the control plane's frame decoder, field reader and message decoders.  The
 // input is cut into pieces (sizes taken from the input itself) and fed to a FrameDecoder; every
-// complete frame's payload is read as a sequence of fields and handed to the message decoders
-// (job description, generation, exit, Routed envelope) by its type.  WireError is the correct answer to garbage;
+// complete frame's payload is read as a sequence of fields and decoded as every control message
+// type (ctrl/messages.hpp), the one its type names and all the others.  WireError is the correct
+// answer to garbage;
 // a crash, a sanitizer report or any other exception is a bug.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 
 #include "common/wire.hpp"
-#include "exec/control_codec.hpp"
+#include "exec/ctrl/messages.hpp"
 
 using namespace pe::wire;
 
@@ -26,19 +27,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       while (d.next(f)) {
         if (f.payload.size() > (1u << 16)) std::abort();
         try {
-          switch (f.type % 4) {
-            case 0: {
-              auto j = pe::ctrl::decode_job(f.payload);
-              if (j.node < 0 || static_cast<size_t>(j.node) >= j.map.nodes.size()) std::abort();
-              for (const auto& loc : j.map.ranks)
-                if (loc.node < 0 || static_cast<size_t>(loc.node) >= j.map.nodes.size()) std::abort();
-              break;
-            }
-            case 1: pe::ctrl::decode_generation(f.payload); break;
-            case 2: pe::ctrl::decode_exit(f.payload); break;
-            case 3: pe::ctrl::unwrap(f.payload); break;
-          }
+          auto j = pe::ctrl::decode<pe::ctrl::Job>(f.payload).job;
+          if (j.node < 0 || static_cast<size_t>(j.node) >= j.map.nodes.size()) std::abort();
+          for (const auto& loc : j.map.ranks)
+            if (loc.node < 0 || static_cast<size_t>(loc.node) >= j.map.nodes.size()) std::abort();
         } catch (const WireError&) {
+        }
+        for (uint16_t type = 0; type <= 41; ++type) {
+          try {
+            pe::ctrl::decode_any(type, f.payload);
+          } catch (const WireError&) {
+          }
         }
         Reader r(f.payload);
         try {

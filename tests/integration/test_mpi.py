@@ -80,6 +80,23 @@ def test_plain_pmix_client():
         check(f"pmix_client rank {i} of 4 ok (local peers 0,1,2,3)" in r.stdout, r.stdout)
 
 
+def test_oversubscribed_node_yields_and_pmix_says_so():
+    """More ranks than processors on one machine: as mpirun does (and as pytorch_execd does on
+    every node), ranks get OMPI_MCA_mpi_yield_when_idle=1 and PMIx's node-oversubscribed flag;
+    without them MPI ranks spin against each other (an allreduce loop took 30 s instead of 1)."""
+    over = (os.cpu_count() or 1) + 1
+    for n, want, yield_ in ((over, "yes", "1"), (1, "no", "unset")):
+        r = run(["-n", str(n), prog("pmix_client"), "node-info"], env=ENV, timeout=60)
+        check(r.returncode == 0, f"-n {n}: exit {r.returncode}: {r.stderr}")
+        for i in range(n):
+            line = f"pmix_client rank {i} oversubscribed={want} yield_when_idle={yield_}"
+            check(line in r.stdout, f"-n {n}: no '{line}' in {r.stdout}")
+    # A user's own setting wins.
+    r = run(["-n", str(over), "-x", "OMPI_MCA_mpi_yield_when_idle=0", prog("pmix_client"),
+             "node-info"], env=ENV, timeout=60)
+    check(r.returncode == 0 and "oversubscribed=yes yield_when_idle=0" in r.stdout, r.stdout)
+
+
 def test_clients_that_finalize_and_exit_together_are_not_failures():
     """24 PMIx clients finalize and exit at the same moment, 25 times.  Each "finalized" notice
     is posted before its client exits; a launcher that drained those notices only once per
@@ -132,6 +149,7 @@ if __name__ == "__main__":
     build()
     main([test_hello_one_to_eight_ranks, test_ring, test_allreduce_alltoall_connectivity,
           test_mpi_abort_stops_the_job_with_its_code, test_exit_without_finalize_is_reported_and_does_not_hang,
-          test_plain_pmix_client, test_clients_that_finalize_and_exit_together_are_not_failures,
+          test_plain_pmix_client, test_oversubscribed_node_yields_and_pmix_says_so,
+          test_clients_that_finalize_and_exit_together_are_not_failures,
           test_mpi_wires_up_again_after_a_group_restart,
           test_open_mpi_errors_reach_the_user, test_fences_through_the_launcher, test_mpi4py])

@@ -62,6 +62,19 @@ int main(int argc, char** argv) {
     PMIX_VALUE_RELEASE(val);
   }
   printf("pmix_client rank %u of %u ok (local peers %s)\n", me.rank, size, peers);
+  /* With "node-info": what the server says of this node (mpirun sets it when ranks outnumber
+   * processors), and the yield setting Open MPI reads from the environment. */
+  int node_info = 0;
+  for (int i = 1; i < argc; ++i) node_info |= strcmp(argv[i], "node-info") == 0;
+  const char* over = "unset";
+  if (PMIx_Get(&wild, PMIX_NODE_OVERSUBSCRIBED, NULL, 0, &val) == PMIX_SUCCESS) {
+    over = val->type == PMIX_BOOL && val->data.flag ? "yes" : "no";
+    PMIX_VALUE_RELEASE(val);
+  }
+  const char* yield = getenv("OMPI_MCA_mpi_yield_when_idle");
+  if (node_info)
+    printf("pmix_client rank %u oversubscribed=%s yield_when_idle=%s\n", me.rank, over,
+         yield ? yield : "unset");
   CHECK(PMIx_Finalize(NULL, 0), "PMIx_Finalize");
   return 0;
 }

@@ -1,0 +1,341 @@
+// The control plane's messages between pytorch_exec (the front end) and the pytorch_execd
+// daemons.  One struct per message: its fields are the documentation, and one member template
+// `io` lists them once for both directions, so that encoding and decoding cannot drift.  Every
+// decode is bounded (string lengths, counts) and checked (ranges, trailing bytes) and throws
+// wire::WireError on anything malformed.
+//
+//   send:     conn.send(ctrl::Signal{SIGTERM});
+//   receive:  Dispatcher d; d.on<ctrl::Signal>([](ctrl::Signal& m) { ... }); d.dispatch(frame);
+//
+// Threading: pure functions and values; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "common/auth.hpp"
+#include "common/wire.hpp"
+#include "exec/worker_exit.hpp"
+#include "exec/node_job.hpp"
+#include "exec/worker_env.hpp"
+
+namespace pe::ctrl {
+
+enum class Msg : uint16_t {
+  Challenge = 1, Hello = 2, Welcome = 3, Redirect = 4,             // handshake (auth.hpp)
+  Job = 10, Start = 11, Signal = 12, Stdin = 13, StdinClose = 14,  // front end to daemon
+  FenceDone = 15, DmodexReq = 16, DmodexResp = 17,                 // (dmodex: both ways)
+  Ready = 30, Output = 31, Exit = 32, Abort = 33, Fence = 34,      // daemon to front end
+  StartFailed = 35, StdinDrained = 36, Port = 37, Lost = 38, Joined = 39,
+  Routed = 40,                                                     // either way, see tree.hpp
+};
+
+inline constexpr uint32_t kMaxAddresses = 256;
+inline constexpr uint32_t kMaxName = 1024;  // host and node names
+
+// Handshake.  The front end (or a relaying daemon) challenges, the daemon proves it knows the
+// job's secret, the front end proves it too (auth.hpp).
+struct Challenge {
+  static constexpr Msg kType = Msg::Challenge;
+  static constexpr const char* kName = "challenge";
+  std::string nonce;
+  template <class IO> void io(IO& f) { f(nonce, auth::kNonceBytes); }
+};
+struct Hello {
+  static constexpr Msg kType = Msg::Hello;
+  static constexpr const char* kName = "hello";
+  std::string node, nonce, proof;
+  template <class IO> void io(IO& f) { f(node, kMaxName), f(nonce, auth::kNonceBytes), f(proof, auth::kProofBytes); }
+};
+struct Welcome {
+  static constexpr Msg kType = Msg::Welcome;
+  static constexpr const char* kName = "welcome";
+  std::string proof;
+  template <class IO> void io(IO& f) { f(proof, auth::kProofBytes); }
+};
+// Connect to your parent in the tree instead, at one of these addresses.
+struct Redirect {
+  static constexpr Msg kType = Msg::Redirect;
+  static constexpr const char* kName = "redirect";
+  std::vector<std::string> addrs;
+  int32_t port = 0;
+  template <class IO> void io(IO& f) { f(addrs, kMaxAddresses, 256), f.port(port); }
+};
+
+// Front end to daemon.
+struct Job {  // once, after the handshake: everything the node runs
+  static constexpr Msg kType = Msg::Job;
+  static constexpr const char* kName = "job";
+  NodeJob job;
+  template <class IO> void io(IO& f);
+};
+struct Start {  // start a generation
+  static constexpr Msg kType = Msg::Start;
+  static constexpr const char* kName = "start";
+  GenerationInfo gen;
+  template <class IO> void io(IO& f) {
+    f(gen.job_id, 64), f(gen.run_id), f.count(gen.generation, 1 << 30);
+    f.count(gen.restart_count, 1 << 30), f(gen.max_restarts), f(gen.master_addr, 256);
+    f.count(gen.master_port, 65535), f(gen.role_name, 256);
+  }
+};
+struct Signal {
+  static constexpr Msg kType = Msg::Signal;
+  static constexpr const char* kName = "signal";
+  int32_t sig = 0;
+  template <class IO> void io(IO& f) { f(sig); }
+};
+struct Stdin {
+  static constexpr Msg kType = Msg::Stdin;
+  static constexpr const char* kName = "stdin";
+  int32_t rank = 0;
+  std::string data;
+  template <class IO> void io(IO& f) { f(rank), f(data, wire::kMaxPayload); }
+};
+struct StdinClose {
+  static constexpr Msg kType = Msg::StdinClose;
+  static constexpr const char* kName = "stdin-close";
+  template <class IO> void io(IO&) {}
+};
+struct FenceDone {  // a fence is complete: everyone's data
+  static constexpr Msg kType = Msg::FenceDone;
+  static constexpr const char* kName = "fence-done";
+  std::string nspace;
+  uint32_t seq = 0;
+  int32_t status = 0;
+  std::string data;
+  template <class IO> void io(IO& f) { f(nspace, 256), f(seq), f(status), f(data, wire::kMaxPayload); }
+};
+struct DmodexReq {  // one rank's committed data, asked for by a rank on another node
+  static constexpr Msg kType = Msg::DmodexReq;
+  static constexpr const char* kName = "dmodex-request";
+  uint64_t id = 0;
+  std::string nspace;
+  int32_t rank = 0;
+  template <class IO> void io(IO& f) { f(id), f(nspace, 256), f(rank); }
+};
+struct DmodexResp {
+  static constexpr Msg kType = Msg::DmodexResp;
+  static constexpr const char* kName = "dmodex-response";
+  uint64_t id = 0;
+  int32_t status = 0;
+  std::string data;
+  template <class IO> void io(IO& f) { f(id), f(status), f(data, wire::kMaxPayload); }
+};
+
+// Daemon to front end.
+struct Ready {  // the node is set up
+  static constexpr Msg kType = Msg::Ready;
+  static constexpr const char* kName = "ready";
+  int32_t port = 0;        // free on the node, for MASTER_PORT
+  int32_t child_port = 0;  // where its children in the tree connect (0: none)
+  std::vector<std::string> addrs;
+  template <class IO> void io(IO& f) { f(port), f(child_port), f(addrs, kMaxAddresses, 256); }
+};
+struct Output {  // whole lines of one rank
+  static constexpr Msg kType = Msg::Output;
+  static constexpr const char* kName = "output";
+  int32_t generation = 0, rank = 0;
+  uint8_t stream = 1;  // 1 stdout, 2 stderr
+  std::string data;
+  template <class IO> void io(IO& f) { f(generation), f(rank), f(stream), f(data, wire::kMaxPayload); }
+};
+struct Exit {
+  static constexpr Msg kType = Msg::Exit;
+  static constexpr const char* kName = "exit";
+  WorkerExit e;
+  template <class IO> void io(IO& f) {
+    f(e.rank), f(e.pid), f(e.generation), f(e.status), f(e.exec_errno), f(e.bind_failed);
+    f(e.pmix_unfinalized);
+  }
+};
+struct Abort {  // a rank called PMIx_Abort (MPI_Abort)
+  static constexpr Msg kType = Msg::Abort;
+  static constexpr const char* kName = "abort";
+  int32_t generation = 0, rank = 0, pid = 0, status = 0;
+  std::string message;
+  template <class IO> void io(IO& f) { f(generation), f(rank), f(pid), f(status), f(message); }
+};
+struct Fence {  // this node's contribution to a fence
+  static constexpr Msg kType = Msg::Fence;
+  static constexpr const char* kName = "fence";
+  std::string nspace;
+  uint32_t seq = 0;
+  bool collect = false;
+  std::string data;
+  template <class IO> void io(IO& f) { f(nspace, 256), f(seq), f(collect), f(data, wire::kMaxPayload); }
+};
+struct StartFailed {
+  static constexpr Msg kType = Msg::StartFailed;
+  static constexpr const char* kName = "start-failed";
+  int32_t started = 0;  // workers that did start
+  std::string message;
+  template <class IO> void io(IO& f) { f(started), f(message); }
+};
+struct StdinDrained {
+  static constexpr Msg kType = Msg::StdinDrained;
+  static constexpr const char* kName = "stdin-drained";
+  template <class IO> void io(IO&) {}
+};
+struct Port {  // a free port on the node for the next generation's MASTER_PORT
+  static constexpr Msg kType = Msg::Port;
+  static constexpr const char* kName = "port";
+  int32_t port = 0;
+  template <class IO> void io(IO& f) { f(port); }
+};
+struct Lost {  // a relay lost its child (routed with the child as the source)
+  static constexpr Msg kType = Msg::Lost;
+  static constexpr const char* kName = "lost";
+  std::string why;
+  template <class IO> void io(IO& f) { f(why); }
+};
+struct Joined {  // after the handshake, with the front end or, in a tree, with the parent
+  static constexpr Msg kType = Msg::Joined;
+  static constexpr const char* kName = "joined";
+  template <class IO> void io(IO&) {}
+};
+
+// Routed frames to every node.
+inline constexpr uint32_t kAllNodes = 0xffffffffu;
+
+// A frame for (or from) another node of the tree.
+struct Routed {
+  static constexpr Msg kType = Msg::Routed;
+  static constexpr const char* kName = "routed";
+  uint32_t node = 0;
+  wire::Frame inner;
+  template <class IO> void io(IO& f) { f(node), f(inner.type), f(inner.payload, wire::kMaxPayload); }
+};
+
+using AllMessages =
+    std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Signal, Stdin, StdinClose,
+               FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence, StartFailed,
+               StdinDrained, Port, Lost, Joined, Routed>;
+
+// Writes fields (see the message structs' io()).
+class Encoder {
+ public:
+  explicit Encoder(wire::Writer& w) : w_(w) {}
+  void operator()(const std::string& s, uint32_t max = wire::kMaxString);
+  void operator()(bool v) { w_.u8(v); }
+  void operator()(uint8_t v) { w_.u8(v); }
+  void operator()(uint16_t v) { w_.u16(v); }
+  void operator()(uint32_t v) { w_.u32(v); }
+  void operator()(int32_t v) { w_.i32(v); }
+  void operator()(uint64_t v) { w_.u64(v); }
+  void operator()(const std::vector<std::string>& v, uint32_t max_count, uint32_t = 0);
+  void operator()(const std::vector<int>& v, uint32_t max_count);
+  void operator()(const std::vector<std::pair<std::string, std::string>>& v);
+  void operator()(const EnvMap& v);
+  void operator()(const JobMap& m);
+  template <class E> void choice(E v, E) { w_.u8(static_cast<uint8_t>(v)); }
+  void count(int v, int) { w_.i32(v); }
+  void port(int v) { w_.i32(v); }
+
+ private:
+  wire::Writer& w_;
+};
+
+// Reads fields back; throws wire::WireError on anything out of bounds.
+class Decoder {
+ public:
+  explicit Decoder(wire::Reader& r) : r_(r) {}
+  void operator()(std::string& s, uint32_t max = wire::kMaxString) { s = r_.str(max); }
+  void operator()(bool& v) { v = r_.u8() != 0; }
+  void operator()(uint8_t& v) { v = r_.u8(); }
+  void operator()(uint16_t& v) { v = r_.u16(); }
+  void operator()(uint32_t& v) { v = r_.u32(); }
+  void operator()(int32_t& v) { v = r_.i32(); }
+  void operator()(uint64_t& v) { v = r_.u64(); }
+  void operator()(std::vector<std::string>& v, uint32_t max_count, uint32_t max_len = 0);
+  void operator()(std::vector<int>& v, uint32_t max_count);
+  void operator()(std::vector<std::pair<std::string, std::string>>& v);
+  void operator()(EnvMap& v);
+  void operator()(JobMap& m);
+  template <class E> void choice(E& v, E last) {
+    uint8_t x = r_.u8();
+    if (x > static_cast<uint8_t>(last)) throw wire::WireError("value out of range");
+    v = static_cast<E>(x);
+  }
+  void count(int& v, int max);  // 0 ... max
+  void port(int& v);            // 1 ... 65535
+
+ private:
+  wire::Reader& r_;
+};
+
+template <class IO>
+void Job::io(IO& f) {
+  f(job.job_id, 64), f(job.node), f.count(job.tree_radix, 1 << 20), f(job.verbosity);
+  f(job.program), f(job.program_arg0), f(job.args, 1u << 20), f(job.wdir), f(job.exports);
+  f(job.env), f(job.replace_env);
+  f(job.placement.map_by, 64), f(job.placement.rank_by, 64), f(job.placement.bind_to, 64);
+  f.count(job.placement.gpus_per_rank, 4096), f(job.placement.topology_file);
+  f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
+  f.choice(job.stdin_how, StdinHow::Direct), f(job.map);
+}
+
+// Checks beyond the fields' own bounds, after a decode (throws wire::WireError).
+void validate(const Job& m);
+void validate(const Routed& m);
+void validate(const Signal& m);
+template <class M> void validate(const M&) {}
+
+template <class M>
+std::string encode(const M& m) {
+  wire::Writer w;
+  Encoder e(w);
+  const_cast<M&>(m).io(e);  // io() only reads through an Encoder
+  return w.take();
+}
+
+template <class M>
+M decode(std::string_view payload) {
+  wire::Reader r(payload);
+  Decoder d(r);
+  M m;
+  m.io(d);
+  r.finish();
+  validate(m);
+  return m;
+}
+
+const char* msg_name(uint16_t type);
+
+// Decodes a payload as the message its type names (and drops it): for the fuzzer and for
+// checking a frame before it is relayed.  Throws wire::WireError for an unknown type too.
+void decode_any(uint16_t type, std::string_view payload);
+
+// Handlers by message type, one line per message.  A frame with no handler is an error
+// ("unexpected X frame").  Ctx is what the caller passes along (for example the node a frame
+// came from).
+template <class... Ctx>
+class Dispatcher {
+ public:
+  template <class M, class F>
+  Dispatcher& on(F f) {
+    handlers_[static_cast<uint16_t>(M::kType)] = [f](Ctx... ctx, std::string_view payload) {
+      M m = decode<M>(payload);
+      f(ctx..., m);
+    };
+    return *this;
+  }
+  bool handles(uint16_t type) const { return handlers_.count(type) != 0; }
+  void dispatch(const wire::Frame& fr, Ctx... ctx) const {
+    auto it = handlers_.find(fr.type);
+    if (it == handlers_.end())
+      throw wire::WireError(std::string("unexpected ") + msg_name(fr.type) + " frame");
+    it->second(ctx..., fr.payload);
+  }
+
+ private:
+  std::map<uint16_t, std::function<void(Ctx..., std::string_view)>> handlers_;
+};
+
+}  // namespace pe::ctrl

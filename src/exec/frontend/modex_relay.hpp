@@ -1,0 +1,46 @@
+// PMIx traffic between the nodes of a multi-node job, as the front end relays it: a fence is
+// complete when every node has contributed (the data of all goes back to every node), and a
+// direct-modex request goes to the node of the rank it asks about, its answer back to the asker.
+//
+// Threading: everything runs on the event-loop thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/ctrl/messages.hpp"
+#include "exec/ctrl/tree.hpp"
+#include "exec/job_map.hpp"
+
+namespace pe {
+
+class ModexRelay {
+ public:
+  ModexRelay(const JobMap& map, ctrl::TreeRoot& tree) : map_(map), tree_(tree) {}
+  void on_fence(int node, ctrl::Fence& m);
+  void on_request(int node, ctrl::DmodexReq& m);
+  void on_response(ctrl::DmodexResp& m);
+  // A new generation: what was in flight is void.
+  void reset();
+
+ private:
+  struct FenceState {
+    std::vector<bool> arrived;
+    int count = 0;
+    std::vector<std::string> data;  // per node
+  };
+  struct Route {
+    int from_node;
+    uint64_t from_id;
+  };
+  const JobMap& map_;
+  ctrl::TreeRoot& tree_;
+  std::map<std::pair<std::string, uint32_t>, FenceState> fences_;
+  uint64_t next_id_ = 1;
+  std::map<uint64_t, Route> requests_;
+};
+
+}  // namespace pe

@@ -1,0 +1,59 @@
+// NodeJob: everything one node needs to run its part of a job, and nothing else.  The front end
+// builds one per node from its validated LaunchConfig (node_job_for); a pytorch_execd receives
+// it as one control message (control_codec.hpp); on one machine the front end uses it in
+// process.  Both then hand it to a NodeRunner (node_runner.hpp).  No behaviour here.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "exec/job_map.hpp"
+#include "exec/launch_config.hpp"
+#include "exec/worker_env.hpp"
+
+namespace pe {
+
+// How the workers' standard input is provided on their node.
+enum class StdinHow { DevNull, Forward, Direct };
+
+// What the command line asked for about placement (strings as validated).
+struct PlacementRequest {
+  std::string map_by;   // "" = default
+  std::string rank_by;  // "" = slot
+  std::string bind_to;  // "" = default
+  int gpus_per_rank = 1;
+  std::string topology_file;  // "" = this machine
+};
+
+struct NodeJob {
+  std::string job_id;
+  int node = 0;        // index into map.nodes
+  JobMap map;
+  int tree_radix = 32;
+  int verbosity = 0;
+
+  // The program, as every rank runs it.
+  std::string program;       // resolved path
+  std::string program_arg0;  // as typed: the workers' argv[0]
+  std::vector<std::string> args;
+  std::string wdir;          // absolute; "" = the node runner's current directory
+  std::vector<std::pair<std::string, std::string>> exports;  // -x
+  EnvMap env;                // carried environment
+  bool replace_env = false;  // env is the whole environment (SLURM), else added to the node's
+
+  PlacementRequest placement;
+  bool report_bindings = false;
+
+  // Standard input.
+  StdinMode stdin_mode = StdinMode::OneRank;
+  int stdin_rank = 0;
+  StdinHow stdin_how = StdinHow::DevNull;
+};
+
+// Node `node`'s job.  `env` is what the node's workers start from (on another node: what is
+// carried there, see `replace_env`).
+NodeJob node_job_for(const LaunchConfig& cfg, const JobMap& map, const std::string& job_id,
+                     int node, EnvMap env, bool replace_env, StdinHow stdin_how);
+
+}  // namespace pe

@@ -1,0 +1,130 @@
+#include "exec/node_runner.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "common/net.hpp"
+#include "common/unique_fd.hpp"
+
+namespace pe {
+
+NodeJob node_job_for(const LaunchConfig& cfg, const JobMap& map, const std::string& job_id,
+                     int node, EnvMap env, bool replace_env, StdinHow stdin_how) {
+  NodeJob j;
+  j.job_id = job_id;
+  j.node = node;
+  j.map = map;
+  j.tree_radix = cfg.tree_radix;
+  j.verbosity = cfg.verbosity;
+  j.program = cfg.program;
+  j.program_arg0 = cfg.program_arg0;
+  j.args = cfg.args;
+  j.wdir = cfg.wdir;
+  if (j.wdir.empty()) {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof cwd)) j.wdir = cwd;
+  }
+  j.exports = cfg.exports;
+  j.env = std::move(env);
+  j.replace_env = replace_env;
+  j.placement = placement_of(cfg);
+  j.report_bindings = cfg.report_bindings;
+  j.stdin_mode = cfg.stdin_mode;
+  j.stdin_rank = cfg.stdin_rank;
+  j.stdin_how = stdin_how;
+  return j;
+}
+
+std::string namespace_name(const std::string& job_id, int generation) {
+  return "pytorch_exec." + job_id + "." + std::to_string(generation);
+}
+
+pmix::NamespaceInfo namespace_for(const JobMap& map, int node, const GenerationInfo& gen) {
+  pmix::NamespaceInfo ns;
+  ns.nspace = namespace_name(gen.job_id, gen.generation);
+  ns.world_size = map.world_size;
+  for (const auto& n : map.nodes) {
+    ns.hosts.push_back(n.host);
+    ns.node_ranks.push_back(n.ranks);
+  }
+  ns.this_node = node;
+  ns.oversubscribed = gen.oversubscribed;
+  return ns;
+}
+
+bool oversubscribed_here(size_t local_ranks) {
+  long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
+  return ncpu > 0 && local_ranks > static_cast<size_t>(ncpu);
+}
+
+std::vector<WorkerSpec> node_worker_specs(const NodeJob& job, const EnvMap& base,
+                                          const NodePlan& plan, const GenerationInfo& gen) {
+  std::vector<WorkerSpec> specs;
+  std::vector<std::string> argv{job.program_arg0};
+  argv.insert(argv.end(), job.args.begin(), job.args.end());
+  const auto& ranks = job.map.nodes.at(static_cast<size_t>(job.node)).ranks;
+  for (size_t lr = 0; lr < ranks.size(); ++lr) {
+    int rank = ranks[lr];
+    WorkerSpec w;
+    w.rank = rank;
+    w.spawn.path = job.program;
+    w.spawn.argv = argv;
+    const auto& where = plan.ranks.at(lr);
+    w.spawn.envp =
+        to_envp(worker_environment(base, job.exports, job.map, rank, gen, locality_of(where)));
+    w.spawn.cpus = where.os_cpus;
+    w.spawn.wdir = job.wdir;
+    bool gets_stdin = job.stdin_mode == StdinMode::All ||
+                      (job.stdin_mode == StdinMode::OneRank && rank == job.stdin_rank);
+    if (gets_stdin && job.stdin_how == StdinHow::Forward) w.spawn.stdin_pipe = true;
+    if (gets_stdin && job.stdin_how == StdinHow::Direct) w.spawn.stdin_fd = 0;
+    specs.push_back(std::move(w));
+  }
+  return specs;
+}
+
+std::string binding_report(const JobMap& map, int node, const NodePlan& plan, int generation) {
+  std::string out;
+  const NodeMap& n = map.nodes.at(static_cast<size_t>(node));
+  for (size_t lr = 0; lr < n.ranks.size(); ++lr)
+    out += "pytorch_exec: generation " + std::to_string(generation) + " rank " +
+           std::to_string(n.ranks[lr]) + " on " + n.host + ": " +
+           topo::describe_placement(plan.ranks.at(lr)) + "\n";
+  return out;
+}
+
+NodeRunner::NodeRunner(NodeJob job)
+    : job_(std::move(job)),
+      plan_(plan_node(job_.placement, static_cast<int>(job_.map.nodes.at(static_cast<size_t>(job_.node))
+                                                 .ranks.size()))) {}
+
+NodeRunner::~NodeRunner() = default;
+
+void NodeRunner::open(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
+                      const std::string& server_nspace, EnvMap env) {
+  env_ = std::move(env);
+  agent_ = std::make_unique<NodeAgent>(loop, listener, router, server_nspace,
+                                       plan_.topology->raw());
+}
+
+void NodeRunner::start(GenerationInfo gen) {
+  const auto& ranks = job_.map.nodes.at(static_cast<size_t>(job_.node)).ranks;
+  gen.oversubscribed = oversubscribed_here(ranks.size());
+  auto specs = node_worker_specs(job_, env_, plan_, gen);
+  // "All" from a file: every rank reads it from the start, through its own open file description.
+  std::vector<UniqueFd> own_stdin;
+  if (job_.stdin_how == StdinHow::Direct && job_.stdin_mode == StdinMode::All) {
+    for (auto& w : specs) {
+      own_stdin.emplace_back(::open("/proc/self/fd/0", O_RDONLY | O_CLOEXEC));
+      w.spawn.stdin_fd = own_stdin.back().get();
+    }
+  }
+  if (job_.report_bindings) {
+    std::string r = binding_report(job_.map, job_.node, plan_, gen.generation);
+    write_all(2, r.data(), r.size());
+  }
+  auto ns = namespace_for(job_.map, job_.node, gen);
+  agent_->start(gen.generation, std::move(specs), &ns);
+}
+
+}  // namespace pe

@@ -1,0 +1,18 @@
+// How a worker ended, as the node agent reports it (and the control plane carries it).
+#pragma once
+
+#include <sys/types.h>
+
+namespace pe {
+
+struct WorkerExit {
+  int rank = 0;
+  pid_t pid = -1;
+  int generation = 0;
+  int status = 0;      // wait status
+  int exec_errno = 0;  // non-zero when execve (or binding, with bind_failed) failed in the child
+  bool bind_failed = false;
+  bool pmix_unfinalized = false;  // connected to the PMIx server but never finalized
+};
+
+}  // namespace pe

@@ -1,0 +1,103 @@
+// The job controller's restart state machine, driven by a fake WorkerSet (no processes): a
+// failing rank restarts the whole group while the budget lasts, with the generation and restart
+// count moving on; without budget the job fails with the rank's status.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "exec/job.hpp"
+
+using namespace pe;
+
+namespace {
+
+// Ranks "run" until the loop turns; rank `fail_rank` exits 3 in the generations listed in
+// `fails`, every other rank exits 0.  A signal ends every live rank by that signal.
+class FakeWorkers : public WorkerSet {
+ public:
+  FakeWorkers(const WorkerSetContext& c, std::vector<int> fails, std::vector<GenerationInfo>* log)
+      : c_(c), fails_(std::move(fails)), log_(log) {}
+  void prepare(std::function<void()> ready) override { c_.loop.post(std::move(ready)); }
+  std::string master_addr() override { return "127.0.0.1"; }
+  int master_port() override { return 29500; }
+  void start(const GenerationInfo& gen) override {
+    log_->push_back(gen);
+    generation_ = gen.generation;
+    alive_.assign(static_cast<size_t>(c_.map.world_size), true);
+    bool fail = std::find(fails_.begin(), fails_.end(), gen.generation) != fails_.end();
+    for (int r = 0; r < c_.map.world_size; ++r) {
+      int status = fail && r == 1 ? 3 << 8 : 0;
+      if (status == 0 && fail) continue;  // the others wait to be stopped
+      c_.loop.post([this, r, status, g = gen.generation] { exit(r, g, status); });
+    }
+  }
+  void signal_all(int sig) override {
+    for (int r = 0; r < c_.map.world_size; ++r)
+      c_.loop.post([this, r, sig, g = generation_] { exit(r, g, sig); });
+  }
+  size_t live() const override { return static_cast<size_t>(std::count(alive_.begin(), alive_.end(), true)); }
+  void stdin_write(int, std::string_view) override {}
+  void stdin_close_all() override {}
+  size_t stdin_backlog() const override { return 0; }
+  std::string host_of_rank(int) const override { return "fakehost"; }
+  std::string format_map() const override { return ""; }
+
+ private:
+  void exit(int rank, int generation, int status) {
+    if (generation != generation_ || !alive_[static_cast<size_t>(rank)]) return;
+    alive_[static_cast<size_t>(rank)] = false;
+    WorkerExit e;
+    e.rank = rank;
+    e.pid = 1000 + rank;
+    e.generation = generation;
+    e.status = status;
+    c_.listener.on_exit(e);
+  }
+  WorkerSetContext c_;
+  std::vector<int> fails_;
+  std::vector<GenerationInfo>* log_;
+  int generation_ = -1;
+  std::vector<bool> alive_;
+};
+
+int run_job(int max_restarts, std::vector<int> fails, std::vector<GenerationInfo>* log) {
+  LaunchConfig cfg;
+  cfg.np = 3;
+  cfg.program = "/bin/fake";
+  cfg.max_restarts = max_restarts;
+  cfg.kill_grace = 1;
+  cfg.stdin_mode = StdinMode::None;
+  WorkerSetSource src;
+  src.make = [fails, log](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
+    return std::make_unique<FakeWorkers>(c, fails, log);
+  };
+  JobController job(cfg, {}, map_single_node("fakehost", 3), std::move(src));
+  return job.run();
+}
+
+}  // namespace
+
+TEST(JobTest, AFailureRestartsTheGroupWhileTheBudgetLasts) {
+  std::vector<GenerationInfo> log;
+  EXPECT_EQ(run_job(2, {0, 1}, &log), 0);
+  ASSERT_EQ(log.size(), 3u);
+  for (int g = 0; g < 3; ++g) {
+    EXPECT_EQ(log[g].generation, g);
+    EXPECT_EQ(log[g].restart_count, g);
+    EXPECT_EQ(log[g].max_restarts, 2);
+    EXPECT_EQ(log[g].master_port, 29500);
+  }
+}
+
+TEST(JobTest, WithoutBudgetTheJobFailsWithTheRanksStatus) {
+  std::vector<GenerationInfo> log;
+  EXPECT_EQ(run_job(1, {0, 1}, &log), 3);
+  EXPECT_EQ(log.size(), 2u);
+  log.clear();
+  EXPECT_EQ(run_job(0, {}, &log), 0);
+  EXPECT_EQ(log.size(), 1u);
+}
