@@ -44,8 +44,10 @@ class TimeoutError : public Error {
 struct Options {
   // Transports: "shm", "tcp" or "mpi" inside a node, "tcp" or "mpi" across nodes.  Empty:
   // PYTORCH_DC_INTRA / PYTORCH_DC_INTER, else PYTORCH_DC_TRANSPORT (both levels; "shm" means shm
-  // inside and tcp across), else shm inside, tcp across.  Collectives other than allreduce, and
-  // send/recv, use the inter-node transport between all ranks.
+  // inside and tcp across), else shm inside, tcp across.  Every name that is set, also one that a
+  // more specific setting overrides, must be one of these: otherwise init fails with an Error
+  // naming the field or variable.  Collectives other than allreduce, and send/recv, use the
+  // inter-node transport between all ranks.
   std::string intra;
   std::string inter;
   // Default timeout of every operation, seconds (PYTORCH_DC_TIMEOUT; default 300).

@@ -1,29 +1,35 @@
-// Which allreduce a group runs, by where its ranks are and how large the buffer is:
+// ProcessGroup::Impl::allreduce: which allreduce a group runs, by where its ranks are and how
+// large the buffer is:
 //   one rank .................................... nothing to do
-//   one node, shm ............................... shm::Node rounds (every local rank owns a shard)
+//   one node, shm ............................... shm::AllreduceEngine rounds (every local rank
+//                                                 owns a shard)
 //   several nodes sharing ranks, hierarchical ... hierarchical_allreduce
 //   otherwise ................................... over all ranks: recursive doubling up to
 //                                                 small_bytes, a pipelined ring above
+#include <algorithm>
+
 #include "dc/group.hpp"
-#include "dc/hierarchical.hpp"
 #include "dc/reduce.hpp"
 
 namespace pytorch_exec::dc {
 
-void group_allreduce(ProcessGroup::Impl& g, void* buf, size_t count, DType t, Op op, const Deadline& d) {
-  auto h = make_header(Kind::Allreduce, count, t, op, ++g.seq);
-  if (g.size == 1) return;
-  if (g.nodes == 1 && g.shm) {
-    int owners = static_cast<int>(std::min<size_t>(static_cast<size_t>(g.local_size), std::max<size_t>(count, 1)));
-    g.shm->allreduce(buf, count, t, op, owners, {}, g.size, h, d);
+void ProcessGroup::Impl::allreduce(void* buf, size_t count, DType t, Op op, const Deadline& d) {
+  auto h = make_header(Kind::Allreduce, count, t, op, ++seq);
+  if (size == 1) return;
+  CrossOptions o{s.small_bytes, s.bf16_wire};
+  if (nodes == 1 && engine) {
+    size_t owners = std::min<size_t>(static_cast<size_t>(local_size), std::max<size_t>(count, 1));
+    engine->allreduce(buf, count, t, op, static_cast<int>(owners), {}, size, h, d);
     return;
   }
-  if (g.nodes > 1 && g.max_local > 1 && g.s.hierarchical) {
-    hierarchical_allreduce(g, buf, count, t, op, h, d);
+  if (nodes > 1 && max_local > 1 && s.hierarchical) {
+    NodeLevels levels{local_c, cross_c, engine.get(), min_local, shm_bytes, size};
+    hierarchical_allreduce(levels, buf, count, t, op, h, d, o);
     return;
   }
-  cross_allreduce(g, g.flat_c, buf, count, t, op, h, d, g.s.bf16_wire && g.nodes > 1);
-  if (op == Op::Avg) finish_avg(buf, count, t, g.size);
+  o.bf16_wire = o.bf16_wire && nodes > 1;
+  cross_allreduce(flat_c, buf, count, t, op, h, d, o);
+  if (op == Op::Avg) finish_avg(buf, count, t, size);
 }
 
 }  // namespace pytorch_exec::dc

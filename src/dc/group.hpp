@@ -1,5 +1,7 @@
 // ProcessGroup::Impl: who is in the group, where they are (nodes, local ranks), and the
-// transports and Comms of each level.  Built by init()/threads() from a World, and by split().
+// transports, Comms and shm engine of each level, which it owns.  Built by init()/threads() from
+// a World, and by split().  It chooses the algorithm of each call and hands it the Comms and
+// options it uses (the algorithms never see the Impl).  Threads: the one that uses the group.
 #pragma once
 
 #include <memory>
@@ -9,7 +11,8 @@
 #include "dc/bootstrap.hpp"
 #include "dc/comm.hpp"
 #include "dc/settings.hpp"
-#include "dc/shm/transport.hpp"
+#include "dc/hierarchical.hpp"
+#include "dc/shm/engine.hpp"
 #include "pytorch_exec/dc.hpp"
 
 namespace pytorch_exec::dc {
@@ -30,7 +33,7 @@ struct ProcessGroup::Impl {
   // across nodes (each owner's cross-node allreduce gets a larger shard).
   size_t shm_bytes = 512 << 10;
   std::shared_ptr<Transport> inter_t, intra_t;  // intra_t: the point-to-point transport inside a node
-  std::unique_ptr<shm::Node> shm;
+  std::unique_ptr<shm::AllreduceEngine> engine;  // the node's shared memory (intra-node shm)
   Comm world_c, local_c, cross_c;  // cross_c: the ranks with this local rank on every node
   Comm flat_c;                     // all ranks, over the intra-node transport on a single node
   uint64_t seq = 0;
@@ -48,9 +51,8 @@ struct ProcessGroup::Impl {
   void guarded(const Deadline& d, F&& f);
   Deadline deadline(double timeout, const std::string& what) const;
   double seconds(double timeout) const { return timeout < 0 ? s.timeout : timeout; }
+  // The allreduce of the group, in place, by level and size (collectives.cpp).
+  void allreduce(void* buf, size_t count, DType t, Op op, const Deadline& d);
 };
-
-// The allreduce of a group, by level and size (collectives.cpp).
-void group_allreduce(ProcessGroup::Impl& g, void* buf, size_t count, DType t, Op op, const Deadline& d);
 
 }  // namespace pytorch_exec::dc

@@ -13,12 +13,10 @@
 #include "dc/group.hpp"
 #include "dc/recursive_doubling.hpp"
 #include "dc/reduce.hpp"
+#include "dc/registry.hpp"
 #include "dc/ring.hpp"
-#include "dc/tcp/transport.hpp"
+#include "dc/socket.hpp"
 #include "dc/tree.hpp"
-#ifdef HAVE_MPI
-#include "dc/mpi/transport.hpp"
-#endif
 
 namespace pytorch_exec::dc {
 
@@ -29,7 +27,7 @@ void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
     failed = e.what();
     if (inter_t) inter_t->abort(failed);
     if (intra_t) intra_t->abort(failed);
-    if (shm) shm->abort();
+    if (engine) engine->abort();
   };
   try {
     f();
@@ -82,9 +80,13 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
   shm_bytes = s.shm_bytes ? s.shm_bytes : nodes > 1 ? 4 << 20 : 512 << 10;
   // Set up over the node's own connections, not the store: a group made by split() must not
   // depend on the rank that serves the store still being there.
-  if (s.intra == "shm" && local_size > 1)
-    shm = shm::Node::create([&] { dissemination_barrier(local_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, 0), d); },
-                            key + ".node" + std::to_string(node), local_rank, local_size, shm_bytes);
+  if (s.intra == TransportKind::Shm && local_size > 1) {
+    auto barrier = [&] {
+      dissemination_barrier(local_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, 0), d);
+    };
+    engine = shm::AllreduceEngine::create(barrier, key + ".node" + std::to_string(node), local_rank,
+                                          local_size, shm_bytes);
+  }
 }
 
 namespace {
@@ -96,34 +98,13 @@ std::vector<int> number_nodes(const std::vector<std::string>& names) {
   return out;
 }
 
-// The transports a group's settings use (they own them; intra and inter may be the same one).
-struct Transports {
-  std::shared_ptr<Transport> tcp, mpi;
-  std::shared_ptr<Transport> get(const std::string& name) const { return name == "mpi" ? mpi : tcp; }
-};
-
-Transports make_transports(const World& w, const Settings& s, Listener* listener, const Deadline& d) {
-  Transports tr;
-  if (s.uses("tcp"))
-    tr.tcp = tcp::connect_mesh(w.rank, w.size, std::move(*listener), w.addrs, w.session, d);
-  if (s.uses("mpi")) {
-#ifdef HAVE_MPI
-    if (w.threads) throw Error("the mpi transport needs one process per rank (not threads)");
-    tr.mpi = mpi::create(w.rank, w.size, [&](const std::string& mine) { return w.allgather("mpi", mine); });
-#else
-    throw Error("the mpi transport is not available: libpytorch_dc was built without MPI");
-#endif
-  }
-  return tr;
-}
-
 std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listener* listener) {
   auto d = Deadline::after(s.timeout, "process group set-up (rank " + std::to_string(w.rank) + ")");
   auto g = std::make_unique<ProcessGroup::Impl>();
   g->s = s;
-  Transports tr = make_transports(w, s, listener, d);
-  g->inter_t = tr.get(s.inter);
-  g->intra_t = s.intra == "shm" ? g->inter_t : tr.get(s.intra);
+  LevelTransports tr = create_transports(s.intra, s.inter, w, listener, d);
+  g->inter_t = tr.inter;
+  g->intra_t = tr.intra;
   g->key = w.key;
   g->threads = w.threads;
   g->rank = w.rank;
@@ -152,7 +133,7 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const Options& opts) {
   Settings s = resolve_settings(opts);
   std::unique_ptr<Listener> l;
-  if (s.uses("tcp")) l = std::make_unique<Listener>();
+  if (s.uses(TransportKind::Tcp)) l = std::make_unique<Listener>();  // its address is published
   World w = bootstrap_process(l ? l->port() : 0, s.timeout);
   return std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
 }
@@ -173,7 +154,7 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Op
     th.emplace_back([&, i] {
       try {
         std::unique_ptr<Listener> l;
-        if (s.uses("tcp")) l = std::make_unique<Listener>();
+        if (s.uses(TransportKind::Tcp)) l = std::make_unique<Listener>();
         World w = bootstrap_thread(i, n, names, store, session, key, l ? l->port() : 0, s.timeout);
         out[static_cast<size_t>(i)] = std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
       } catch (const std::exception& e) {
@@ -202,8 +183,8 @@ int ProcessGroup::domain_of(int rank) const {
     throw Error("domain_of(" + std::to_string(rank) + "): no such rank in a group of " + std::to_string(impl_->size));
   return impl_->domain_of[static_cast<size_t>(rank)];
 }
-const std::string& ProcessGroup::intra_transport() const { return impl_->s.intra; }
-const std::string& ProcessGroup::inter_transport() const { return impl_->s.inter; }
+const std::string& ProcessGroup::intra_transport() const { return transport_name(impl_->s.intra); }
+const std::string& ProcessGroup::inter_transport() const { return transport_name(impl_->s.inter); }
 
 namespace {
 
@@ -230,7 +211,7 @@ void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, O
   need_buffer(out, count, "allreduce");
   auto d = Deadline::call(impl_->seconds(timeout), "allreduce", count, static_cast<int>(t), static_cast<int>(op));
   if (in != out) std::memcpy(out, in, count * dtype_size(t));
-  impl_->guarded(d, [&] { group_allreduce(*impl_, out, count, t, op, d); });
+  impl_->guarded(d, [&] { impl_->allreduce(out, count, t, op, d); });
 }
 
 void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op, double timeout) {

@@ -3,27 +3,42 @@
 #include "dc/settings.hpp"
 
 #include <cstdlib>
+#include <optional>
 
 #include "dc/bootstrap.hpp"
 
 namespace pytorch_exec::dc {
 namespace {
 
-bool have_mpi() {
-#ifdef HAVE_MPI
-  return true;
-#else
-  return false;
-#endif
+// The transport that `source` (an option or a variable) names for a level; nullopt when unset.
+std::optional<TransportKind> transport(const std::string& name, const std::string& source,
+                                       bool inside_node) {
+  if (name.empty()) return std::nullopt;
+  auto fail = [&](const std::string& why) {
+    return Error(source + "=" + name + ": the transport '" + name + "' " + why + "; " + source +
+                 " takes " + transport_names(inside_node));
+  };
+  auto k = transport_kind(name);
+  if (!k) throw fail("is unknown");
+  if (!transport_built(*k)) throw fail("is not available: this libpytorch_dc was built without it");
+  if (!inside_node && !transport_point_to_point(*k)) throw fail("works only inside a node");
+  return k;
 }
 
-void check_transport(const std::string& t, const std::string& level, bool shm_ok) {
-  if (t == "tcp" || (t == "shm" && shm_ok)) return;
-  if (t == "mpi") {
-    if (!have_mpi()) throw Error(level + " transport 'mpi': this libpytorch_dc was built without MPI");
-    return;
-  }
-  throw Error(level + " transport '" + t + "' is unknown (" + (shm_ok ? "shm, tcp or mpi" : "tcp or mpi") + ")");
+std::optional<TransportKind> env_transport(const char* name, bool inside_node) {
+  return transport(env_or(name, ""), name, inside_node);
+}
+
+// PYTORCH_DC_TRANSPORT names both levels; "shm" means shm inside and tcp across.
+void resolve_transports(const Options& o, Settings& s) {
+  auto both = env_transport("PYTORCH_DC_TRANSPORT", true);
+  auto intra = env_transport("PYTORCH_DC_INTRA", true);
+  auto inter = env_transport("PYTORCH_DC_INTER", false);
+  auto o_intra = transport(o.intra, "Options::intra", true);
+  auto o_inter = transport(o.inter, "Options::inter", false);
+  s.intra = o_intra ? *o_intra : intra ? *intra : both.value_or(TransportKind::Shm);
+  if (both == TransportKind::Shm) both = TransportKind::Tcp;
+  s.inter = o_inter ? *o_inter : inter ? *inter : both.value_or(TransportKind::Tcp);
 }
 
 int flag(int opt, const char* name, bool def) {
@@ -39,14 +54,11 @@ int flag(int opt, const char* name, bool def) {
 
 Settings resolve_settings(const Options& o) {
   Settings s;
-  std::string both = env_or("PYTORCH_DC_TRANSPORT", "");
-  s.intra = !o.intra.empty() ? o.intra : env_or("PYTORCH_DC_INTRA", both.empty() ? "shm" : both);
-  s.inter = !o.inter.empty() ? o.inter : env_or("PYTORCH_DC_INTER", !both.empty() && both != "shm" ? both : "tcp");
-  check_transport(s.intra, "intra-node", true);
-  check_transport(s.inter, "inter-node", false);
+  resolve_transports(o, s);
   s.timeout = o.timeout > 0 ? o.timeout : env_number("PYTORCH_DC_TIMEOUT", 300);
   if (s.timeout <= 0) throw Error("PYTORCH_DC_TIMEOUT must be more than 0 seconds");
-  s.small_bytes = o.small_bytes > 0 ? o.small_bytes : static_cast<size_t>(env_number("PYTORCH_DC_SMALL", 32 << 10));
+  s.small_bytes = o.small_bytes > 0 ? o.small_bytes
+                                    : static_cast<size_t>(env_number("PYTORCH_DC_SMALL", 32 << 10));
   s.hierarchical = flag(o.hierarchical, "PYTORCH_DC_HIERARCHICAL", true);
   s.bf16_wire = flag(o.bf16_wire, "PYTORCH_DC_BF16_WIRE", false);
   if (!env_or("PYTORCH_DC_SHM_BYTES", "").empty()) {

@@ -1,26 +1,29 @@
 // The options of a process group, resolved: explicit Options first, then the PYTORCH_DC_*
-// environment variables, then the defaults.  Pure, so that it is unit-tested.
+// environment variables, then the defaults.  Transport names become kinds here, once (an unknown
+// name is an Error); later code compares kinds.  Pure, so that it is unit-tested.
 #pragma once
 
 #include <string>
 
+#include "dc/registry.hpp"
 #include "pytorch_exec/dc.hpp"
 
 namespace pytorch_exec::dc {
 
 struct Settings {
-  std::string intra = "shm";  // shm, tcp or mpi
-  std::string inter = "tcp";  // tcp or mpi
+  TransportKind intra = TransportKind::Shm;  // shm, tcp or mpi
+  TransportKind inter = TransportKind::Tcp;  // tcp or mpi
   double timeout = 300;
   size_t small_bytes = 32 << 10;
   bool hierarchical = true;
   bool bf16_wire = false;
   size_t shm_bytes = 0;  // PYTORCH_DC_SHM_BYTES; 0: by layout (ProcessGroup::Impl::shm_bytes)
 
-  bool uses(const std::string& transport) const { return intra == transport || inter == transport; }
+  bool uses(TransportKind k) const { return intra == k || inter == k; }
 };
 
-// Throws Error naming the option or variable that is wrong.
+// Throws Error naming the option or variable that is wrong.  Every transport name that is set is
+// checked, also one that a more specific setting overrides.
 Settings resolve_settings(const Options& o);
 
 }  // namespace pytorch_exec::dc

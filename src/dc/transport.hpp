@@ -10,8 +10,9 @@
 // request completed.
 //
 // Capabilities are stated, not discovered by exceptions: a transport that moves bytes between
-// any two ranks has kPointToPoint (tcp, mpi).  Shared memory (shm/) is not a Transport: it is a
-// node-level collective engine with its own interface (shm/transport.hpp).
+// any two ranks has kPointToPoint (tcp, mpi).  Shared memory (shm/) is not a Transport: it is
+// the node's allreduce engine, with its own interface (shm/engine.hpp).  Transports are created
+// by the registry (registry.hpp) only.
 //
 // Threads: a Transport is used by the one thread that runs the group's operations.
 #pragma once

@@ -88,10 +88,10 @@ TEST(ErrorsArgs, BadArgumentsAreErrorsBeforeAnythingIsSent) {
 TEST(Settings, EnvironmentAndOptionsResolve) {
   ::setenv("PYTORCH_DC_TRANSPORT", "tcp", 1);
   auto s = resolve_settings({});
-  EXPECT_EQ(s.intra, "tcp");
-  EXPECT_EQ(s.inter, "tcp");
+  EXPECT_EQ(transport_name(s.intra), "tcp");
+  EXPECT_EQ(transport_name(s.inter), "tcp");
   ::setenv("PYTORCH_DC_INTRA", "shm", 1);
-  EXPECT_EQ(resolve_settings({}).intra, "shm");
+  EXPECT_EQ(transport_name(resolve_settings({}).intra), "shm");
   Options o;
   o.inter = "carrier-pigeon";
   EXPECT_THROW(resolve_settings(o), Error);
@@ -104,8 +104,8 @@ TEST(Settings, EnvironmentAndOptionsResolve) {
   EXPECT_THROW(resolve_settings({}), Error);
   ::unsetenv("PYTORCH_DC_BF16_WIRE");
   s = resolve_settings({});
-  EXPECT_EQ(s.intra, "shm");
-  EXPECT_EQ(s.inter, "tcp");
+  EXPECT_EQ(transport_name(s.intra), "shm");
+  EXPECT_EQ(transport_name(s.inter), "tcp");
   EXPECT_EQ(s.timeout, 300);
 }
 

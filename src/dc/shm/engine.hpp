@@ -1,5 +1,7 @@
-// The shm transport: allreduce among the ranks of one node through POSIX shared memory, with no
-// copy through the kernel.  One segment per (group, node) holds, for each local rank, two slots
+// The shm allreduce engine: allreduce among the ranks of one node through POSIX shared memory,
+// with no copy through the kernel.  Not a Transport (it moves no bytes between two ranks): a
+// group whose intra-node level is "shm" runs its allreduces here and its other operations over
+// the inter-node transport.  One segment per (group, node) holds, for each local rank, two slots
 // (used in alternate rounds) and a few sequence counters on their own cache lines.
 //
 // A round: every local rank copies its piece of the buffer into its slot and bumps `in`; each
@@ -11,7 +13,7 @@
 // Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died (its
 // pid is gone) or aborted turns the wait into an Error, and the deadline into a TimeoutError.
 //
-// Threads: one thread per local rank uses its Node.
+// Threads: one thread per local rank uses its AllreduceEngine.
 #pragma once
 
 #include <functional>
@@ -23,15 +25,16 @@
 
 namespace pytorch_exec::dc::shm {
 
-class Node {
+class AllreduceEngine {
  public:
   // All `local_size` ranks of the node call this together; `local_barrier` synchronizes them
   // (twice: the segment exists; everyone has it mapped, so local rank 0 unlinks it).  `key`
   // names the segment uniquely among the jobs of this machine and the groups of this job.
   // Throws Error.
-  static std::unique_ptr<Node> create(const std::function<void()>& local_barrier, const std::string& key,
-                                      int local_rank, int local_size, size_t slot_bytes);
-  virtual ~Node() = default;
+  static std::unique_ptr<AllreduceEngine> create(const std::function<void()>& local_barrier,
+                                                 const std::string& key, int local_rank,
+                                                 int local_size, size_t slot_bytes);
+  virtual ~AllreduceEngine() = default;
 
   // The inter-node step: called by each owner on its reduced shard (in shared memory).
   using Cross = std::function<void(void* shard, size_t count)>;

@@ -1,4 +1,4 @@
-#include "dc/shm/transport.hpp"
+#include "dc/shm/engine.hpp"
 
 #include <fcntl.h>
 #include <sched.h>
@@ -101,9 +101,9 @@ class Segment {
   bool owner_ = false, unlinked_ = false;
 };
 
-class NodeImpl : public Node {
+class EngineImpl : public AllreduceEngine {
  public:
-  NodeImpl(std::unique_ptr<Segment> seg, int me, int n, size_t slot)
+  EngineImpl(std::unique_ptr<Segment> seg, int me, int n, size_t slot)
       : seg_(std::move(seg)), me_(me), n_(n), slot_(slot) {
     states_ = reinterpret_cast<RankState*>(seg_->base() + 4096);
     data_ = seg_->base() + data_offset(n);
@@ -245,12 +245,13 @@ class NodeImpl : public Node {
 
 }  // namespace
 
-std::unique_ptr<Node> Node::create(const std::function<void()>& local_barrier, const std::string& key,
-                                   int local_rank, int local_size, size_t slot_bytes) {
+std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<void()>& local_barrier,
+                                                         const std::string& key, int local_rank,
+                                                         int local_size, size_t slot_bytes) {
   slot_bytes = round_up(std::max<size_t>(slot_bytes, 4096), 4096);
   std::string name = "/pytorch_dc." + key;
   std::replace(name.begin() + 1, name.end(), '/', '_');
-  size_t bytes = NodeImpl::bytes(local_size, slot_bytes);
+  size_t bytes = EngineImpl::bytes(local_size, slot_bytes);
   std::unique_ptr<Segment> seg;
   if (local_rank == 0) {
     ::shm_unlink(name.c_str());  // a leftover of a crashed job with the same key
@@ -270,8 +271,7 @@ std::unique_ptr<Node> Node::create(const std::function<void()>& local_barrier, c
       throw Error("shm: segment " + name + " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
     local_barrier();
   }
-  auto node = std::make_unique<NodeImpl>(std::move(seg), local_rank, local_size, slot_bytes);
-  return node;
+  return std::make_unique<EngineImpl>(std::move(seg), local_rank, local_size, slot_bytes);
 }
 
 }  // namespace pytorch_exec::dc::shm

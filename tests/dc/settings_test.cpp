@@ -1,0 +1,124 @@
+// Transport names in the settings of a process group: every name that Options or the environment
+// (PYTORCH_DC_TRANSPORT, PYTORCH_DC_INTRA, PYTORCH_DC_INTER) gives is resolved once to a kind of
+// the transport registry, and one that is unknown, not built or at the wrong level is an Error
+// that names where it came from and what is accepted there.
+#include <config.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "dc/registry.hpp"
+#include "dc/settings.hpp"
+#include "testlib.hpp"
+
+using namespace dctest;
+
+namespace {
+
+const char* const kVariables[] = {"PYTORCH_DC_TRANSPORT", "PYTORCH_DC_INTRA", "PYTORCH_DC_INTER"};
+
+// Starts and ends every test with none of the transport variables set.
+class TransportNames : public ::testing::Test {
+ protected:
+  void SetUp() override { clear(); }
+  void TearDown() override { clear(); }
+  static void clear() {
+    for (const char* v : kVariables) ::unsetenv(v);
+  }
+  // resolve_settings' error, "" when it resolves.
+  static std::string error_of(const Options& o = {}) {
+    try {
+      resolve_settings(o);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  }
+};
+
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+TEST_F(TransportNames, AnUnknownNameInAVariableIsAnErrorNamingTheVariable) {
+  for (const char* v : kVariables) {
+    ::setenv(v, "pigeon", 1);
+    std::string e = error_of();
+    ::unsetenv(v);
+    EXPECT_TRUE(has(e, std::string(v) + "=pigeon")) << v << ": " << e;
+    EXPECT_TRUE(has(e, "'pigeon' is unknown")) << v << ": " << e;
+    EXPECT_TRUE(has(e, "tcp")) << v << ": the accepted names: " << e;
+    EXPECT_EQ(has(e, "shm"), std::string(v) != "PYTORCH_DC_INTER") << v << ": " << e;
+  }
+}
+
+TEST_F(TransportNames, AnUnknownNameInOptionsIsAnErrorNamingTheField) {
+  Options o;
+  o.intra = "pigeon";
+  std::string e = error_of(o);
+  EXPECT_TRUE(has(e, "Options::intra=pigeon") && has(e, "'pigeon' is unknown")) << e;
+  EXPECT_TRUE(has(e, "shm, tcp")) << e;
+  o.intra.clear();
+  o.inter = "carrier-pigeon";
+  e = error_of(o);
+  EXPECT_TRUE(has(e, "Options::inter=carrier-pigeon")) << e;
+  EXPECT_TRUE(has(e, "'carrier-pigeon' is unknown")) << e;
+  EXPECT_TRUE(has(e, "takes tcp")) << e;
+}
+
+TEST_F(TransportNames, AnUnknownNameIsAnErrorEvenWhereAMoreSpecificSettingWins) {
+  ::setenv("PYTORCH_DC_TRANSPORT", "pigeon", 1);
+  ::setenv("PYTORCH_DC_INTRA", "tcp", 1);
+  ::setenv("PYTORCH_DC_INTER", "tcp", 1);
+  EXPECT_TRUE(has(error_of(), "PYTORCH_DC_TRANSPORT=pigeon")) << error_of();
+  clear();
+  ::setenv("PYTORCH_DC_INTER", "pigeon", 1);
+  Options o;
+  o.intra = o.inter = "tcp";
+  EXPECT_TRUE(has(error_of(o), "PYTORCH_DC_INTER=pigeon")) << error_of(o);
+}
+
+TEST_F(TransportNames, ShmAcrossNodesIsAnErrorNamingWhereItCameFrom) {
+  ::setenv("PYTORCH_DC_INTER", "shm", 1);
+  std::string e = error_of();
+  EXPECT_TRUE(has(e, "PYTORCH_DC_INTER=shm") && has(e, "only inside a node")) << e;
+  clear();
+  Options o;
+  o.inter = "shm";
+  e = error_of(o);
+  EXPECT_TRUE(has(e, "Options::inter=shm") && has(e, "only inside a node")) << e;
+}
+
+TEST_F(TransportNames, KnownNamesResolveToTheirKinds) {
+  ::setenv("PYTORCH_DC_TRANSPORT", "shm", 1);  // shm inside, tcp across
+  Settings s = resolve_settings({});
+  EXPECT_EQ(s.intra, TransportKind::Shm);
+  EXPECT_EQ(s.inter, TransportKind::Tcp);
+  ::setenv("PYTORCH_DC_TRANSPORT", "mpi", 1);
+#ifdef HAVE_MPI
+  s = resolve_settings({});
+  EXPECT_EQ(s.intra, TransportKind::Mpi);
+  EXPECT_EQ(s.inter, TransportKind::Mpi);
+#else
+  std::string e = error_of();
+  EXPECT_TRUE(has(e, "PYTORCH_DC_TRANSPORT=mpi") && has(e, "built without")) << e;
+#endif
+  for (auto k : {TransportKind::Shm, TransportKind::Tcp, TransportKind::Mpi})
+    EXPECT_EQ(transport_kind(transport_name(k)), k) << transport_name(k);
+  EXPECT_FALSE(transport_kind("pigeon"));
+  EXPECT_FALSE(transport_point_to_point(TransportKind::Shm));
+}
+
+TEST_F(TransportNames, AGroupWithAnUnknownTransportIsNotCreated) {
+  Options o;
+  o.intra = "pigeon";
+  o.timeout = 20;
+  try {
+    ProcessGroup::threads(2, o);
+    ADD_FAILURE() << "threads() created a group with transport 'pigeon'";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "Options::intra=pigeon")) << e.what();
+  }
+}
+
+}  // namespace
