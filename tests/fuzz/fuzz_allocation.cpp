@@ -8,7 +8,7 @@
 #include <string>
 
 #include "common/error.hpp"
-#include "exec/allocation.hpp"
+#include "exec/frontend/allocation.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;

@@ -5,9 +5,9 @@
 
 #include "common/error.hpp"
 #include "common/net.hpp"
-#include "exec/allocation.hpp"
-#include "exec/direct_launch.hpp"
-#include "exec/job_map.hpp"
+#include "exec/frontend/allocation.hpp"
+#include "exec/frontend/direct_launch.hpp"
+#include "exec/frontend/job_map.hpp"
 #include "pytorch_exec/version.h"
 
 using pe::expand_hostlist;

@@ -6,7 +6,7 @@
 #include <fstream>
 
 #include "common/error.hpp"
-#include "exec/cli.hpp"
+#include "exec/frontend/cli.hpp"
 
 using pe::LaunchConfig;
 using pe::RawOptions;

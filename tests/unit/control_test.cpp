@@ -4,7 +4,7 @@
 
 #include <csignal>
 
-#include "exec/control.hpp"
+#include "exec/ctrl/connection.hpp"
 
 using namespace pe;
 

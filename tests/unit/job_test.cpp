@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "exec/job.hpp"
+#include "exec/frontend/job.hpp"
 
 using namespace pe;
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "exec/node_runner.hpp"
+#include "exec/node/node_runner.hpp"
 
 extern char** environ;
 

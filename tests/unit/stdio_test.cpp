@@ -3,8 +3,8 @@
 #include <unistd.h>
 
 #include "common/line_buffer.hpp"
-#include "exec/failure.hpp"
-#include "exec/stdio.hpp"
+#include "exec/frontend/failure.hpp"
+#include "exec/frontend/stdio.hpp"
 
 using pe::Stream;
 

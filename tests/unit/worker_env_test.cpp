@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
-#include "exec/job_map.hpp"
-#include "exec/worker_env.hpp"
+#include "exec/frontend/job_map.hpp"
+#include "exec/node/worker_env.hpp"
 
 namespace {
 

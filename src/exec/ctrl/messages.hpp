@@ -21,9 +21,9 @@
 
 #include "common/auth.hpp"
 #include "common/wire.hpp"
-#include "exec/worker_exit.hpp"
-#include "exec/node_job.hpp"
-#include "exec/worker_env.hpp"
+#include "exec/node/worker_exit.hpp"
+#include "exec/node/node_job.hpp"
+#include "exec/node/worker_env.hpp"
 
 namespace pe::ctrl {
 

@@ -13,9 +13,9 @@
 #include "common/log.hpp"
 #include "common/net.hpp"
 #include "common/strings.hpp"
-#include "exec/allocation.hpp"
-#include "exec/child_process.hpp"
-#include "exec/cli.hpp"
+#include "exec/frontend/allocation.hpp"
+#include "exec/node/child_process.hpp"
+#include "exec/frontend/cli.hpp"
 
 namespace pe {
 namespace {

@@ -13,7 +13,7 @@
 
 #include "exec/ctrl/messages.hpp"
 #include "exec/ctrl/tree.hpp"
-#include "exec/job_map.hpp"
+#include "exec/frontend/job_map.hpp"
 
 namespace pe {
 

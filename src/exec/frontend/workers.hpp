@@ -12,11 +12,11 @@
 #include <vector>
 
 #include "common/event_loop.hpp"
-#include "exec/job_map.hpp"
-#include "exec/launch_config.hpp"
-#include "exec/node_agent.hpp"
-#include "exec/node_runner.hpp"
-#include "exec/worker_env.hpp"
+#include "exec/frontend/job_map.hpp"
+#include "exec/frontend/launch_config.hpp"
+#include "exec/node/node_agent.hpp"
+#include "exec/node/node_runner.hpp"
+#include "exec/node/worker_env.hpp"
 #include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {

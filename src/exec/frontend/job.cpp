@@ -1,4 +1,4 @@
-#include "exec/job.hpp"
+#include "exec/frontend/job.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -13,9 +13,9 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
-#include "exec/job_map.hpp"
-#include "exec/allocation.hpp"
-#include "exec/remote_workers.hpp"
+#include "exec/frontend/job_map.hpp"
+#include "exec/frontend/allocation.hpp"
+#include "exec/frontend/remote_workers.hpp"
 
 namespace pe {
 namespace {

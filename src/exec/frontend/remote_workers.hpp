@@ -15,10 +15,10 @@
 #include <vector>
 
 #include "common/event_loop.hpp"
-#include "exec/control.hpp"
+#include "exec/ctrl/connection.hpp"
 #include "exec/frontend/daemon_launcher.hpp"
 #include "exec/frontend/modex_relay.hpp"
-#include "exec/workers.hpp"
+#include "exec/frontend/workers.hpp"
 
 namespace pe {
 

@@ -1,4 +1,4 @@
-#include "exec/control.hpp"
+#include "exec/ctrl/connection.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>

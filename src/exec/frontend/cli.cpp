@@ -1,4 +1,4 @@
-#include "exec/cli.hpp"
+#include "exec/frontend/cli.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>

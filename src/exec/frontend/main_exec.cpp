@@ -9,11 +9,11 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
-#include "exec/allocation.hpp"
-#include "exec/cli.hpp"
-#include "exec/direct_launch.hpp"
-#include "exec/job.hpp"
-#include "exec/node_plan.hpp"
+#include "exec/frontend/allocation.hpp"
+#include "exec/frontend/cli.hpp"
+#include "exec/frontend/direct_launch.hpp"
+#include "exec/frontend/job.hpp"
+#include "exec/node/node_plan.hpp"
 
 extern char** environ;
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "exec/job_map.hpp"
+#include "exec/frontend/job_map.hpp"
 
 namespace pe {
 

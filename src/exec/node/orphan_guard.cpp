@@ -1,4 +1,4 @@
-#include "exec/orphan_guard.hpp"
+#include "exec/node/orphan_guard.hpp"
 
 #include <signal.h>
 #include <sys/prctl.h>

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "common/event_loop.hpp"
-#include "exec/control.hpp"
-#include "exec/node_agent.hpp"
-#include "exec/node_runner.hpp"
+#include "exec/ctrl/connection.hpp"
+#include "exec/node/node_agent.hpp"
+#include "exec/node/node_runner.hpp"
 #include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "common/event_loop.hpp"
-#include "exec/node_agent.hpp"
-#include "exec/node_job.hpp"
-#include "exec/node_plan.hpp"
+#include "exec/node/node_agent.hpp"
+#include "exec/node/node_job.hpp"
+#include "exec/node/node_plan.hpp"
 #include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {

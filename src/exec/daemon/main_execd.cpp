@@ -17,7 +17,7 @@
 #include "common/log.hpp"
 #include "common/net.hpp"
 #include "common/strings.hpp"
-#include "exec/daemon.hpp"
+#include "exec/daemon/daemon.hpp"
 #include "pytorch_exec/version.h"
 
 namespace {

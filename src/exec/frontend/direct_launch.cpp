@@ -1,4 +1,4 @@
-#include "exec/direct_launch.hpp"
+#include "exec/frontend/direct_launch.hpp"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/strings.hpp"
-#include "exec/allocation.hpp"
-#include "exec/cli.hpp"
+#include "exec/frontend/allocation.hpp"
+#include "exec/frontend/cli.hpp"
 #include "pytorch_exec/version.h"
 
 namespace pe {

@@ -1,4 +1,4 @@
-#include "exec/worker_env.hpp"
+#include "exec/node/worker_env.hpp"
 
 #include <pytorch_exec/version.h>
 

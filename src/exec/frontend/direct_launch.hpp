@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "exec/job_map.hpp"
-#include "exec/launch_config.hpp"
-#include "exec/worker_env.hpp"
+#include "exec/frontend/job_map.hpp"
+#include "exec/frontend/launch_config.hpp"
+#include "exec/node/worker_env.hpp"
 
 namespace pe {
 

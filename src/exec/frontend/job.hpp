@@ -12,12 +12,12 @@
 #include <vector>
 
 #include "common/event_loop.hpp"
-#include "exec/failure.hpp"
-#include "exec/launch_config.hpp"
-#include "exec/node_agent.hpp"
-#include "exec/stdio.hpp"
-#include "exec/worker_env.hpp"
-#include "exec/workers.hpp"
+#include "exec/frontend/failure.hpp"
+#include "exec/frontend/launch_config.hpp"
+#include "exec/node/node_agent.hpp"
+#include "exec/frontend/stdio.hpp"
+#include "exec/node/worker_env.hpp"
+#include "exec/frontend/workers.hpp"
 
 namespace pe {
 

@@ -1,4 +1,4 @@
-#include "exec/remote_workers.hpp"
+#include "exec/frontend/remote_workers.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -8,7 +8,7 @@
 #include "common/log.hpp"
 #include "common/net.hpp"
 #include "common/strings.hpp"
-#include "exec/allocation.hpp"
+#include "exec/frontend/allocation.hpp"
 #include "exec/frontend/master_addr.hpp"
 
 namespace pe {

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "exec/job_map.hpp"
-#include "exec/launch_config.hpp"
-#include "exec/node_job.hpp"
-#include "exec/worker_env.hpp"
+#include "exec/frontend/job_map.hpp"
+#include "exec/frontend/launch_config.hpp"
+#include "exec/node/node_job.hpp"
+#include "exec/node/worker_env.hpp"
 #include "topology/placement.hpp"
 
 namespace pe {

@@ -1,4 +1,4 @@
-#include "exec/daemon.hpp"
+#include "exec/daemon/daemon.hpp"
 
 #include <poll.h>
 #include <signal.h>
@@ -13,7 +13,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
-#include "exec/workers.hpp"
+#include "exec/frontend/workers.hpp"
 
 namespace pe {
 namespace {

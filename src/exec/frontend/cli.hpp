@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "exec/launch_config.hpp"
+#include "exec/frontend/launch_config.hpp"
 
 namespace pe {
 

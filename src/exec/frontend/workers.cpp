@@ -1,4 +1,4 @@
-#include "exec/workers.hpp"
+#include "exec/frontend/workers.hpp"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "exec/allocation.hpp"
+#include "exec/frontend/allocation.hpp"
 
 #include <cctype>
 #include <cerrno>

@@ -1,4 +1,4 @@
-#include "exec/node_runner.hpp"
+#include "exec/node/node_runner.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "exec/node_plan.hpp"
+#include "exec/node/node_plan.hpp"
 
 #include <algorithm>
 #include <sstream>

@@ -1,4 +1,4 @@
-#include "exec/child_process.hpp"
+#include "exec/node/child_process.hpp"
 
 #include <fcntl.h>
 #include <sched.h>

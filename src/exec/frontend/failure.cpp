@@ -1,9 +1,9 @@
-#include "exec/failure.hpp"
+#include "exec/frontend/failure.hpp"
 
 #include <cerrno>
 #include <cstring>
 
-#include "exec/child_process.hpp"
+#include "exec/node/child_process.hpp"
 
 namespace pe {
 

@@ -1,4 +1,4 @@
-#include "exec/node_agent.hpp"
+#include "exec/node/node_agent.hpp"
 
 #include <hwloc.h>
 #include <signal.h>

@@ -1,10 +1,10 @@
-#include "exec/job_map.hpp"
+#include "exec/frontend/job_map.hpp"
 
 #include <algorithm>
 #include <climits>
 
 #include "common/error.hpp"
-#include "exec/allocation.hpp"
+#include "exec/frontend/allocation.hpp"
 
 namespace pe {
 

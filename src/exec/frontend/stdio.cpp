@@ -1,4 +1,4 @@
-#include "exec/stdio.hpp"
+#include "exec/frontend/stdio.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

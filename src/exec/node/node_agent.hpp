@@ -16,11 +16,11 @@
 
 #include "common/event_loop.hpp"
 #include "common/line_buffer.hpp"
-#include "exec/child_process.hpp"
-#include "exec/orphan_guard.hpp"
-#include "exec/worker_exit.hpp"
+#include "exec/node/child_process.hpp"
+#include "exec/node/orphan_guard.hpp"
+#include "exec/node/worker_exit.hpp"
 #include "pmix_rdzv/pmix_server.hpp"
-#include "exec/stdio.hpp"
+#include "exec/frontend/stdio.hpp"
 
 struct hwloc_topology;  // hwloc.h: hwloc_topology_t
 
