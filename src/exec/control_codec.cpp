@@ -65,6 +65,14 @@ int get_count(wire::Reader& r, int max, const char* what) {
   return v;
 }
 
+// A u8 that is one of E's values, 0 to `last`.
+template <typename E>
+E get_enum(wire::Reader& r, E last, const char* what) {
+  uint8_t v = r.u8();
+  if (v > static_cast<uint8_t>(last)) throw wire::WireError(std::string("bad ") + what);
+  return static_cast<E>(v);
+}
+
 }  // namespace
 
 std::string encode_job(const JobDescription& j) {
@@ -73,8 +81,9 @@ std::string encode_job(const JobDescription& j) {
   w.str(j.job_id).i32(j.node).u8(j.replace_env).u8(j.stdin_forwarded).i32(j.tree_radix);
   w.i32(c.np).str(c.program).str(c.program_arg0);
   put_strings(w, c.args);
-  w.str(c.map_by).str(c.rank_by).str(c.bind_to).i32(c.gpus_per_rank).str(c.topology_file);
-  w.u8(c.report_bindings).str(c.wdir);
+  w.u8(static_cast<uint8_t>(c.map_by)).u8(static_cast<uint8_t>(c.rank_by));
+  w.u8(static_cast<uint8_t>(c.bind_to)).i32(c.gpus_per_rank).str(c.topology_file);
+  w.u8(c.report_bindings).str(c.remote_wdir);  // the daemon's wdir
   w.u32(static_cast<uint32_t>(c.exports.size()));
   for (const auto& [k, v] : c.exports) w.str(k).str(v);
   w.u8(static_cast<uint8_t>(c.stdin_mode)).i32(c.stdin_rank);
@@ -103,9 +112,9 @@ JobDescription decode_job(std::string_view payload) {
   c.program = r.str();
   c.program_arg0 = r.str();
   c.args = get_strings(r);
-  c.map_by = r.str(64);
-  c.rank_by = r.str(64);
-  c.bind_to = r.str(64);
+  c.map_by = get_enum(r, topo::MapBy::Domain, "map-by");
+  c.rank_by = get_enum(r, topo::RankBy::Domain, "rank-by");
+  c.bind_to = get_enum(r, topo::BindTo::Gpu, "bind-to");
   c.gpus_per_rank = get_count(r, 4096, "GPUs per rank");
   c.topology_file = r.str();
   c.report_bindings = r.u8() != 0;
@@ -116,9 +125,7 @@ JobDescription decode_job(std::string_view payload) {
     std::string k = r.str();
     c.exports.emplace_back(std::move(k), r.str());
   }
-  uint8_t mode = r.u8();
-  if (mode > static_cast<uint8_t>(StdinMode::All)) throw wire::WireError("bad stdin mode");
-  c.stdin_mode = static_cast<StdinMode>(mode);
+  c.stdin_mode = get_enum(r, StdinMode::All, "stdin mode");
   c.stdin_rank = r.i32();
   c.max_restarts = r.i32();
   c.run_id = r.str();

@@ -47,7 +47,7 @@ class JobController : public AgentListener {
   void setup_stdin(bool local);
   void on_stdin_readable();
 
-  LaunchConfig cfg_;
+  const LaunchConfig cfg_;
   EnvMap env_;
   std::string host_;
   std::string job_id_;

@@ -83,7 +83,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
                              const std::string& host, bool stdin_forwarded)
     : loop_(loop), listener_(listener), cfg_(cfg), env_(env), map_(map), job_id_(job_id), host_(host),
-      secret_(auth::new_secret()), slurm_(cfg.slurm && cfg.launch_agent.empty()),
+      secret_(auth::new_secret()), slurm_(map.slurm && cfg.launch_agent.empty()),
       stdin_forwarded_(stdin_forwarded), execd_(execd_path()) {
   for (size_t i = 0; i < map_.nodes.size(); ++i) {
     auto n = std::make_unique<Node>();
@@ -338,10 +338,6 @@ void RemoteWorkers::send_job(Node& n) {
   j.job_id = job_id_;
   j.node = n.index;
   j.cfg = cfg_;
-  if (j.cfg.wdir.empty()) {
-    char cwd[4096];
-    if (::getcwd(cwd, sizeof cwd)) j.cfg.wdir = cwd;
-  }
   j.env = carried_environment();
   j.replace_env = slurm_;
   j.stdin_forwarded = stdin_forwarded_;

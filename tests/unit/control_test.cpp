@@ -19,7 +19,7 @@ ctrl::JobDescription sample() {
   j.cfg.program = "/usr/bin/python3";
   j.cfg.program_arg0 = "python3";
   j.cfg.args = {"train.py", "--lr", ""};
-  j.cfg.bind_to = "core";
+  j.cfg.bind_to = topo::BindTo::Core;
   j.cfg.exports = {{"A", "1"}, {"B", ""}};
   j.cfg.stdin_mode = StdinMode::OneRank;
   j.cfg.stdin_rank = 2;
@@ -49,6 +49,21 @@ TEST(ControlTest, JobDescriptionRoundTrips) {
   EXPECT_EQ(j.map.nodes[1].ranks, (std::vector<int>{1, 2}));
   EXPECT_EQ(j.map.ranks[2].node, 1);
   EXPECT_EQ(j.map.ranks[2].local_rank, 1);
+}
+
+TEST(ControlTest, MappingChoicesTravelAsCheckedBytes) {
+  auto j = sample();
+  j.cfg.map_by = topo::MapBy::Numa;
+  j.cfg.rank_by = topo::RankBy::Domain;
+  auto k = ctrl::decode_job(ctrl::encode_job(j));
+  EXPECT_EQ(k.cfg.map_by, topo::MapBy::Numa);
+  EXPECT_EQ(k.cfg.rank_by, topo::RankBy::Domain);
+  EXPECT_EQ(k.cfg.bind_to, topo::BindTo::Core);
+  j.cfg.bind_to = static_cast<topo::BindTo>(9);
+  EXPECT_THROW(ctrl::decode_job(ctrl::encode_job(j)), wire::WireError);
+  j = sample();
+  j.cfg.rank_by = static_cast<topo::RankBy>(5);
+  EXPECT_THROW(ctrl::decode_job(ctrl::encode_job(j)), wire::WireError);
 }
 
 TEST(ControlTest, MalformedJobDescriptionsAreErrors) {
