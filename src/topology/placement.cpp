@@ -98,23 +98,59 @@ void bind(const Topology& t, const Analysis& a, BindTo how, bool have_gpus,
   hwloc_bitmap_free(set);
 }
 
+// "a, b or c".
+template <typename E, size_t N>
+std::string list_choices(const E (&choices)[N]) {
+  std::string s;
+  for (size_t i = 0; i < N; ++i)
+    s += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + to_string(choices[i]);
+  return s;
+}
+
 }  // namespace
 
+const char* to_string(MapBy m) {
+  switch (m) {
+    case MapBy::Default: return "default";
+    case MapBy::Slot: return "slot";
+    case MapBy::Node: return "node";
+    case MapBy::Numa: return "numa";
+    case MapBy::Gpu: return "gpu";
+    case MapBy::Domain: return "domain";
+  }
+  return "?";
+}
+
+const char* to_string(RankBy r) {
+  switch (r) {
+    case RankBy::Slot: return "slot";
+    case RankBy::Node: return "node";
+    case RankBy::Numa: return "numa";
+    case RankBy::Gpu: return "gpu";
+    case RankBy::Domain: return "domain";
+  }
+  return "?";
+}
+
+const char* to_string(BindTo b) {
+  switch (b) {
+    case BindTo::Default: return "default";
+    case BindTo::None: return "none";
+    case BindTo::Core: return "core";
+    case BindTo::Numa: return "numa";
+    case BindTo::Gpu: return "gpu";
+  }
+  return "?";
+}
+
 MapBy parse_map_by(const std::string& s) {
-  if (s == "slot") return MapBy::Slot;
-  if (s == "node") return MapBy::Node;
-  if (s == "numa") return MapBy::Numa;
-  if (s == "gpu") return MapBy::Gpu;
-  if (s == "domain") return MapBy::Domain;
-  throw TopologyError("--map-by: expected slot, node, numa, gpu or domain, got '" + s + "'");
+  if (auto m = find_choice(kMapByChoices, s)) return *m;
+  throw TopologyError("--map-by: expected " + list_choices(kMapByChoices) + ", got '" + s + "'");
 }
 
 BindTo parse_bind_to(const std::string& s) {
-  if (s == "none") return BindTo::None;
-  if (s == "core") return BindTo::Core;
-  if (s == "numa") return BindTo::Numa;
-  if (s == "gpu") return BindTo::Gpu;
-  throw TopologyError("--bind-to: expected none, core, numa or gpu, got '" + s + "'");
+  if (auto b = find_choice(kBindToChoices, s)) return *b;
+  throw TopologyError("--bind-to: expected " + list_choices(kBindToChoices) + ", got '" + s + "'");
 }
 
 std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,

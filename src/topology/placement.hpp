@@ -15,11 +15,9 @@
 #include <vector>
 
 #include "topology/domains.hpp"
+#include "topology/placement_choices.hpp"
 
 namespace pe::topo {
-
-enum class MapBy { Default, Slot, Node, Numa, Gpu, Domain };
-enum class BindTo { Default, None, Core, Numa, Gpu };
 
 // Parse "slot", "node", "numa", "gpu", "domain" / "none", "core", "numa", "gpu"; throw
 // TopologyError naming the option and the choices.

@@ -165,6 +165,67 @@ TEST(CliTest, ParsesOutputOptions) {
             std::string::npos);
 }
 
+TEST(CliTest, MappingChoicesBecomeEnums) {
+  using pe::topo::BindTo;
+  using pe::topo::MapBy;
+  using pe::topo::RankBy;
+  auto d = config({"prog"});
+  EXPECT_EQ(d.map_by, MapBy::Default);
+  EXPECT_EQ(d.rank_by, RankBy::Slot);
+  EXPECT_EQ(d.bind_to, BindTo::Default);
+  auto c = config({"--map-by", "numa", "--rank-by", "gpu", "--bind-to=core", "prog"});
+  EXPECT_EQ(c.map_by, MapBy::Numa);
+  EXPECT_EQ(c.rank_by, RankBy::Gpu);
+  EXPECT_EQ(c.bind_to, BindTo::Core);
+  for (MapBy m : pe::topo::kMapByChoices)
+    EXPECT_EQ(config({"--map-by", pe::topo::to_string(m), "prog"}).map_by, m);
+  for (RankBy r : pe::topo::kRankByChoices)
+    EXPECT_EQ(config({"--rank-by", pe::topo::to_string(r), "prog"}).rank_by, r);
+  for (BindTo b : pe::topo::kBindToChoices)
+    EXPECT_EQ(config({"--bind-to", pe::topo::to_string(b), "prog"}).bind_to, b);
+}
+
+TEST(CliTest, RejectsBadMappingChoices) {
+  EXPECT_EQ(usage_error({"--map-by", "diagonal", "prog"}),
+            "--map-by: expected one of slot, node, numa, gpu, domain, got 'diagonal'");
+  EXPECT_EQ(usage_error({"--rank-by", "x", "prog"}),
+            "--rank-by: expected one of slot, node, numa, gpu, domain, got 'x'");
+  EXPECT_EQ(usage_error({"--bind-to", "socket", "prog"}),
+            "--bind-to: expected one of none, core, numa, gpu, got 'socket'");
+  EXPECT_EQ(usage_error({"--map-by", "default", "prog"}),
+            "--map-by: expected one of slot, node, numa, gpu, domain, got 'default'");
+  EXPECT_EQ(usage_error({"--bind-to=", "prog"}),
+            "--bind-to: expected one of none, core, numa, gpu, got ''");
+}
+
+TEST(CliTest, WorkingDirectoriesHereAndOnOtherNodes) {
+  pe::ValidationContext ctx;
+  ctx.cwd = "/launch/dir";
+  auto c = config({"prog"}, ctx);
+  EXPECT_EQ(c.wdir, "");  // workers here inherit it
+  EXPECT_EQ(c.remote_wdir, "/launch/dir");
+  auto w = config({"--wdir", "rel", "prog"}, ctx);
+  EXPECT_EQ(w.wdir, "rel");
+  EXPECT_EQ(w.remote_wdir, "rel");
+}
+
+TEST(CliTest, FindsTheProgramOnlyWhenAsked) {
+  std::string dir = ::testing::TempDir() + "/pe_validate";
+  ::mkdir(dir.c_str(), 0755);
+  std::string exe = dir + "/tool";
+  std::ofstream(exe) << "#!/bin/sh\n";
+  ::chmod(exe.c_str(), 0755);
+  pe::ValidationContext ctx;
+  ctx.env["PATH"] = "/nonexistent:" + dir;
+  EXPECT_EQ(config({"tool"}, ctx).program, "tool");  // not asked: as typed
+  ctx.find_program = true;
+  EXPECT_EQ(config({"tool", "a"}, ctx).program, exe);
+  EXPECT_EQ(config({"--dry-run", "no-such-tool-here"}, ctx).program, "no-such-tool-here");
+  EXPECT_THROW(config({"no-such-tool-here"}, ctx), pe::ProgramError);
+  // Every usage error comes before the program is looked for.
+  EXPECT_THROW(config({"-n", "0", "no-such-tool-here"}, ctx), pe::UsageError);
+}
+
 TEST(CliTest, HelpListsEveryGroup) {
   std::string h = pe::help_text();
   for (const char* s : {"Processes:", "Environment:", "Output:", "Failure handling:", "Debugging:",

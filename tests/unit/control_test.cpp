@@ -20,7 +20,7 @@ NodeJob sample() {
   j.program = "/usr/bin/python3";
   j.program_arg0 = "python3";
   j.args = {"train.py", "--lr", ""};
-  j.placement.bind_to = "core";
+  j.placement.bind_to = topo::BindTo::Core;
   j.exports = {{"A", "1"}, {"B", ""}};
   j.stdin_mode = StdinMode::OneRank;
   j.stdin_rank = 2;
@@ -45,13 +45,28 @@ TEST(ControlTest, JobDescriptionRoundTrips) {
   EXPECT_EQ(j.tree_radix, 4);
   EXPECT_EQ(j.args, (std::vector<std::string>{"train.py", "--lr", ""}));
   EXPECT_EQ(j.exports, sample().exports);
-  EXPECT_EQ(j.placement.bind_to, "core");
+  EXPECT_EQ(j.placement.bind_to, topo::BindTo::Core);
   EXPECT_EQ(j.stdin_rank, 2);
   EXPECT_EQ(j.env, sample().env);
   ASSERT_EQ(j.map.nodes.size(), 2u);
   EXPECT_EQ(j.map.nodes[1].ranks, (std::vector<int>{1, 2}));
   EXPECT_EQ(j.map.ranks[2].node, 1);
   EXPECT_EQ(j.map.ranks[2].local_rank, 1);
+}
+
+TEST(ControlTest, MappingChoicesTravelAsCheckedBytes) {
+  auto j = sample();
+  j.placement.map_by = topo::MapBy::Numa;
+  j.placement.rank_by = topo::RankBy::Domain;
+  auto k = decode_job(encode_job(j));
+  EXPECT_EQ(k.placement.map_by, topo::MapBy::Numa);
+  EXPECT_EQ(k.placement.rank_by, topo::RankBy::Domain);
+  EXPECT_EQ(k.placement.bind_to, topo::BindTo::Core);
+  j.placement.bind_to = static_cast<topo::BindTo>(9);
+  EXPECT_THROW(decode_job(encode_job(j)), wire::WireError);
+  j = sample();
+  j.placement.rank_by = static_cast<topo::RankBy>(5);
+  EXPECT_THROW(decode_job(encode_job(j)), wire::WireError);
 }
 
 TEST(ControlTest, MalformedJobDescriptionsAreErrors) {

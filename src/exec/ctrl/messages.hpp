@@ -275,7 +275,9 @@ void Job::io(IO& f) {
   f(job.job_id, 64), f(job.node), f.count(job.tree_radix, 1 << 20), f(job.verbosity);
   f(job.program), f(job.program_arg0), f(job.args, 1u << 20), f(job.wdir), f(job.exports);
   f(job.env), f(job.replace_env);
-  f(job.placement.map_by, 64), f(job.placement.rank_by, 64), f(job.placement.bind_to, 64);
+  f.choice(job.placement.map_by, topo::MapBy::Domain);
+  f.choice(job.placement.rank_by, topo::RankBy::Domain);
+  f.choice(job.placement.bind_to, topo::BindTo::Gpu);
   f.count(job.placement.gpus_per_rank, 4096), f(job.placement.topology_file);
   f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
   f.choice(job.stdin_how, StdinHow::Direct), f(job.map);

@@ -10,22 +10,18 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "common/auth.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
-#include "common/strings.hpp"
 #include "exec/daemon/daemon.hpp"
+#include "exec/daemon/execd_options.hpp"
 #include "pytorch_exec/version.h"
 
 namespace {
-
-constexpr const char* kUsage =
-    "usage: pytorch_execd --connect ADDR:PORT[,ADDR:PORT...] (--node NAME | --slurm)\n"
-    "                     [--secret-stdin | --secret-file FILE] [--connect-timeout SECONDS]\n"
-    "pytorch_execd is started by pytorch_exec on every node of a multi-node job; see pytorch_exec(1).\n";
 
 std::string read_secret_line(std::istream& in, const std::string& from) {
   std::string line;
@@ -42,62 +38,35 @@ std::string secret_from_file(const std::string& path) {
   return read_secret_line(f, path);
 }
 
-pe::DaemonOptions parse(int argc, char** argv) {
-  pe::DaemonOptions o;
-  std::string connect, secret_hex, secret_file;
-  bool secret_stdin = false, slurm = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) throw pe::UsageError("option " + a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--connect") connect = value();
-    else if (a == "--node") o.node = value();
-    else if (a == "--slurm") slurm = true;
-    else if (a == "--secret-stdin") secret_stdin = true;
-    else if (a == "--secret-file") secret_file = value();
-    else if (a == "--connect-timeout") {
-      std::string v = value();
-      char* end = nullptr;
-      o.connect_timeout = std::strtod(v.c_str(), &end);
-      if (!end || *end || !(o.connect_timeout > 0 && o.connect_timeout <= 3600))
-        throw pe::UsageError("--connect-timeout: '" + v + "' is not a number of seconds in (0, 3600]");
-    } else if (a == "--version") {
-      std::cout << "pytorch_execd " << PYTORCH_EXEC_VERSION_STRING << "\n";
-      std::exit(0);
-    } else if (a == "--help" || a == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    } else {
-      throw pe::UsageError("unknown argument '" + a + "'");
-    }
-  }
-  if (connect.empty()) throw pe::UsageError("--connect is required");
-  for (const auto& item : pe::split(connect, ',')) {
-    auto colon = item.rfind(':');
-    int port = colon == std::string::npos ? 0 : std::atoi(item.c_str() + colon + 1);
-    if (colon == std::string::npos || colon == 0 || port <= 0 || port > 65535)
-      throw pe::UsageError("--connect: '" + item + "' is not ADDR:PORT");
-    o.connect.emplace_back(item.substr(0, colon), port);
-  }
-  if (slurm) {
-    const char* n = std::getenv("SLURMD_NODENAME");
-    o.node = n && *n ? n : pe::local_hostname();
-  }
-  if (o.node.empty()) throw pe::UsageError("--node NAME or --slurm is required");
+// PYTORCH_EXEC_SECRET (wiped and removed from the environment at once), else --secret-stdin's
+// line, else --secret-file's.
+std::string read_secret(const pe::ExecdRawOptions& raw) {
   if (const char* s = std::getenv("PYTORCH_EXEC_SECRET")) {
-    secret_hex = s;
-    std::memset(const_cast<char*>(s), 0, secret_hex.size());
+    std::string hex = s;
+    std::memset(const_cast<char*>(s), 0, hex.size());
     ::unsetenv("PYTORCH_EXEC_SECRET");
-  } else if (secret_stdin) {
-    secret_hex = read_secret_line(std::cin, "standard input");
-  } else if (!secret_file.empty()) {
-    secret_hex = secret_from_file(secret_file);
-  } else {
-    throw pe::UsageError("no job secret (PYTORCH_EXEC_SECRET, --secret-stdin or --secret-file)");
+    return hex;
   }
-  o.secret = pe::auth::from_hex(secret_hex);
+  if (raw.secret_stdin) return read_secret_line(std::cin, "standard input");
+  if (raw.secret_file && !raw.secret_file->empty()) return secret_from_file(*raw.secret_file);
+  throw pe::UsageError("no job secret (PYTORCH_EXEC_SECRET, --secret-stdin or --secret-file)");
+}
+
+// The options; nullopt when --help or --version was answered.
+std::optional<pe::DaemonOptions> parse(int argc, char** argv) {
+  pe::ExecdRawOptions raw = pe::parse_execd_command_line(argc, argv);
+  if (raw.help) {
+    std::cout << pe::execd_help_text();
+    return std::nullopt;
+  }
+  if (raw.version) {
+    std::cout << "pytorch_execd " << PYTORCH_EXEC_VERSION_STRING << "\n";
+    return std::nullopt;
+  }
+  const char* slurmd_node = std::getenv("SLURMD_NODENAME");
+  pe::DaemonOptions o = pe::validate_execd_options(
+      raw, slurmd_node && *slurmd_node ? slurmd_node : pe::local_hostname());
+  o.secret = pe::auth::from_hex(read_secret(raw));
   if (o.secret.size() != pe::auth::kSecretBytes) throw pe::UsageError("the job secret has the wrong length");
   return o;
 }
@@ -115,9 +84,10 @@ int main(int argc, char** argv) {
   try {
     const char* spec = std::getenv("PYTORCH_EXEC_LOG");
     pe::init_logging(0, spec ? spec : "", pe::local_hostname());
-    pe::DaemonOptions o = parse(argc, argv);
-    node = o.node;
-    pe::Daemon d(std::move(o));
+    std::optional<pe::DaemonOptions> o = parse(argc, argv);
+    if (!o) return 0;
+    node = o->node;
+    pe::Daemon d(std::move(*o));
     return d.run();
   } catch (const pe::UsageError& e) {
     return fail(node, e.what(), 2);

@@ -190,6 +190,7 @@ std::optional<Allocation> slurm_allocation(const std::map<std::string, std::stri
   if (job.empty()) job = get("SLURM_JOBID");
   a.source = "SLURM job " + (job.empty() ? std::string("?") : job);
   a.limited = true;
+  a.slurm = true;
   auto hosts = expand_hostlist(list);
   std::string counts_var = "SLURM_TASKS_PER_NODE";
   std::string counts = get("SLURM_TASKS_PER_NODE");

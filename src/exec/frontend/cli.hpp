@@ -1,5 +1,7 @@
-// The pytorch_exec command line: Boost.Program_options describes and stores the options;
-// validation is a separate pure step (validate_options) so it is unit-tested without processes.
+// The pytorch_exec command line: one table (kOptions in cli.cpp; see option_table.hpp) names
+// every option, its help and its RawOptions member; validation is a separate pure step
+// (validate_options) so it is unit-tested without processes.  A new option is a row in kOptions,
+// a RawOptions member, its check in validate_options, and its lines in the man page and README.
 #pragma once
 
 #include <map>
@@ -54,22 +56,28 @@ RawOptions parse_command_line(int argc, const char* const* argv);
 // The --help text, grouped.
 std::string help_text();
 
-// What validation needs to know about the world, so the function stays pure.
+// What validation needs to know about the world, so the function stays pure (but for
+// find_program).
 struct ValidationContext {
   std::map<std::string, std::string> env;   // the launching environment (-x VAR, PYTORCH_EXEC_*)
   int default_np = 1;                       // -n when not given
+  std::string cwd;                          // the directory pytorch_exec runs in ("" if unknown)
+  // Look for the program here (resolve_program, with env's PATH).  Without, and for a dry run,
+  // the LaunchConfig's program is as typed: an srun step task looks it up with the workers' PATH.
+  bool find_program = false;
 };
 
-// Checks every value and fills a LaunchConfig; throws UsageError with one sentence naming the
-// option and the bad value.  The program is not resolved here (see resolve_program).
+// Checks every value and fills the LaunchConfig, which is final: nothing changes it later.
+// Throws UsageError with one sentence naming the option and the bad value, or resolve_program's
+// errors (after every other check).
 LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ctx);
+
+// --stdin RANK against the job's size once it is mapped (-n may come from the allocation).
+void check_stdin_rank(const LaunchConfig& c, int world_size);
 
 // Finds the program as execvp would (PATH search for a bare name, relative to `wdir` for a
 // relative path) and checks it can be executed.  Throws ProgramError (127 not found,
 // 126 not executable) or UsageError (missing --wdir).
-// --stdin RANK against the job's size once it is mapped (-n may come from the allocation).
-void check_stdin_rank(const LaunchConfig& c, int world_size);
-
 std::string resolve_program(const std::string& program, const std::string& wdir,
                             const std::string& path_env);
 

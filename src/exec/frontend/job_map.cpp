@@ -79,6 +79,7 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
   }
   JobMap m;
   m.world_size = np;
+  m.slurm = alloc.slurm;
   m.ranks.resize(static_cast<size_t>(np));
   for (size_t i = 0; i < n; ++i) {
     if (ranks[i].empty()) continue;

@@ -22,6 +22,8 @@ struct JobMap {
   int world_size = 0;
   std::vector<NodeMap> nodes;
   std::vector<RankLocation> ranks;  // indexed by global rank
+  bool slurm = false;               // the nodes are a SLURM allocation's (daemons are started
+                                    // with srun); front end only, not sent to daemons
 };
 
 // All `np` ranks on one host.

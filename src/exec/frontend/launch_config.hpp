@@ -1,33 +1,36 @@
-// The plain description of one launch, produced by the command line (cli.hpp) and read by the
-// job controller.  No behaviour here.
+// The plain description of one launch, produced by the command line (validate_options in cli.hpp)
+// and read by the job controller.  Nothing changes it after validation: what is settled later
+// (the allocation's nodes, the job's size) is in the JobMap.  No behaviour here.
 #pragma once
 
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "topology/placement_choices.hpp"
+
 namespace pe {
 
 enum class StdinMode { None, OneRank, All };
 
 struct LaunchConfig {
-  int np = 1;                        // total number of ranks
+  int np = 1;                        // ranks asked for (-n, else the default); an allocation
+                                     // decides when not given: the job's size is the JobMap's
   bool np_given = false;             // -n (or --nproc-per-node on one machine) was given
   std::string hosts;                 // -H
   std::string hostfile;              // --hostfile
   int npernode = 0;                  // -N
-  std::string program;               // resolved path of the program
+  std::string program;               // resolved path of the program (as typed for a dry run)
   std::string program_arg0;          // the program as the user typed it (argv[0] of workers)
   std::vector<std::string> args;     // arguments after the program
   bool oversubscribe = false;        // more ranks than slots (allocations, hostfiles)
-  bool slurm = false;                // the allocation is SLURM's: daemons are started with srun
   std::string launch_agent;          // --launch-agent "CMD {host}"; empty: ssh (or srun)
   int tree_radix = 32;               // --tree-radix: daemons per relay in the control plane
 
-  // Mapping and binding (strings as on the command line, already checked).
-  std::string map_by;                // "" = default
-  std::string rank_by;               // "" = slot
-  std::string bind_to;               // "" = default
+  // Mapping and binding.
+  topo::MapBy map_by = topo::MapBy::Default;
+  topo::RankBy rank_by = topo::RankBy::Slot;
+  topo::BindTo bind_to = topo::BindTo::Default;
   int gpus_per_rank = 1;
   std::string topology_file;         // "" = this machine
   bool display_topology = false;
@@ -35,7 +38,9 @@ struct LaunchConfig {
   bool report_bindings = false;
   bool dry_run = false;
   bool display_only = false;         // --display-topology without a program
-  std::string wdir;                  // empty: the current directory
+  std::string wdir;                  // --wdir; empty: the current directory
+  std::string remote_wdir;           // where workers on other nodes start: --wdir, else the
+                                     // directory pytorch_exec runs in (empty if unknown)
   // -x: variables to set in (or, for multi-node launches, carry to) every worker.
   std::vector<std::pair<std::string, std::string>> exports;
 

@@ -24,21 +24,17 @@ int fail(const std::string& msg, int status) {
   return status;
 }
 
-pe::JobMap make_map(pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
+pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
   pe::Allocation alloc = pe::find_allocation(cfg.hosts, cfg.hostfile, env, host);
-  cfg.slurm = alloc.source.rfind("SLURM", 0) == 0;
-  if (!alloc.limited) {
-    if (cfg.npernode > 0 && !cfg.np_given) cfg.np = cfg.npernode;
-    return pe::map_single_node(alloc.nodes[0].host, cfg.np);
-  }
+  if (!alloc.limited)
+    return pe::map_single_node(alloc.nodes[0].host,
+                               cfg.npernode > 0 && !cfg.np_given ? cfg.npernode : cfg.np);
   pe::MapRequest req;
   req.np = cfg.np_given ? cfg.np : 0;
-  req.by_node = cfg.map_by == "node";
+  req.by_node = cfg.map_by == pe::topo::MapBy::Node;
   req.npernode = cfg.npernode;
   req.oversubscribe = cfg.oversubscribe;
-  pe::JobMap map = pe::map_job(alloc, req);
-  cfg.np = map.world_size;
-  return map;
+  return pe::map_job(alloc, req);
 }
 
 // --dry-run of a job on other nodes: their placement is shown when --topology-file describes them.
@@ -73,7 +69,10 @@ int real_main(int argc, char** argv) {
   if (!saved_blacklist) ctx.env.erase("HWLOC_PLUGINS_BLACKLIST");
   long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
   ctx.default_np = ncpu > 0 ? static_cast<int>(ncpu) : 1;
-  pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof cwd)) ctx.cwd = cwd;
+  ctx.find_program = !pe::is_step_task(ctx.env);  // a step task looks with the workers' PATH
+  const pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
   if (cfg.display_only) {
     pe::NodePlan plan = pe::plan_node(pe::placement_of(cfg), 0);
     std::cout << pe::topo::format_topology(*plan.topology, plan.analysis);
@@ -88,11 +87,8 @@ int real_main(int argc, char** argv) {
   pe::check_stdin_rank(cfg, map.world_size);
   if (cfg.dry_run && (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)))
     return print_dry_run(cfg, map, host);
-  auto path = ctx.env.count("PATH") ? ctx.env["PATH"] : std::string("/usr/bin:/bin");
-  // A dry run starts nothing: the program need not exist here.
-  cfg.program = cfg.dry_run ? cfg.program_arg0 : pe::resolve_program(cfg.program_arg0, cfg.wdir, path);
   pe::WorkerSetSource workers = pe::workers_for(map, host);
-  pe::JobController job(std::move(cfg), std::move(ctx.env), std::move(map), std::move(workers));
+  pe::JobController job(cfg, std::move(ctx.env), std::move(map), std::move(workers));
   return job.run();
 }
 

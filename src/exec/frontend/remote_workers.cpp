@@ -50,7 +50,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
                              const std::string& host, bool stdin_forwarded)
     : loop_(loop), listener_(listener), cfg_(cfg), env_(env), map_(map), job_id_(job_id),
-      secret_(auth::new_secret()), slurm_(cfg.slurm && cfg.launch_agent.empty()),
+      secret_(auth::new_secret()), slurm_(map.slurm && cfg.launch_agent.empty()),
       stdin_forwarded_(stdin_forwarded), nodes_(map.nodes.size()),
       tree_(static_cast<int>(map.nodes.size()), cfg.tree_radix,
             {[this](int node, wire::Frame& f) { dispatch_.dispatch(f, node); },

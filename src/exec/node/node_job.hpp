@@ -11,6 +11,7 @@
 #include "exec/frontend/job_map.hpp"
 #include "exec/frontend/launch_config.hpp"
 #include "exec/node/worker_env.hpp"
+#include "topology/placement_choices.hpp"
 
 namespace pe {
 
@@ -19,9 +20,9 @@ enum class StdinHow { DevNull, Forward, Direct };
 
 // What the command line asked for about placement (strings as validated).
 struct PlacementRequest {
-  std::string map_by;   // "" = default
-  std::string rank_by;  // "" = slot
-  std::string bind_to;  // "" = default
+  topo::MapBy map_by = topo::MapBy::Default;
+  topo::RankBy rank_by = topo::RankBy::Slot;
+  topo::BindTo bind_to = topo::BindTo::Default;
   int gpus_per_rank = 1;
   std::string topology_file;  // "" = this machine
 };
@@ -37,7 +38,7 @@ struct NodeJob {
   std::string program;       // resolved path
   std::string program_arg0;  // as typed: the workers' argv[0]
   std::vector<std::string> args;
-  std::string wdir;          // absolute; "" = the node runner's current directory
+  std::string wdir;          // --wdir, else the launcher's current directory
   std::vector<std::pair<std::string, std::string>> exports;  // -x
   EnvMap env;                // carried environment
   bool replace_env = false;  // env is the whole environment (SLURM), else added to the node's

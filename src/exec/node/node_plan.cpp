@@ -7,12 +7,16 @@
 
 namespace pe {
 
-void apply_rank_by(const std::string& rank_by, const topo::Analysis& a,
+void apply_rank_by(topo::RankBy rank_by, const topo::Analysis& a,
                    std::vector<topo::RankPlacement>& ranks) {
-  auto key = [&rank_by, &a](const topo::RankPlacement& r) {
-    if (rank_by == "gpu") return r.gpus.empty() ? -1 : r.gpus.front();
-    if (rank_by == "domain") return r.domain;
-    if (rank_by == "numa") return a.domains.at(static_cast<size_t>(r.domain)).numa;
+  auto key = [rank_by, &a](const topo::RankPlacement& r) {
+    switch (rank_by) {
+      case topo::RankBy::Gpu: return r.gpus.empty() ? -1 : r.gpus.front();
+      case topo::RankBy::Domain: return r.domain;
+      case topo::RankBy::Numa: return a.domains.at(static_cast<size_t>(r.domain)).numa;
+      case topo::RankBy::Slot:
+      case topo::RankBy::Node: break;
+    }
     return 0;
   };
   std::stable_sort(ranks.begin(), ranks.end(),
@@ -32,8 +36,8 @@ NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
     p.analysis = topo::analyse(*p.topology);
     topo::PlacementOptions o;
     o.nranks = nlocal;
-    o.map_by = cfg.map_by.empty() ? topo::MapBy::Default : topo::parse_map_by(cfg.map_by);
-    o.bind_to = cfg.bind_to.empty() ? topo::BindTo::Default : topo::parse_bind_to(cfg.bind_to);
+    o.map_by = cfg.map_by;
+    o.bind_to = cfg.bind_to;
     o.gpus_per_rank = cfg.gpus_per_rank;
     p.ranks = topo::place_ranks(*p.topology, p.analysis, o);
   } catch (const topo::TopologyError& e) {

@@ -27,7 +27,7 @@ struct NodePlan {
 NodePlan plan_node(const PlacementRequest& req, int nlocal);
 
 // Stable renumbering of placed ranks for --rank-by (slot/node: placement order).
-void apply_rank_by(const std::string& rank_by, const topo::Analysis& a,
+void apply_rank_by(topo::RankBy rank_by, const topo::Analysis& a,
                    std::vector<topo::RankPlacement>& ranks);
 
 RankLocality locality_of(const topo::RankPlacement& p);

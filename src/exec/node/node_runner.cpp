@@ -19,11 +19,7 @@ NodeJob node_job_for(const LaunchConfig& cfg, const JobMap& map, const std::stri
   j.program = cfg.program;
   j.program_arg0 = cfg.program_arg0;
   j.args = cfg.args;
-  j.wdir = cfg.wdir;
-  if (j.wdir.empty()) {
-    char cwd[4096];
-    if (::getcwd(cwd, sizeof cwd)) j.wdir = cwd;
-  }
+  j.wdir = cfg.remote_wdir;
   j.exports = cfg.exports;
   j.env = std::move(env);
   j.replace_env = replace_env;
