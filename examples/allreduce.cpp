@@ -44,10 +44,11 @@ int main() {
     std::shared_ptr<dc::ProcessGroup> pg = dc::ProcessGroup::init();
     const int rank = pg->rank(), size = pg->size();
     if (rank == 0)
-      std::printf("rank %d of %d: node %d of %d, local rank %d of %d; "
-                  "transports: %s inside a node, %s across nodes\n",
-                  rank, size, pg->node(), pg->nodes(), pg->local_rank(), pg->local_size(),
-                  pg->intra_transport().c_str(), pg->inter_transport().c_str());
+      std::printf(
+          "rank %d of %d: node %d of %d, local rank %d of %d; "
+          "transports: %s inside a node, %s across nodes\n",
+          rank, size, pg->node(), pg->nodes(), pg->local_rank(), pg->local_size(),
+          pg->intra_transport().c_str(), pg->inter_transport().c_str());
 
     // Sum, in place, of 4 MiB and 3 floats: a large ring allreduce with an odd count.
     std::vector<float> big((size_t{1} << 20) + 3, static_cast<float>(rank + 1));

@@ -25,8 +25,8 @@ double now_us() {
 }
 
 // Checks one allreduce of the pattern, times reps batches; returns the wrong elements here.
-long long run_size(dc::ProcessGroup& pg, std::vector<float>& buf, size_t count, int iters,
-                   int reps, double* us) {
+long long run_size(dc::ProcessGroup& pg, std::vector<float>& buf, size_t count, int iters, int reps,
+                   double* us) {
   float* b = buf.data();
   long long wrong = 0;
   for (size_t i = 0; i < count; i++) b[i] = pe_pattern(pg.rank(), i);

@@ -34,8 +34,8 @@ static void exchange_once(const char* sbuf, char* rbuf, size_t bytes, int peer) 
 }
 
 /* One size of the allreduce: verify once, then time; returns the wrong elements seen here. */
-static long long allreduce_size(float* buf, size_t count, int iters, int reps, int rank,
-                                int nranks, double* us) {
+static long long allreduce_size(float* buf, size_t count, int iters, int reps, int rank, int nranks,
+                                double* us) {
   long long wrong = 0;
   for (size_t i = 0; i < count; i++) buf[i] = pe_pattern(rank, i);
   allreduce_once(buf, count);
@@ -53,8 +53,8 @@ static long long allreduce_size(float* buf, size_t count, int iters, int reps, i
 }
 
 /* One size of the exchange with rank^1: check the bytes once, then time. */
-static long long exchange_size(char* sbuf, char* rbuf, size_t bytes, int iters, int reps,
-                               int rank, double* us) {
+static long long exchange_size(char* sbuf, char* rbuf, size_t bytes, int iters, int reps, int rank,
+                               double* us) {
   int peer = rank ^ 1;
   long long wrong = 0;
   for (size_t i = 0; i < bytes; i++) sbuf[i] = (char)(rank * 31 + i % 251);
@@ -95,9 +95,9 @@ int main(int argc, char** argv) {
   for (int s = 0; s < a.nsizes; s++) {
     double us[PE_MAX_REPS], maxus[PE_MAX_REPS];
     size_t count = a.bytes[s] / sizeof(float);
-    long long wrong = a.p2p ? exchange_size(sbuf, rbuf, a.bytes[s], a.iters[s], a.reps, rank, us)
-                            : allreduce_size((float*)sbuf, count, a.iters[s], a.reps, rank,
-                                             nranks, us);
+    long long wrong =
+        a.p2p ? exchange_size(sbuf, rbuf, a.bytes[s], a.iters[s], a.reps, rank, us)
+              : allreduce_size((float*)sbuf, count, a.iters[s], a.reps, rank, nranks, us);
     long long wrong_all = 0;
     MPI_Reduce(us, maxus, a.reps, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&wrong, &wrong_all, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);

@@ -59,14 +59,20 @@ static void exchange(int fd, const char* sbuf, char* rbuf, size_t bytes) {
     int moved = 0;
     if (sent < bytes) {
       ssize_t k = send(fd, sbuf + sent, min_chunk(bytes - sent), MSG_DONTWAIT | MSG_NOSIGNAL);
-      if (k > 0) sent += (size_t)k, moved = 1;
-      else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) die("send");
+      if (k > 0)
+        sent += (size_t)k, moved = 1;
+      else if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        die("send");
     }
     if (got < bytes) {
       ssize_t k = recv(fd, rbuf + got, min_chunk(bytes - got), MSG_DONTWAIT);
-      if (k > 0) got += (size_t)k, moved = 1;
-      else if (k == 0) { errno = ECONNRESET; die("recv"); }
-      else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) die("recv");
+      if (k > 0)
+        got += (size_t)k, moved = 1;
+      else if (k == 0) {
+        errno = ECONNRESET;
+        die("recv");
+      } else if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+        die("recv");
     }
     if (moved) continue;
     struct pollfd p = {fd, (short)((sent < bytes ? POLLOUT : 0) | (got < bytes ? POLLIN : 0)), 0};
@@ -142,8 +148,12 @@ int main(int argc, char** argv) {
   size_t maxb = pe_max_bytes(&a);
   pthread_barrier_init(&g_barrier, NULL, 2);
   for (int r = 0; r < 2; r++) {
-    sides[r] = (struct side){.rank = r, .fd = fds[r], .cpu = cpus[r], .args = &a,
-                             .sbuf = malloc(maxb), .rbuf = malloc(maxb)};
+    sides[r] = (struct side){.rank = r,
+                             .fd = fds[r],
+                             .cpu = cpus[r],
+                             .args = &a,
+                             .sbuf = malloc(maxb),
+                             .rbuf = malloc(maxb)};
     if (!sides[r].sbuf || !sides[r].rbuf) die("malloc");
   }
   printf("@@INFO ranks=2 mode=p2p transport=tcp-127.0.0.1 bound=%s\n", cpus[0] >= 0 ? "yes" : "no");
@@ -155,8 +165,8 @@ int main(int argc, char** argv) {
     double us[PE_MAX_REPS];
     for (int r = 0; r < a.reps; r++)
       us[r] = sides[0].us[z][r] > sides[1].us[z][r] ? sides[0].us[z][r] : sides[1].us[z][r];
-    pe_print_row(a.bytes[z], a.bytes[z] / sizeof(float), sides[0].wrong[z] + sides[1].wrong[z],
-                 us, a.reps);
+    pe_print_row(a.bytes[z], a.bytes[z] / sizeof(float), sides[0].wrong[z] + sides[1].wrong[z], us,
+                 a.reps);
   }
   return 0;
 }

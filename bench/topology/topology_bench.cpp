@@ -30,9 +30,12 @@ size_t map_nodes(const Topology& t, const Analysis& a, int nodes, int per_node, 
       tp = own.get();
       ap = &own_a;
     }
-    auto ranks = place_ranks(*tp, *ap, PlacementOptions{per_node, MapBy::Default, BindTo::Default, 1});
+    auto ranks =
+        place_ranks(*tp, *ap, PlacementOptions{per_node, MapBy::Default, BindTo::Default, 1});
     for (const auto& r : ranks)
-      bytes += ("rank " + std::to_string(n * per_node + r.local_rank) + ": " + describe_placement(r)).size();
+      bytes +=
+          ("rank " + std::to_string(n * per_node + r.local_rank) + ": " + describe_placement(r))
+              .size();
   }
   return bytes;
 }
@@ -50,11 +53,15 @@ int main(int argc, char** argv) {
   auto t1 = Clock::now();
   bytes += map_nodes(*t, a, nodes, per_node, true, file);
   double reload = std::chrono::duration<double>(Clock::now() - t1).count();
-  std::printf("topology: dry-run mapping of %d nodes x %d ranks from %s (%zu bytes of map)\n", nodes,
-              per_node, file.c_str(), bytes);
-  std::printf("  one node type (load + analyse once, place and format 1024 nodes): %8.1f ms  "
-              "ratio to 1 s budget %.3f (%s)\n", shared * 1e3, shared, shared <= 1.0 ? "within budget" : "OVER budget");
-  std::printf("  every node loaded from XML and analysed again:                    %8.1f ms  "
-              "ratio to 1 s budget %.3f (%s)\n", reload * 1e3, reload, reload <= 1.0 ? "within budget" : "OVER budget");
+  std::printf("topology: dry-run mapping of %d nodes x %d ranks from %s (%zu bytes of map)\n",
+              nodes, per_node, file.c_str(), bytes);
+  std::printf(
+      "  one node type (load + analyse once, place and format 1024 nodes): %8.1f ms  "
+      "ratio to 1 s budget %.3f (%s)\n",
+      shared * 1e3, shared, shared <= 1.0 ? "within budget" : "OVER budget");
+  std::printf(
+      "  every node loaded from XML and analysed again:                    %8.1f ms  "
+      "ratio to 1 s budget %.3f (%s)\n",
+      reload * 1e3, reload, reload <= 1.0 ? "within budget" : "OVER budget");
   return 0;
 }

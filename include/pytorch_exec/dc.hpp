@@ -5,12 +5,12 @@
 //
 // A process group connects its ranks with one transport per level: `shm` (POSIX shared memory)
 // between ranks on the same node, `tcp` or `mpi` (MPI point-to-point calls only, never MPI's
-// collectives) between nodes.  Large allreduces are rings (reduce-scatter + allgather, chunked so that reduction
-// overlaps transfer), small ones recursive doubling; with ranks on several nodes, allreduce is
-// hierarchical: reduce-scatter inside each node, a ring per shard across nodes, allgather inside
-// the node.  Every operation has a timeout; a dead peer or mismatched calls raise dc::Error on
-// every rank that notices instead of hanging; after an error the group is unusable.  See
-// pytorch_dc(3).
+// collectives) between nodes.  Large allreduces are rings (reduce-scatter + allgather, chunked so
+// that reduction overlaps transfer), small ones recursive doubling; with ranks on several nodes,
+// allreduce is hierarchical: reduce-scatter inside each node, a ring per shard across nodes,
+// allgather inside the node.  Every operation has a timeout; a dead peer or mismatched calls raise
+// dc::Error on every rank that notices instead of hanging; after an error the group is unusable.
+// See pytorch_dc(3).
 //
 // Thread safety: a ProcessGroup is used by one thread at a time; collectives on one group are
 // called in the same order by all of its ranks.
@@ -79,7 +79,7 @@ class ProcessGroup {
 
   int rank() const;
   int size() const;
-  int node() const;        // index of this rank's node (0 ... nodes-1, in order of first rank)
+  int node() const;  // index of this rank's node (0 ... nodes-1, in order of first rank)
   int nodes() const;
   int local_rank() const;
   int local_size() const;

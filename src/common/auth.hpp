@@ -3,8 +3,9 @@
 // The front end creates a random 32-byte secret per job; daemons get it through their
 // environment or a 0600 file, never a command line or a log.  On every connection:
 //   front end -> daemon   challenge: nonce_f (32 random bytes)
-//   daemon -> front end   hello: node id, nonce_d, HMAC-SHA256(secret, "pe-daemon" | nonce_f | nonce_d | node id)
-//   front end -> daemon   welcome: HMAC-SHA256(secret, "pe-frontend" | nonce_d | nonce_f | node id)
+//   daemon -> front end   hello: node id, nonce_d, HMAC-SHA256(secret, "pe-daemon" | nonce_f |
+//   nonce_d | node id) front end -> daemon   welcome: HMAC-SHA256(secret, "pe-frontend" | nonce_d |
+//   nonce_f | node id)
 // Each side proves it knows the secret against a nonce the other chose, so a recorded exchange
 // cannot be replayed, and the node id is bound to the proof.  Comparisons are constant-time.
 #pragma once

@@ -52,9 +52,9 @@ class TimeoutError : public Error {
 
 // Throws SystemError("<what>: <strerror(errno)>") when `cond` is false.  Use right after the call
 // so errno still belongs to it.
-#define PE_CHECK_ERRNO(cond, what)                                 \
-  do {                                                             \
-    if (!(cond)) throw ::pe::SystemError((what), errno);           \
+#define PE_CHECK_ERRNO(cond, what)                       \
+  do {                                                   \
+    if (!(cond)) throw ::pe::SystemError((what), errno); \
   } while (0)
 
 }  // namespace pe

@@ -1,9 +1,9 @@
 #include "common/event_loop.hpp"
 
 #include <event2/event.h>
-#include <cerrno>
 #include <sys/eventfd.h>
 #include <unistd.h>
+#include <cerrno>
 
 #include <cmath>
 

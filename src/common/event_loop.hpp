@@ -71,9 +71,9 @@ class EventLoop {
  private:
   Event make(int fd, short what, std::function<void()> cb);
   event_base* base_ = nullptr;
-  int wake_fd_ = -1;                          // eventfd written by post()
+  int wake_fd_ = -1;  // eventfd written by post()
   Event wake_event_;
-  std::mutex posted_mutex_;                   // guards posted_
+  std::mutex posted_mutex_;  // guards posted_
   std::deque<std::function<void()>> posted_;
 };
 

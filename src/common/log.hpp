@@ -13,7 +13,8 @@
 namespace pe {
 
 // The subsystems that have a logger.
-inline constexpr const char* kLogSubsystems[] = {"exec", "agent", "stdio", "pmix", "rdzv", "topo", "ctrl"};
+inline constexpr const char* kLogSubsystems[] = {"exec", "agent", "stdio", "pmix",
+                                                 "rdzv", "topo",  "ctrl"};
 
 // Creates every logger.  `verbosity` counts -v flags.  `spec` is PYTORCH_EXEC_LOG (may be empty);
 // a malformed spec throws UsageError.  Safe to call more than once (levels are reset).

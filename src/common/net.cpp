@@ -1,10 +1,10 @@
 #include "common/net.hpp"
 
 #include <arpa/inet.h>
-#include <netinet/in.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -100,7 +100,8 @@ UniqueFd accept_tcp(int listen_fd, std::string* peer_addr) {
   socklen_t len = sizeof sa;
   UniqueFd fd(::accept4(listen_fd, reinterpret_cast<struct sockaddr*>(&sa), &len,
                         SOCK_CLOEXEC | SOCK_NONBLOCK));
-  if (fd.valid() && peer_addr) *peer_addr = address_string(sa) + ":" + std::to_string(ntohs(sa.sin_port));
+  if (fd.valid() && peer_addr)
+    *peer_addr = address_string(sa) + ":" + std::to_string(ntohs(sa.sin_port));
   return fd;
 }
 
@@ -111,12 +112,15 @@ UniqueFd connect_tcp(const std::string& host, int port, double timeout) {
   PE_CHECK_ERRNO(fd.valid(), "socket");
   if (::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0) {
     if (errno != EINPROGRESS) throw SystemError("connect to " + target, errno);
-    struct pollfd p {fd.get(), POLLOUT, 0};
+    struct pollfd p {
+      fd.get(), POLLOUT, 0
+    };
     int rc;
     do rc = ::poll(&p, 1, static_cast<int>(timeout * 1000));
     while (rc < 0 && errno == EINTR);
-    if (rc == 0) throw TimeoutError("connect to " + target + ": no answer within " +
-                                    std::to_string(static_cast<int>(timeout)) + " s");
+    if (rc == 0)
+      throw TimeoutError("connect to " + target + ": no answer within " +
+                         std::to_string(static_cast<int>(timeout)) + " s");
     int err = 0;
     socklen_t len = sizeof err;
     ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
@@ -128,7 +132,8 @@ UniqueFd connect_tcp(const std::string& host, int port, double timeout) {
 std::string peer_address(int fd) {
   struct sockaddr_in sa {};
   socklen_t len = sizeof sa;
-  if (::getpeername(fd, reinterpret_cast<struct sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET)
+  if (::getpeername(fd, reinterpret_cast<struct sockaddr*>(&sa), &len) != 0 ||
+      sa.sin_family != AF_INET)
     return "";
   return address_string(sa);
 }
@@ -136,7 +141,8 @@ std::string peer_address(int fd) {
 std::string local_address(int fd) {
   struct sockaddr_in sa {};
   socklen_t len = sizeof sa;
-  if (::getsockname(fd, reinterpret_cast<struct sockaddr*>(&sa), &len) != 0 || sa.sin_family != AF_INET)
+  if (::getsockname(fd, reinterpret_cast<struct sockaddr*>(&sa), &len) != 0 ||
+      sa.sin_family != AF_INET)
     return "";
   return address_string(sa);
 }
@@ -164,7 +170,8 @@ bool bridge_like(const std::string& ifname) {
 
 std::vector<std::string> order_addresses(const std::vector<InterfaceAddress>& ifs) {
   std::vector<std::string> out, bridges, loopback;
-  for (const auto& i : ifs) (i.loopback ? loopback : bridge_like(i.ifname) ? bridges : out).push_back(i.addr);
+  for (const auto& i : ifs)
+    (i.loopback ? loopback : bridge_like(i.ifname) ? bridges : out).push_back(i.addr);
   out.insert(out.end(), bridges.begin(), bridges.end());
   out.insert(out.end(), loopback.begin(), loopback.end());
   return out;
@@ -188,9 +195,11 @@ std::vector<std::string> local_ipv4_addresses() {
 
 std::string route_source_address(const std::string& dest) {
   struct sockaddr_in sa {};
-  if (!parse_ipv4(dest, 9, sa)) return "";  // port 9, discard: connect() on UDP only picks the route
+  if (!parse_ipv4(dest, 9, sa))
+    return "";  // port 9, discard: connect() on UDP only picks the route
   UniqueFd fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid() || ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0) return "";
+  if (!fd.valid() || ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0)
+    return "";
   return local_address(fd.get());
 }
 

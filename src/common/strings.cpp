@@ -58,8 +58,10 @@ std::vector<std::string> split_words(const std::string& s) {
   char quote = 0;
   for (char c : s) {
     if (quote) {
-      if (c == quote) quote = 0;
-      else cur += c;
+      if (c == quote)
+        quote = 0;
+      else
+        cur += c;
     } else if (c == '\'' || c == '"') {
       quote = c;
       in_word = true;

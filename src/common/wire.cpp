@@ -11,26 +11,41 @@ void put_le(std::string& b, uint64_t v, int bytes) {
 
 uint64_t get_le(const char* p, int bytes) {
   uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
   return v;
 }
 
 }  // namespace
 
-Writer& Writer::u8(uint8_t v) { put_le(buf_, v, 1); return *this; }
-Writer& Writer::u16(uint16_t v) { put_le(buf_, v, 2); return *this; }
-Writer& Writer::u32(uint32_t v) { put_le(buf_, v, 4); return *this; }
-Writer& Writer::u64(uint64_t v) { put_le(buf_, v, 8); return *this; }
+Writer& Writer::u8(uint8_t v) {
+  put_le(buf_, v, 1);
+  return *this;
+}
+Writer& Writer::u16(uint16_t v) {
+  put_le(buf_, v, 2);
+  return *this;
+}
+Writer& Writer::u32(uint32_t v) {
+  put_le(buf_, v, 4);
+  return *this;
+}
+Writer& Writer::u64(uint64_t v) {
+  put_le(buf_, v, 8);
+  return *this;
+}
 
 Writer& Writer::str(std::string_view s) {
-  if (s.size() > kMaxString) throw WireError("string field of " + std::to_string(s.size()) + " bytes is too long");
+  if (s.size() > kMaxString)
+    throw WireError("string field of " + std::to_string(s.size()) + " bytes is too long");
   u32(static_cast<uint32_t>(s.size()));
   buf_.append(s);
   return *this;
 }
 
 Writer& Writer::blob(std::string_view s) {
-  if (s.size() > kMaxPayload) throw WireError("data field of " + std::to_string(s.size()) + " bytes is too long");
+  if (s.size() > kMaxPayload)
+    throw WireError("data field of " + std::to_string(s.size()) + " bytes is too long");
   u32(static_cast<uint32_t>(s.size()));
   buf_.append(s);
   return *this;
@@ -52,7 +67,9 @@ uint64_t Reader::u64() { return get_le(take(8), 8); }
 
 std::string Reader::str(uint32_t max) {
   uint32_t n = u32();
-  if (n > max) throw WireError("string field of " + std::to_string(n) + " bytes exceeds " + std::to_string(max));
+  if (n > max)
+    throw WireError("string field of " + std::to_string(n) + " bytes exceeds " +
+                    std::to_string(max));
   const char* p = take(n);
   return std::string(p, n);
 }
@@ -62,7 +79,8 @@ void Reader::finish() const {
 }
 
 std::string encode_frame(uint16_t type, std::string_view payload, uint16_t flags) {
-  if (payload.size() > kMaxPayload) throw WireError("frame payload of " + std::to_string(payload.size()) + " bytes is too large");
+  if (payload.size() > kMaxPayload)
+    throw WireError("frame payload of " + std::to_string(payload.size()) + " bytes is too large");
   std::string out;
   out.reserve(kHeaderSize + payload.size());
   put_le(out, kMagic, 4);
@@ -86,7 +104,9 @@ bool FrameDecoder::next(Frame& out) {
   const char* h = buf_.data() + pos_;
   if (get_le(h, 4) != kMagic) throw WireError("bad frame magic (not a pytorch_exec peer)");
   uint32_t len = static_cast<uint32_t>(get_le(h + 8, 4));
-  if (len > max_) throw WireError("frame of " + std::to_string(len) + " bytes exceeds the limit of " + std::to_string(max_));
+  if (len > max_)
+    throw WireError("frame of " + std::to_string(len) + " bytes exceeds the limit of " +
+                    std::to_string(max_));
   if (buffered() < kHeaderSize + len) return false;
   out.type = static_cast<uint16_t>(get_le(h + 4, 2));
   out.flags = static_cast<uint16_t>(get_le(h + 6, 2));

@@ -21,10 +21,10 @@ class WireError : public pe::Error {
   explicit WireError(const std::string& what) : pe::Error(what) {}
 };
 
-inline constexpr uint32_t kMagic = 0x31584550;          // "PEX1" as little-endian bytes
+inline constexpr uint32_t kMagic = 0x31584550;  // "PEX1" as little-endian bytes
 inline constexpr size_t kHeaderSize = 12;
-inline constexpr uint32_t kMaxPayload = 16u << 20;      // a larger frame is an error
-inline constexpr uint32_t kMaxString = 1u << 20;        // likewise a longer string field
+inline constexpr uint32_t kMaxPayload = 16u << 20;  // a larger frame is an error
+inline constexpr uint32_t kMaxString = 1u << 20;    // likewise a longer string field
 
 struct Frame {
   uint16_t type = 0;
@@ -41,7 +41,8 @@ class Writer {
   Writer& u64(uint64_t v);
   Writer& i32(int32_t v) { return u32(static_cast<uint32_t>(v)); }
   Writer& str(std::string_view s);  // u32 length + bytes; throws WireError above kMaxString
-  Writer& blob(std::string_view s); // the same for bulk data, up to kMaxPayload (read: str(kMaxPayload))
+  Writer& blob(
+      std::string_view s);  // the same for bulk data, up to kMaxPayload (read: str(kMaxPayload))
   const std::string& data() const { return buf_; }
   std::string take() { return std::move(buf_); }
 

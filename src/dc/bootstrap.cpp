@@ -38,7 +38,8 @@ std::string join(const std::vector<std::string>& f) {
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
   size_t a = 0;
-  for (size_t b; (b = s.find('\n', a)) != std::string::npos; a = b + 1) out.push_back(s.substr(a, b - a));
+  for (size_t b; (b = s.find('\n', a)) != std::string::npos; a = b + 1)
+    out.push_back(s.substr(a, b - a));
   return out;
 }
 
@@ -48,12 +49,15 @@ int env_int(const char* name, int lo, int hi) {
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
   if (*end || x < lo || x > hi)
-    throw Error(std::string(name) + "=" + v + " is not a number in " + std::to_string(lo) + ".." + std::to_string(hi));
+    throw Error(std::string(name) + "=" + v + " is not a number in " + std::to_string(lo) + ".." +
+                std::to_string(hi));
   return static_cast<int>(x);
 }
 
 // This rank's locality domain on its node, as pytorch_exec's placement numbers them; 0 without.
-std::string my_domain() { return std::to_string(std::max(0, env_int("PYTORCH_EXEC_DOMAIN", 0, 1 << 20))); }
+std::string my_domain() {
+  return std::to_string(std::max(0, env_int("PYTORCH_EXEC_DOMAIN", 0, 1 << 20)));
+}
 
 }  // namespace
 
@@ -77,16 +81,20 @@ namespace {
 World bootstrap_env(int tcp_port, double timeout) {
   int rank = env_int("RANK", 0, 1 << 20), size = env_int("WORLD_SIZE", 1, 1 << 20);
   if (rank < 0 || size < 0)
-    throw Error("cannot bootstrap: no PMIx server and RANK/WORLD_SIZE are not set; start the program "
-                "with pytorch_exec, srun --mpi=pmix, mpirun or torchrun, or set RANK, WORLD_SIZE, "
-                "MASTER_ADDR and MASTER_PORT");
-  if (rank >= size) throw Error("RANK=" + std::to_string(rank) + " is not below WORLD_SIZE=" + std::to_string(size));
+    throw Error(
+        "cannot bootstrap: no PMIx server and RANK/WORLD_SIZE are not set; start the program "
+        "with pytorch_exec, srun --mpi=pmix, mpirun or torchrun, or set RANK, WORLD_SIZE, "
+        "MASTER_ADDR and MASTER_PORT");
+  if (rank >= size)
+    throw Error("RANK=" + std::to_string(rank) +
+                " is not below WORLD_SIZE=" + std::to_string(size));
   std::string master = env_or("MASTER_ADDR", size == 1 ? "127.0.0.1" : "");
   int mport = env_int("MASTER_PORT", 1, 65534);
   int port = env_int("PYTORCH_DC_PORT", 1, 65535);
   if (port < 0 && mport > 0) port = mport + 1;
   if (master.empty() || port < 0) {
-    if (size > 1) throw Error("cannot bootstrap env://: set MASTER_ADDR and MASTER_PORT (or PYTORCH_DC_PORT)");
+    if (size > 1)
+      throw Error("cannot bootstrap env://: set MASTER_ADDR and MASTER_PORT (or PYTORCH_DC_PORT)");
     port = 0;
   }
   World w;
@@ -95,7 +103,8 @@ World bootstrap_env(int tcp_port, double timeout) {
   std::shared_ptr<TcpStoreServer> server;
   int bound = port;
   if (rank == 0) server = serve_tcp_store(port, &bound);
-  std::shared_ptr<Store> store = connect_tcp_store(rank == 0 ? "127.0.0.1" : master, bound, timeout, server);
+  std::shared_ptr<Store> store =
+      connect_tcp_store(rank == 0 ? "127.0.0.1" : master, bound, timeout, server);
   int gen = next_generation();
   std::string g = "g" + std::to_string(gen);
   if (rank == 0) store->set(g + "/session", hex(random64()));
@@ -105,7 +114,8 @@ World bootstrap_env(int tcp_port, double timeout) {
   w.allgather = [=](const std::string& key, const std::string& mine) {
     return store_allgather(*store, g + "/" + key, rank, size, mine, timeout);
   };
-  std::string addr = tcp_port > 0 ? local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
+  std::string addr =
+      tcp_port > 0 ? local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
   auto all = w.allgather("who", join({node_name(), addr, my_domain()}));
   for (auto& a : all) {
     auto f = split(a);
@@ -128,7 +138,8 @@ void finalize_pmix_at_exit() {
 }
 
 void pmix_check(pmix_status_t rc, const std::string& what) {
-  if (rc != PMIX_SUCCESS) throw Error("PMIx bootstrap: " + what + " failed: " + PMIx_Error_string(rc));
+  if (rc != PMIX_SUCCESS)
+    throw Error("PMIx bootstrap: " + what + " failed: " + PMIx_Error_string(rc));
 }
 
 std::string pmix_get_string(const pmix_proc_t& who, const std::string& key, double timeout) {
@@ -155,7 +166,8 @@ uint32_t pmix_job_size(const pmix_proc_t& me) {
   return n;
 }
 
-void pmix_put_fence(const std::string& key, const std::string& value, const pmix_proc_t& me, double timeout) {
+void pmix_put_fence(const std::string& key, const std::string& value, const pmix_proc_t& me,
+                    double timeout) {
   pmix_value_t v;
   PMIX_VALUE_LOAD(&v, value.c_str(), PMIX_STRING);
   pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key.c_str(), &v);
@@ -176,8 +188,8 @@ void pmix_put_fence(const std::string& key, const std::string& value, const pmix
 }
 
 // Every rank's `mine` under `key`, in rank order: PMIx_Put, a collecting PMIx_Fence, PMIx_Get.
-std::vector<std::string> pmix_allgather(const std::string& key, const std::string& mine, const pmix_proc_t& me,
-                                        int size, double timeout) {
+std::vector<std::string> pmix_allgather(const std::string& key, const std::string& mine,
+                                        const pmix_proc_t& me, int size, double timeout) {
   pmix_put_fence(key, mine, me, timeout);
   std::vector<std::string> out;
   for (int r = 0; r < size; ++r) {
@@ -210,7 +222,8 @@ World bootstrap_pmix(int tcp_port, double timeout) {
   auto all = w.allgather("who", join({node_name(), addr, hex(random64()), my_domain()}));
   for (int r = 0; r < w.size; ++r) {
     auto f = split(all[static_cast<size_t>(r)]);
-    if (f.size() != 4) throw Error("PMIx bootstrap: rank " + std::to_string(r) + " published a malformed record");
+    if (f.size() != 4)
+      throw Error("PMIx bootstrap: rank " + std::to_string(r) + " published a malformed record");
     w.nodes.push_back(f[0]);
     w.addrs.push_back(f[1]);
     w.domains.push_back(std::atoi(f[3].c_str()));
@@ -257,7 +270,8 @@ std::vector<std::string> store_allgather(Store& store, const std::string& key, i
     out.push_back(all.substr(colon + 1, len));
     pos = colon + 1 + len;
   }
-  if (out.size() != static_cast<size_t>(size)) throw Error("store: allgather of '" + key + "' is incomplete");
+  if (out.size() != static_cast<size_t>(size))
+    throw Error("store: allgather of '" + key + "' is incomplete");
   return out;
 }
 
@@ -269,8 +283,9 @@ World bootstrap_process(int tcp_port, double timeout) {
   return bootstrap_env(tcp_port, timeout);
 }
 
-World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::shared_ptr<Store> store,
-                       uint64_t session, const std::string& key, int tcp_port, double timeout) {
+World bootstrap_thread(int rank, int size, std::vector<std::string> nodes,
+                       std::shared_ptr<Store> store, uint64_t session, const std::string& key,
+                       int tcp_port, double timeout) {
   World w;
   w.rank = rank;
   w.size = size;

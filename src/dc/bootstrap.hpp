@@ -25,13 +25,14 @@ struct World {
   int rank = 0;
   int size = 1;
   std::vector<std::string> nodes;  // node name of every rank
-  std::vector<int> domains;        // locality domain of every rank on its node (PYTORCH_EXEC_DOMAIN)
+  std::vector<int> domains;  // locality domain of every rank on its node (PYTORCH_EXEC_DOMAIN)
   std::vector<std::string> addrs;  // tcp transport address of every rank ("" without tcp)
   // Every rank's `mine`, in rank order; all ranks call it with the same `key` (unique within the
   // world), during set-up only.  Through PMIx or the world's store.
-  std::function<std::vector<std::string>(const std::string& key, const std::string& mine)> allgather;
-  uint64_t session = 0;            // random, the same on every rank
-  std::string key;                 // unique among the groups on this machine (shm names, store keys)
+  std::function<std::vector<std::string>(const std::string& key, const std::string& mine)>
+      allgather;
+  uint64_t session = 0;  // random, the same on every rank
+  std::string key;       // unique among the groups on this machine (shm names, store keys)
   bool threads = false;
 };
 
@@ -39,8 +40,9 @@ struct World {
 // exchanged.  Throws Error with a sentence that says what to set.
 World bootstrap_process(int tcp_port, double timeout);
 // Rank `rank` of `size` threads sharing `store`.  `session` and `key` are the same in all.
-World bootstrap_thread(int rank, int size, std::vector<std::string> nodes, std::shared_ptr<Store> store,
-                       uint64_t session, const std::string& key, int tcp_port, double timeout);
+World bootstrap_thread(int rank, int size, std::vector<std::string> nodes,
+                       std::shared_ptr<Store> store, uint64_t session, const std::string& key,
+                       int tcp_port, double timeout);
 
 // Every rank's `mine`, in rank order, through the store (O(size) requests).  All ranks call it
 // with the same `key`.

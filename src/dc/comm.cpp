@@ -31,13 +31,14 @@ std::string describe(const CallHeader& h) {
   if (h.magic != CallHeader{}.magic || h.kind > static_cast<uint8_t>(Kind::Split) ||
       h.dtype > static_cast<uint8_t>(DType::U8) || h.op > static_cast<uint8_t>(Op::Avg))
     return "something that is not a collective call (unmatched send/recv?)";
-  std::string s = std::string(kinds[h.kind]) + " #" + std::to_string(h.seq) + " of " +
-                  std::to_string(h.count);
+  std::string s =
+      std::string(kinds[h.kind]) + " #" + std::to_string(h.seq) + " of " + std::to_string(h.count);
   auto k = static_cast<Kind>(h.kind);
   if (k == Kind::Barrier) return std::string("barrier #") + std::to_string(h.seq);
   if (k == Kind::Send || k == Kind::Split) return s + (k == Kind::Send ? " bytes" : "");
   s += std::string(" ") + dtype_name(static_cast<DType>(h.dtype));
-  if (k == Kind::Allreduce || k == Kind::ReduceScatter) s += std::string(" (") + op_name(static_cast<Op>(h.op)) + ")";
+  if (k == Kind::Allreduce || k == Kind::ReduceScatter)
+    s += std::string(" (") + op_name(static_cast<Op>(h.op)) + ")";
   if (k == Kind::Broadcast) s += " from root " + std::to_string(h.root);
   return s;
 }
@@ -47,8 +48,8 @@ void check_header(const CallHeader& mine, const CallHeader& theirs, int from_ran
       mine.op == theirs.op && mine.root == theirs.root && mine.count == theirs.count &&
       mine.seq == theirs.seq)
     return;
-  throw Error("mismatched calls: rank " + std::to_string(from_rank) + " called " + describe(theirs) +
-              ", this rank " + describe(mine));
+  throw Error("mismatched calls: rank " + std::to_string(from_rank) + " called " +
+              describe(theirs) + ", this rank " + describe(mine));
 }
 
 void recv_header(const Comm& c, int from, const CallHeader& mine, const Deadline& d) {

@@ -10,8 +10,8 @@
 
 #include "dc/bootstrap.hpp"
 #include "dc/comm.hpp"
-#include "dc/settings.hpp"
 #include "dc/hierarchical.hpp"
+#include "dc/settings.hpp"
 #include "dc/shm/engine.hpp"
 #include "pytorch_exec/dc.hpp"
 
@@ -22,17 +22,19 @@ struct ProcessGroup::Impl {
   std::string key;  // unique name of this group (shm segment names)
   bool threads = false;
   int rank = 0, size = 1;
-  std::vector<int> world;    // world rank (transport peer) of every group rank
-  std::vector<int> node_of;  // node index of every group rank, numbered in order of first rank
+  std::vector<int> world;      // world rank (transport peer) of every group rank
+  std::vector<int> node_of;    // node index of every group rank, numbered in order of first rank
   std::vector<int> domain_of;  // locality domain of every group rank on its node
   int node = 0, nodes = 1, local_rank = 0, local_size = 1;
   int min_local = 1, max_local = 1;  // fewest / most ranks on one node
-  bool shared_cpus = false;  // a machine of the group runs more ranks than it has processors (agreed)
+  bool shared_cpus =
+      false;  // a machine of the group runs more ranks than it has processors (agreed)
   // The shm slot, and the piece of a hierarchical allreduce: PYTORCH_DC_SHM_BYTES, else 512 KiB
   // on one node (a round then fits a 2 MiB L2 cache: 1.3x faster than 4 MiB there) and 4 MiB
   // across nodes (each owner's cross-node allreduce gets a larger shard).
   size_t shm_bytes = 512 << 10;
-  std::shared_ptr<Transport> inter_t, intra_t;  // intra_t: the point-to-point transport inside a node
+  std::shared_ptr<Transport> inter_t,
+      intra_t;  // intra_t: the point-to-point transport inside a node
   std::unique_ptr<shm::AllreduceEngine> engine;  // the node's shared memory (intra-node shm)
   Comm world_c, local_c, cross_c;  // cross_c: the ranks with this local rank on every node
   Comm flat_c;                     // all ranks, over the intra-node transport on a single node

@@ -22,7 +22,8 @@ namespace pytorch_exec::dc {
 
 template <typename F>
 void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
-  if (!failed.empty()) throw Error(d.describe() + ": the process group is unusable after an earlier error: " + failed);
+  if (!failed.empty())
+    throw Error(d.describe() + ": the process group is unusable after an earlier error: " + failed);
   auto fail = [&](const Error& e) {
     failed = e.what();
     if (inter_t) inter_t->abort(failed);
@@ -48,14 +49,17 @@ bool ProcessGroup::Impl::machine_oversubscribed() const {
   // The processes on this machine: the node's ranks, or more where nodes are simulated
   // (PYTORCH_DC_NODE) and the launcher says how many it started here; ranks that are threads
   // all run here.
-  double on_node = static_cast<double>(std::count(node_of.begin(), node_of.end(), node_of[static_cast<size_t>(rank)]));
+  double on_node = static_cast<double>(
+      std::count(node_of.begin(), node_of.end(), node_of[static_cast<size_t>(rank)]));
   double here = threads ? size : std::max(on_node, env_number("LOCAL_WORLD_SIZE", 0));
   return here > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 void ProcessGroup::Impl::lay_out(const Deadline& d) {
-  std::vector<std::vector<int>> on_node(static_cast<size_t>(*std::max_element(node_of.begin(), node_of.end()) + 1));
-  for (int r = 0; r < size; ++r) on_node[static_cast<size_t>(node_of[static_cast<size_t>(r)])].push_back(r);
+  std::vector<std::vector<int>> on_node(
+      static_cast<size_t>(*std::max_element(node_of.begin(), node_of.end()) + 1));
+  for (int r = 0; r < size; ++r)
+    on_node[static_cast<size_t>(node_of[static_cast<size_t>(r)])].push_back(r);
   nodes = static_cast<int>(on_node.size());
   node = node_of[static_cast<size_t>(rank)];
   auto& mine = on_node[static_cast<size_t>(node)];
@@ -72,7 +76,8 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
   for (int r : mine) local_c.members.push_back(world[static_cast<size_t>(r)]);
   cross_c = Comm{inter_t.get(), {}, node};
   if (local_rank < min_local)
-    for (auto& v : on_node) cross_c.members.push_back(world[static_cast<size_t>(v[static_cast<size_t>(local_rank)])]);
+    for (auto& v : on_node)
+      cross_c.members.push_back(world[static_cast<size_t>(v[static_cast<size_t>(local_rank)])]);
   for (Comm* c : {&world_c, &flat_c, &local_c, &cross_c}) {
     bool stream = c->t && (c->t->capabilities() & Transport::kByteStream);  // tcp: segments
     c->max_chunk = shared_cpus && stream ? kRingChunkShared : kRingChunk;
@@ -94,7 +99,8 @@ namespace {
 std::vector<int> number_nodes(const std::vector<std::string>& names) {
   std::map<std::string, int> index;
   std::vector<int> out;
-  for (auto& n : names) out.push_back(index.emplace(n, static_cast<int>(index.size())).first->second);
+  for (auto& n : names)
+    out.push_back(index.emplace(n, static_cast<int>(index.size())).first->second);
   return out;
 }
 
@@ -120,7 +126,8 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
     // every rank in init until all are done with the store (mpi set-up), so rank 0, which serves
     // it, may exit at any time after.
     if (g->size > 1)
-      recursive_doubling_allreduce(Comm{g->inter_t.get(), g->world, g->rank}, &shared, 1, DType::I32, Op::Max,
+      recursive_doubling_allreduce(Comm{g->inter_t.get(), g->world, g->rank}, &shared, 1,
+                                   DType::I32, Op::Max,
                                    make_header(Kind::Allreduce, 1, DType::I32, Op::Max, 0), d);
     g->shared_cpus = shared != 0;
     g->lay_out(d);
@@ -138,15 +145,19 @@ std::shared_ptr<ProcessGroup> ProcessGroup::init(const Options& opts) {
   return std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
 }
 
-std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Options& opts, std::vector<int> nodes) {
+std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Options& opts,
+                                                                 std::vector<int> nodes) {
   if (n < 1) throw Error("threads(): need at least one rank");
-  if (!nodes.empty() && nodes.size() != static_cast<size_t>(n)) throw Error("threads(): one node per rank");
+  if (!nodes.empty() && nodes.size() != static_cast<size_t>(n))
+    throw Error("threads(): one node per rank");
   Settings s = resolve_settings(opts);
   std::vector<std::string> names;
-  for (int i = 0; i < n; ++i) names.push_back("node" + std::to_string(nodes.empty() ? 0 : nodes[static_cast<size_t>(i)]));
+  for (int i = 0; i < n; ++i)
+    names.push_back("node" + std::to_string(nodes.empty() ? 0 : nodes[static_cast<size_t>(i)]));
   auto store = memory_store();
   uint64_t session = random64();
-  std::string key = "threads" + std::to_string(::getpid()) + "." + std::to_string(next_generation()) + "." + std::to_string(session % 100000);
+  std::string key = "threads" + std::to_string(::getpid()) + "." +
+                    std::to_string(next_generation()) + "." + std::to_string(session % 100000);
   std::vector<std::shared_ptr<ProcessGroup>> out(static_cast<size_t>(n));
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> th;
@@ -156,7 +167,8 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Op
         std::unique_ptr<Listener> l;
         if (s.uses(TransportKind::Tcp)) l = std::make_unique<Listener>();
         World w = bootstrap_thread(i, n, names, store, session, key, l ? l->port() : 0, s.timeout);
-        out[static_cast<size_t>(i)] = std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
+        out[static_cast<size_t>(i)] =
+            std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(i)] = e.what();
       }
@@ -180,7 +192,8 @@ int ProcessGroup::local_size() const { return impl_->local_size; }
 int ProcessGroup::domain() const { return impl_->domain_of[static_cast<size_t>(impl_->rank)]; }
 int ProcessGroup::domain_of(int rank) const {
   if (rank < 0 || rank >= impl_->size)
-    throw Error("domain_of(" + std::to_string(rank) + "): no such rank in a group of " + std::to_string(impl_->size));
+    throw Error("domain_of(" + std::to_string(rank) + "): no such rank in a group of " +
+                std::to_string(impl_->size));
   return impl_->domain_of[static_cast<size_t>(rank)];
 }
 const std::string& ProcessGroup::intra_transport() const { return transport_name(impl_->s.intra); }
@@ -189,14 +202,17 @@ const std::string& ProcessGroup::inter_transport() const { return transport_name
 namespace {
 
 void need_buffer(const void* p, size_t count, const char* op) {
-  if (!p && count > 0) throw Error(std::string(op) + ": null buffer with a count of " + std::to_string(count));
+  if (!p && count > 0)
+    throw Error(std::string(op) + ": null buffer with a count of " + std::to_string(count));
 }
 
 // Checks the arguments of send/recv; returns the operation's deadline.
-Deadline p2p_call(const ProcessGroup::Impl& g, const char* op, const void* buf, size_t bytes, int peer, double timeout) {
+Deadline p2p_call(const ProcessGroup::Impl& g, const char* op, const void* buf, size_t bytes,
+                  int peer, double timeout) {
   need_buffer(buf, bytes, op);
   if (peer < 0 || peer >= g.size || peer == g.rank)
-    throw Error(std::string(op) + ": rank " + std::to_string(peer) + " is not another rank of this group");
+    throw Error(std::string(op) + ": rank " + std::to_string(peer) +
+                " is not another rank of this group");
   return Deadline::call(g.seconds(timeout), op, bytes, -1, -1, peer);
 }
 
@@ -206,23 +222,28 @@ void ProcessGroup::allreduce(void* buf, size_t count, DType t, Op op, double tim
   allreduce(buf, buf, count, t, op, timeout);
 }
 
-void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, Op op, double timeout) {
+void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, Op op,
+                             double timeout) {
   need_buffer(in, count, "allreduce");
   need_buffer(out, count, "allreduce");
-  auto d = Deadline::call(impl_->seconds(timeout), "allreduce", count, static_cast<int>(t), static_cast<int>(op));
+  auto d = Deadline::call(impl_->seconds(timeout), "allreduce", count, static_cast<int>(t),
+                          static_cast<int>(op));
   if (in != out) std::memcpy(out, in, count * dtype_size(t));
   impl_->guarded(d, [&] { impl_->allreduce(out, count, t, op, d); });
 }
 
-void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op, double timeout) {
+void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op,
+                                  double timeout) {
   need_buffer(in, count, "reduce_scatter");
   need_buffer(out, count, "reduce_scatter");
   Impl& g = *impl_;
-  auto d = Deadline::call(g.seconds(timeout), "reduce_scatter", count, static_cast<int>(t), static_cast<int>(op));
+  auto d = Deadline::call(g.seconds(timeout), "reduce_scatter", count, static_cast<int>(t),
+                          static_cast<int>(op));
   size_t es = dtype_size(t);
   g.guarded(d, [&] {
     auto h = make_header(Kind::ReduceScatter, count, t, op, ++g.seq);
-    std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + count * es * static_cast<size_t>(g.size));
+    std::vector<char> work(static_cast<const char*>(in),
+                           static_cast<const char*>(in) + count * es * static_cast<size_t>(g.size));
     Blocks b = uniform_blocks(count, g.size);
     ring_reduce_scatter(g.world_c, work.data(), b, t, op, h, d);
     char* mine = work.data() + static_cast<size_t>(g.rank) * count * es;
@@ -239,7 +260,8 @@ void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, d
   size_t es = dtype_size(t);
   g.guarded(d, [&] {
     auto h = make_header(Kind::Allgather, count, t, Op::Sum, ++g.seq);
-    std::memmove(static_cast<char*>(out) + static_cast<size_t>(g.rank) * count * es, in, count * es);
+    std::memmove(static_cast<char*>(out) + static_cast<size_t>(g.rank) * count * es, in,
+                 count * es);
     Blocks b = uniform_blocks(count, g.size);
     ring_allgather(g.world_c, out, b, t, h, d);
   });
@@ -248,7 +270,9 @@ void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, d
 void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double timeout) {
   need_buffer(buf, count, "broadcast");
   Impl& g = *impl_;
-  if (root < 0 || root >= g.size) throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " + std::to_string(g.size));
+  if (root < 0 || root >= g.size)
+    throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " +
+                std::to_string(g.size));
   auto d = Deadline::call(g.seconds(timeout), "broadcast", count, static_cast<int>(t), -1, root);
   g.guarded(d, [&] {
     auto h = make_header(Kind::Broadcast, count, t, Op::Sum, ++g.seq, root);
@@ -259,7 +283,9 @@ void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double 
 void ProcessGroup::barrier(double timeout) {
   Impl& g = *impl_;
   auto d = g.deadline(timeout, "barrier");
-  g.guarded(d, [&] { dissemination_barrier(g.world_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, ++g.seq), d); });
+  g.guarded(d, [&] {
+    dissemination_barrier(g.world_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, ++g.seq), d);
+  });
 }
 
 void ProcessGroup::send(const void* buf, size_t bytes, int peer, double timeout) {

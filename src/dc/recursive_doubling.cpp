@@ -14,8 +14,13 @@ namespace {
 class Exchanger {
  public:
   Exchanger(const Comm& c, void* buf, size_t bytes, const CallHeader& h, const Deadline& d)
-      : c_(c), buf_(static_cast<char*>(buf)), bytes_(bytes), h_(h), d_(d),
-        out_(scratch_buffer(2 * (sizeof h + bytes))), in_(out_ + sizeof h + bytes),
+      : c_(c),
+        buf_(static_cast<char*>(buf)),
+        bytes_(bytes),
+        h_(h),
+        d_(d),
+        out_(scratch_buffer(2 * (sizeof h + bytes))),
+        in_(out_ + sizeof h + bytes),
         split_((c.t->capabilities() & Transport::kByteStream) != 0) {
     std::memcpy(out_, &h, sizeof h);
   }
@@ -25,7 +30,8 @@ class Exchanger {
     Request rh{}, r{}, s{};
     if (from >= 0) {
       if (split_) rh = c_.irecv(from, in_, sizeof h_);
-      r = split_ ? c_.irecv(from, in_ + sizeof h_, bytes_) : c_.irecv(from, in_, sizeof h_ + bytes_);
+      r = split_ ? c_.irecv(from, in_ + sizeof h_, bytes_)
+                 : c_.irecv(from, in_, sizeof h_ + bytes_);
     }
     if (to >= 0) {
       std::memcpy(out_ + sizeof h_, buf_, bytes_);

@@ -8,13 +8,20 @@ namespace pytorch_exec::dc {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F32: return 4;
-    case DType::F64: return 8;
-    case DType::F16: return 2;
-    case DType::BF16: return 2;
-    case DType::I32: return 4;
-    case DType::I64: return 8;
-    case DType::U8: return 1;
+    case DType::F32:
+      return 4;
+    case DType::F64:
+      return 8;
+    case DType::F16:
+      return 2;
+    case DType::BF16:
+      return 2;
+    case DType::I32:
+      return 4;
+    case DType::I64:
+      return 8;
+    case DType::U8:
+      return 1;
   }
   return 1;
 }
@@ -70,7 +77,8 @@ uint16_t float_to_half(float f) {
   uint32_t x = bits_of(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t absx = x & 0x7fffffffu;
-  if (absx >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  if (absx >= 0x7f800000u)
+    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
   if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to infinity
   if (absx < 0x38800000u) {  // subnormal or zero in half
     if (absx < 0x33000000u) return static_cast<uint16_t>(sign);
@@ -89,7 +97,8 @@ float bf16_to_float(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16
 
 uint16_t float_to_bf16(float f) {
   uint32_t x = bits_of(f);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
+  if ((x & 0x7fffffffu) > 0x7f800000u)
+    return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet NaN
   x += 0x7fffu + ((x >> 16) & 1u);
   return static_cast<uint16_t>(x >> 16);
 }
@@ -107,10 +116,14 @@ template <typename T>
 void reduce_typed(void* dst, const void* src, size_t n, Op op) {
   switch (op) {
     case Op::Sum:
-    case Op::Avg: return apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a + b); });
-    case Op::Prod: return apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a * b); });
-    case Op::Min: return apply<T>(dst, src, n, [](T a, T b) { return b < a ? b : a; });
-    case Op::Max: return apply<T>(dst, src, n, [](T a, T b) { return b > a ? b : a; });
+    case Op::Avg:
+      return apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a + b); });
+    case Op::Prod:
+      return apply<T>(dst, src, n, [](T a, T b) { return static_cast<T>(a * b); });
+    case Op::Min:
+      return apply<T>(dst, src, n, [](T a, T b) { return b < a ? b : a; });
+    case Op::Max:
+      return apply<T>(dst, src, n, [](T a, T b) { return b > a ? b : a; });
   }
 }
 
@@ -136,26 +149,39 @@ void reduce_16(void* dst, const void* src, size_t n, Op op) {
 
 void reduce_into(void* dst, const void* src, size_t n, DType t, Op op) {
   switch (t) {
-    case DType::F32: return reduce_typed<float>(dst, src, n, op);
-    case DType::F64: return reduce_typed<double>(dst, src, n, op);
-    case DType::I32: return reduce_typed<int32_t>(dst, src, n, op);
-    case DType::I64: return reduce_typed<int64_t>(dst, src, n, op);
-    case DType::U8: return reduce_typed<uint8_t>(dst, src, n, op);
-    case DType::F16: return reduce_16<half_to_float, float_to_half>(dst, src, n, op);
-    case DType::BF16: return reduce_16<bf16_to_float, float_to_bf16>(dst, src, n, op);
+    case DType::F32:
+      return reduce_typed<float>(dst, src, n, op);
+    case DType::F64:
+      return reduce_typed<double>(dst, src, n, op);
+    case DType::I32:
+      return reduce_typed<int32_t>(dst, src, n, op);
+    case DType::I64:
+      return reduce_typed<int64_t>(dst, src, n, op);
+    case DType::U8:
+      return reduce_typed<uint8_t>(dst, src, n, op);
+    case DType::F16:
+      return reduce_16<half_to_float, float_to_half>(dst, src, n, op);
+    case DType::BF16:
+      return reduce_16<bf16_to_float, float_to_bf16>(dst, src, n, op);
   }
 }
 
 void finish_avg(void* buf, size_t n, DType t, int k) {
   auto div = [k](auto* p, size_t m) {
-    for (size_t i = 0; i < m; ++i) p[i] = static_cast<std::remove_reference_t<decltype(p[i])>>(p[i] / k);
+    for (size_t i = 0; i < m; ++i)
+      p[i] = static_cast<std::remove_reference_t<decltype(p[i])>>(p[i] / k);
   };
   switch (t) {
-    case DType::F32: return div(static_cast<float*>(buf), n);
-    case DType::F64: return div(static_cast<double*>(buf), n);
-    case DType::I32: return div(static_cast<int32_t*>(buf), n);
-    case DType::I64: return div(static_cast<int64_t*>(buf), n);
-    case DType::U8: return div(static_cast<uint8_t*>(buf), n);
+    case DType::F32:
+      return div(static_cast<float*>(buf), n);
+    case DType::F64:
+      return div(static_cast<double*>(buf), n);
+    case DType::I32:
+      return div(static_cast<int32_t*>(buf), n);
+    case DType::I64:
+      return div(static_cast<int64_t*>(buf), n);
+    case DType::U8:
+      return div(static_cast<uint8_t*>(buf), n);
     case DType::F16:
     case DType::BF16: {
       auto* p = static_cast<uint16_t*>(buf);

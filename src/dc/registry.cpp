@@ -88,7 +88,8 @@ LevelTransports create_transports(TransportKind intra, TransportKind inter, cons
   for (const Entry& e : table()) {
     if (e.node_only || (e.kind != intra && e.kind != inter)) continue;
     if (!e.make)
-      throw Error("the " + e.name + " transport is not available: this libpytorch_dc was built "
+      throw Error("the " + e.name +
+                  " transport is not available: this libpytorch_dc was built "
                   "without it");
     made[static_cast<size_t>(e.kind)] = e.make(w, listener, d);
   }

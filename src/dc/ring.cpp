@@ -37,7 +37,8 @@ struct Unit {
 // Appends the units of `steps` ring steps to `out`, step-major; block_of(s) names the block
 // moved at step s.
 template <typename F>
-void units(const Comm& c, const Blocks& b, size_t esize, int steps, F block_of, std::vector<Unit>& out) {
+void units(const Comm& c, const Blocks& b, size_t esize, int steps, F block_of,
+           std::vector<Unit>& out) {
   for (int s = 0; s < steps; ++s) {
     int blk = block_of(s);
     size_t n = b.count(blk);
@@ -80,18 +81,24 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
   HeaderExchange hx(c, h);
   std::vector<Request> sent;
   sent.reserve(st.sends.size());
-  auto send = [&](size_t i) { sent.push_back(c.isend(c.me + 1, base + st.sends[i].first * es, st.sends[i].count * es)); };
+  auto send = [&](size_t i) {
+    sent.push_back(c.isend(c.me + 1, base + st.sends[i].first * es, st.sends[i].count * es));
+  };
   size_t max_send = 0;
   for (const Unit& u : st.sends) max_send = std::max(max_send, u.count * es);
   size_t ahead = std::max<size_t>(2, kAhead / std::max<size_t>(max_send, 1));
   // Sends allowed once `received` receives are complete: ready (initial + received) and paced.
-  auto allowed = [&](size_t received) { return std::min({st.initial + received, ahead + received, st.sends.size()}); };
+  auto allowed = [&](size_t received) {
+    return std::min({st.initial + received, ahead + received, st.sends.size()});
+  };
   size_t next_send = 0;
   for (; next_send < allowed(0); ++next_send) send(next_send);
   size_t max_chunk = 0;
   for (size_t i = 0; i < st.reduced; ++i) max_chunk = std::max(max_chunk, st.recvs[i].count);
   char* tmp = scratch_buffer(static_cast<size_t>(kWindow) * max_chunk * es);
-  auto scratch = [&](size_t i) { return tmp + (i % static_cast<size_t>(kWindow)) * max_chunk * es; };
+  auto scratch = [&](size_t i) {
+    return tmp + (i % static_cast<size_t>(kWindow)) * max_chunk * es;
+  };
   std::deque<Request> posted;
   size_t next_post = 0;
   auto post = [&](size_t done) {  // scratch slots are reused once receive `done` - 1 is reduced
@@ -99,7 +106,8 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
       const Unit& u = st.recvs[next_post];
       bool to_scratch = next_post < st.reduced;
       if (to_scratch && next_post >= done + static_cast<size_t>(kWindow)) break;
-      posted.push_back(c.irecv(c.me - 1, to_scratch ? scratch(next_post) : base + u.first * es, u.count * es));
+      posted.push_back(
+          c.irecv(c.me - 1, to_scratch ? scratch(next_post) : base + u.first * es, u.count * es));
     }
   };
   post(0);
@@ -123,8 +131,10 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
 // sent at step s+1; the last step's is this member's own block).
 void reduce_scatter_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
   int n = c.size();
-  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); }, st.sends);
-  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); }, st.recvs);
+  units(
+      c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); }, st.sends);
+  units(
+      c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 2); }, st.recvs);
   for (auto& u : st.sends) st.initial += u.block == c.mod(c.me - 1);
   st.reduced = st.recvs.size();
 }
@@ -132,14 +142,17 @@ void reduce_scatter_units(const Comm& c, const Blocks& b, size_t es, Stream& st)
 // Allgather units: step s sends block me-s and receives block me-s-1, sent on at step s+1.
 void allgather_units(const Comm& c, const Blocks& b, size_t es, Stream& st) {
   int n = c.size();
-  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s); }, st.sends);
-  units(c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); }, st.recvs);
+  units(
+      c, b, es, n - 1, [&](int s) { return c.mod(c.me - s); }, st.sends);
+  units(
+      c, b, es, n - 1, [&](int s) { return c.mod(c.me - s - 1); }, st.recvs);
 }
 
 }  // namespace
 
 size_t even_first(size_t count, int n, int j) {
-  size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n), u = static_cast<size_t>(j);
+  size_t base = count / static_cast<size_t>(n), extra = count % static_cast<size_t>(n),
+         u = static_cast<size_t>(j);
   return u * base + std::min(u, extra);
 }
 

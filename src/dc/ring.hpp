@@ -15,7 +15,9 @@ namespace pytorch_exec::dc {
 // Block i is elements [off[i], off[i+1]); off has size()+1 entries.
 struct Blocks {
   std::vector<size_t> off;
-  size_t count(int i) const { return off[static_cast<size_t>(i) + 1] - off[static_cast<size_t>(i)]; }
+  size_t count(int i) const {
+    return off[static_cast<size_t>(i) + 1] - off[static_cast<size_t>(i)];
+  }
 };
 // `count` elements over `n` blocks as evenly as possible; even_first is where block j starts.
 Blocks even_blocks(size_t count, int n);

@@ -19,7 +19,7 @@ namespace {
 using AddrInfo = std::unique_ptr<struct addrinfo, decltype(&::freeaddrinfo)>;
 
 AddrInfo resolve(const std::string& host, int port, int socktype) {
-  struct addrinfo hints{};
+  struct addrinfo hints {};
   hints.ai_family = AF_INET;
   hints.ai_socktype = socktype;
   struct addrinfo* res = nullptr;
@@ -33,13 +33,15 @@ Listener::Listener(int port) {
   fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
   if (fd_ >= 0 && port != 0) ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  struct sockaddr_in sa{};
+  struct sockaddr_in sa {};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 || ::listen(fd_, 1024) != 0) {
+  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
+      ::listen(fd_, 1024) != 0) {
     int e = errno;
     if (fd_ >= 0) ::close(fd_);
-    throw Error("cannot listen on TCP port " + (port ? std::to_string(port) : std::string("(any)")) + ": " + std::strerror(e));
+    throw Error("cannot listen on TCP port " +
+                (port ? std::to_string(port) : std::string("(any)")) + ": " + std::strerror(e));
   }
   socklen_t len = sizeof sa;
   ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
@@ -78,7 +80,8 @@ int connect_until(const std::string& host, int port, const Deadline& d, const st
     int e = errno;
     if (fd >= 0) ::close(fd);
     if (d.passed())
-      throw TimeoutError(what + ": cannot connect to " + host + ":" + std::to_string(port) + " (" + std::strerror(e) + ")");
+      throw TimeoutError(what + ": cannot connect to " + host + ":" + std::to_string(port) + " (" +
+                         std::strerror(e) + ")");
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
@@ -87,14 +90,19 @@ void io_exact(int fd, void* p, size_t n, bool out, const Deadline& d, const std:
               const std::string& what) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
-    struct pollfd pf{fd, static_cast<short>(out ? POLLOUT : POLLIN), 0};
+    struct pollfd pf {
+      fd, static_cast<short>(out ? POLLOUT : POLLIN), 0
+    };
     if (::poll(&pf, 1, d.millis_left()) == 0) {
       if (d.passed()) d.expire(who);
       continue;
     }
-    ssize_t r = out ? ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT) : ::recv(fd, c, n, MSG_DONTWAIT);
+    ssize_t r =
+        out ? ::send(fd, c, n, MSG_NOSIGNAL | MSG_DONTWAIT) : ::recv(fd, c, n, MSG_DONTWAIT);
     if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
-    if (r <= 0) throw Error(what + ": " + (r == 0 ? std::string("the connection was closed") : std::strerror(errno)));
+    if (r <= 0)
+      throw Error(what + ": " +
+                  (r == 0 ? std::string("the connection was closed") : std::strerror(errno)));
     c += r;
     n -= static_cast<size_t>(r);
   }
@@ -106,7 +114,7 @@ std::string local_address_toward(const std::string& toward) {
   if (!res) return "127.0.0.1";
   std::string out = "127.0.0.1";
   int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  struct sockaddr_in sa{};
+  struct sockaddr_in sa {};
   socklen_t len = sizeof sa;
   if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
       ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0) {

@@ -31,7 +31,8 @@ class MemoryStore : public Store {
   std::string get(const std::string& k, double timeout) override {
     std::unique_lock<std::mutex> l(m_);
     if (!cv_.wait_for(l, std::chrono::duration<double>(timeout), [&] { return kv_.count(k) > 0; }))
-      throw TimeoutError("store: no value for '" + k + "' within " + std::to_string(timeout) + " s");
+      throw TimeoutError("store: no value for '" + k + "' within " + std::to_string(timeout) +
+                         " s");
     return kv_[k];
   }
 
@@ -92,7 +93,9 @@ class TcpStoreServer {
     put_u32(out, static_cast<uint32_t>(kv_[key].size()));
     out += kv_[key];
     try {
-      io_exact(c.fd, out.data(), out.size(), true, Deadline::after(kAnswerSeconds, "store: answering a client"), "a slow client", kLost);
+      io_exact(c.fd, out.data(), out.size(), true,
+               Deadline::after(kAnswerSeconds, "store: answering a client"), "a slow client",
+               kLost);
     } catch (const Error&) {
       c.dead = true;
     }
@@ -186,7 +189,8 @@ class TcpStore : public Store {
     put_u32(out, static_cast<uint32_t>(v.size()));
     out += v;
     std::lock_guard<std::mutex> l(m_);
-    io_exact(fd_, out.data(), out.size(), true, Deadline::after(timeout_, "store: setting '" + k + "'"), "rank 0's store", kLost);
+    io_exact(fd_, out.data(), out.size(), true,
+             Deadline::after(timeout_, "store: setting '" + k + "'"), "rank 0's store", kLost);
   }
   std::string get(const std::string& k, double timeout) override {
     std::string out = "G";
@@ -220,7 +224,8 @@ std::shared_ptr<TcpStoreServer> serve_tcp_store(int port, int* bound_port) {
 std::shared_ptr<Store> connect_tcp_store(const std::string& host, int port, double timeout,
                                          std::shared_ptr<TcpStoreServer> keep_alive) {
   // Rank 0 may not listen yet: connect_until retries until the deadline.
-  int fd = connect_until(host, port, Deadline::after(timeout, "store"), "store: cannot reach rank 0's store (MASTER_ADDR '" + host + "')");
+  int fd = connect_until(host, port, Deadline::after(timeout, "store"),
+                         "store: cannot reach rank 0's store (MASTER_ADDR '" + host + "')");
   return std::make_shared<TcpStore>(fd, timeout, std::move(keep_alive));
 }
 

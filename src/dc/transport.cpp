@@ -14,7 +14,8 @@ void no_busy_polling() { g_busy_polling.store(false, std::memory_order_relaxed);
 
 namespace {
 Clock::time_point in(double seconds) {
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  return Clock::now() +
+         std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }
 }  // namespace
 
@@ -25,7 +26,8 @@ Deadline Deadline::after(double seconds, std::string label) {
   return d;
 }
 
-Deadline Deadline::call(double seconds, const char* op, uint64_t count, int dtype, int reduction, int peer) {
+Deadline Deadline::call(double seconds, const char* op, uint64_t count, int dtype, int reduction,
+                        int peer) {
   Deadline d;
   d.at = in(seconds);
   d.op = op;
@@ -39,9 +41,11 @@ Deadline Deadline::call(double seconds, const char* op, uint64_t count, int dtyp
 std::string Deadline::describe() const {
   if (!op) return label;
   std::string s = std::string(op) + " of " + std::to_string(count);
-  s += dtype >= 0 ? std::string(" ") + dtype_name(static_cast<DType>(dtype)) : std::string(" bytes");
+  s +=
+      dtype >= 0 ? std::string(" ") + dtype_name(static_cast<DType>(dtype)) : std::string(" bytes");
   if (reduction >= 0) s += std::string(" (") + op_name(static_cast<Op>(reduction)) + ")";
-  if (peer >= 0) s += std::string(dtype >= 0 ? " from root " : " with rank ") + std::to_string(peer);
+  if (peer >= 0)
+    s += std::string(dtype >= 0 ? " from root " : " with rank ") + std::to_string(peer);
   return s;
 }
 

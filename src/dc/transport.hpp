@@ -40,7 +40,8 @@ struct Deadline {
   int dtype = -1, reduction = -1, peer = -1;
 
   static Deadline after(double seconds, std::string label);
-  static Deadline call(double seconds, const char* op, uint64_t count, int dtype, int reduction = -1, int peer = -1);
+  static Deadline call(double seconds, const char* op, uint64_t count, int dtype,
+                       int reduction = -1, int peer = -1);
   std::string describe() const;
   bool passed() const { return Clock::now() >= at; }
   // Milliseconds left, at least 0, at most `cap` (for poll()).

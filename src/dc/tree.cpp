@@ -9,7 +9,8 @@ namespace {
 constexpr size_t kChainAbove = 256 << 10;
 constexpr size_t kChainChunk = 256 << 10;
 
-void binomial(const Comm& c, char* buf, size_t bytes, int root, const CallHeader& h, const Deadline& d) {
+void binomial(const Comm& c, char* buf, size_t bytes, int root, const CallHeader& h,
+              const Deadline& d) {
   int n = c.size(), v = c.mod(c.me - root);
   int mask = 1;
   for (; mask < n; mask <<= 1) {
@@ -30,7 +31,8 @@ void binomial(const Comm& c, char* buf, size_t bytes, int root, const CallHeader
   for (Request r : sent) c.wait(r, d);
 }
 
-void chain(const Comm& c, char* buf, size_t bytes, int root, const CallHeader& h, const Deadline& d) {
+void chain(const Comm& c, char* buf, size_t bytes, int root, const CallHeader& h,
+           const Deadline& d) {
   int n = c.size(), v = c.mod(c.me - root);
   bool first = v == 0, last = v == n - 1;
   std::vector<Request> rq, sent;

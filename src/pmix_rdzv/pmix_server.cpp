@@ -77,12 +77,13 @@ class InfoList {
   void rank(const char* key, pmix_rank_t v) { add(key, &v, PMIX_PROC_RANK); }
   void flag(const char* key, bool v) { add(key, &v, PMIX_BOOL); }
   // Converts to a data array (owned by the caller: PMIX_DATA_ARRAY_DESTRUCT).
-  void convert(pmix_data_array_t* out) { check(PMIx_Info_list_convert(list_, out), "PMIx_Info_list_convert"); }
+  void convert(pmix_data_array_t* out) {
+    check(PMIx_Info_list_convert(list_, out), "PMIx_Info_list_convert");
+  }
 
  private:
   void* list_;
 };
-
 
 }  // namespace
 
@@ -96,9 +97,9 @@ struct PmixServer::Impl {
   hwloc_topology_t topo = nullptr;
   bool own_topo = false;
   pmix_topology_t pmix_topo{};
-  std::string topo_xml;  // the same, exported for Open MPI's ranks (PMIX_LOCAL_TOPO)
-  std::mutex store_mutex;                         // guards store (publish/lookup run on PMIx's thread)
-  std::map<std::string, std::string> store;       // key -> string value (published data)
+  std::string topo_xml;    // the same, exported for Open MPI's ranks (PMIX_LOCAL_TOPO)
+  std::mutex store_mutex;  // guards store (publish/lookup run on PMIx's thread)
+  std::map<std::string, std::string> store;  // key -> string value (published data)
 
   Impl(EventLoop& l, ServerListener& s, ModexRouter& r) : loop(l), listener(s), router(r) {}
 
@@ -109,13 +110,17 @@ struct PmixServer::Impl {
   static pmix_status_t client_connected(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
     auto n = ns(p);
     int r = rank(p);
-    g_impl->loop.post([n, r] { if (g_impl) g_impl->listener.on_client_connected(n, r); });
+    g_impl->loop.post([n, r] {
+      if (g_impl) g_impl->listener.on_client_connected(n, r);
+    });
     return PMIX_OPERATION_SUCCEEDED;
   }
   static pmix_status_t client_finalized(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
     auto n = ns(p);
     int r = rank(p);
-    g_impl->loop.post([n, r] { if (g_impl) g_impl->listener.on_client_finalized(n, r); });
+    g_impl->loop.post([n, r] {
+      if (g_impl) g_impl->listener.on_client_finalized(n, r);
+    });
     return PMIX_OPERATION_SUCCEEDED;
   }
   static pmix_status_t abort(const pmix_proc_t* p, void*, int status, const char msg[],
@@ -188,7 +193,8 @@ struct PmixServer::Impl {
     pmix_proc_t publisher;
     PMIX_LOAD_PROCID(&publisher, "", PMIX_RANK_UNDEF);
     for (size_t i = 0; i < found.size(); ++i)
-      PMIX_PDATA_LOAD(&pd[i], &publisher, found[i].first.c_str(), found[i].second.c_str(), PMIX_STRING);
+      PMIX_PDATA_LOAD(&pd[i], &publisher, found[i].first.c_str(), found[i].second.c_str(),
+                      PMIX_STRING);
     cbfunc(PMIX_SUCCESS, pd, found.size(), cbdata);
     PMIX_PDATA_FREE(pd, found.size());
     return PMIX_SUCCESS;
@@ -356,7 +362,8 @@ void register_clients(const NamespaceInfo& info, const std::vector<int>& local) 
     pmix_proc_t proc;
     PMIX_LOAD_PROCID(&proc, info.nspace.c_str(), static_cast<pmix_rank_t>(r));
     auto* w = new OpWait;
-    pmix_status_t st = PMIx_server_register_client(&proc, ::getuid(), ::getgid(), nullptr, OpWait::cb, w);
+    pmix_status_t st =
+        PMIx_server_register_client(&proc, ::getuid(), ::getgid(), nullptr, OpWait::cb, w);
     if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, w);
     if (st != PMIX_SUCCESS && st != PMIX_OPERATION_SUCCEEDED) {
       w->release();
@@ -367,7 +374,8 @@ void register_clients(const NamespaceInfo& info, const std::vector<int>& local) 
     waits.push_back(w);
   }
   for (size_t i = 0; i < waits.size(); ++i)
-    waits[i]->wait_and_release("PMIx_server_register_client " + info.nspace + ":" + std::to_string(local[i]));
+    waits[i]->wait_and_release("PMIx_server_register_client " + info.nspace + ":" +
+                               std::to_string(local[i]));
   check(failed, "PMIx_server_register_client " + info.nspace + ":" + std::to_string(failed_rank));
 }
 
@@ -383,9 +391,9 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   pmix_data_array_t all;
   il.convert(&all);
   auto* w = new OpWait;
-  pmix_status_t st = PMIx_server_register_nspace(info.nspace.c_str(), static_cast<int>(local.size()),
-                                                 static_cast<pmix_info_t*>(all.array), all.size,
-                                                 OpWait::cb, w);
+  pmix_status_t st =
+      PMIx_server_register_nspace(info.nspace.c_str(), static_cast<int>(local.size()),
+                                  static_cast<pmix_info_t*>(all.array), all.size, OpWait::cb, w);
   if (st == PMIX_OPERATION_SUCCEEDED) OpWait::cb(PMIX_SUCCESS, w);
   if (st != PMIX_SUCCESS && st != PMIX_OPERATION_SUCCEEDED) {
     w->release();
@@ -396,8 +404,8 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   w->wait_and_release("PMIx_server_register_nspace " + info.nspace);
   PMIX_DATA_ARRAY_DESTRUCT(&all);
   register_clients(info, local);
-  logger("pmix")->info("namespace {} registered: {} ranks, {} here", info.nspace,
-                       info.world_size, local.size());
+  logger("pmix")->info("namespace {} registered: {} ranks, {} here", info.nspace, info.world_size,
+                       local.size());
 }
 
 void PmixServer::dmodex_request(const std::string& nspace, int rank, ModexDone done) {

@@ -51,7 +51,8 @@ class ServerListener {
   virtual void on_client_connected(const std::string& nspace, int rank) = 0;
   virtual void on_client_finalized(const std::string& nspace, int rank) = 0;
   // PMIx_Abort (MPI_Abort) from a client.
-  virtual void on_abort(const std::string& nspace, int rank, int status, const std::string& msg) = 0;
+  virtual void on_abort(const std::string& nspace, int rank, int status,
+                        const std::string& msg) = 0;
 };
 
 class PmixServer {

@@ -52,9 +52,12 @@ Analysis analyse(const Topology& t) {
   std::vector<std::string> order;
   for (size_t i = 0; i < gpus.size(); ++i) {
     std::string key;
-    if (a.nvlinks.island[i] >= 0) key = "nvlink:" + std::to_string(a.nvlinks.island[i]);
-    else if (gpus[i].root_complex >= 0) key = "root-complex:" + std::to_string(gpus[i].root_complex);
-    else key = "numa:" + std::to_string(gpus[i].numa);
+    if (a.nvlinks.island[i] >= 0)
+      key = "nvlink:" + std::to_string(a.nvlinks.island[i]);
+    else if (gpus[i].root_complex >= 0)
+      key = "root-complex:" + std::to_string(gpus[i].root_complex);
+    else
+      key = "numa:" + std::to_string(gpus[i].numa);
     if (!groups.count(key)) order.push_back(key);
     groups[key].push_back(static_cast<int>(i));
   }
@@ -80,7 +83,8 @@ Analysis analyse(const Topology& t) {
     // No GPUs: a domain per NUMA node, with the NICs attached there.
     int nnuma = t.numa_count();
     for (int n = 0; n < nnuma; ++n) {
-      hwloc_obj_t node = hwloc_get_obj_by_type(t.raw(), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(n));
+      hwloc_obj_t node =
+          hwloc_get_obj_by_type(t.raw(), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(n));
       Domain d;
       d.index = n;
       d.kind = "numa";

@@ -13,12 +13,12 @@ namespace pe::topo {
 
 struct Domain {
   int index = 0;
-  std::string kind;               // "nvlink", "root-complex", "numa"
-  std::vector<int> gpus;          // positions in Topology::gpus(), in GPU index order
-  std::vector<int> nics;          // positions in Topology::nics(), nearest first
-  std::string nic_path;           // the path class to those NICs ("PIX", ...), "" without NICs
-  std::string cpuset;             // hwloc list syntax
-  std::vector<int> os_cpus;       // the same, as OS processor numbers
+  std::string kind;          // "nvlink", "root-complex", "numa"
+  std::vector<int> gpus;     // positions in Topology::gpus(), in GPU index order
+  std::vector<int> nics;     // positions in Topology::nics(), nearest first
+  std::string nic_path;      // the path class to those NICs ("PIX", ...), "" without NICs
+  std::string cpuset;        // hwloc list syntax
+  std::vector<int> os_cpus;  // the same, as OS processor numbers
   int numa = -1;
 };
 

@@ -53,7 +53,8 @@ void from_hwloc(const Topology& t, NvLinks& nv) {
       if (a == b) continue;
       double bw = static_cast<double>(d->values[a * d->nbobjs + b]);
       if (bw <= 0) continue;
-      int links = std::max(1, static_cast<int>(std::lround(bw / link_bandwidth(t.gpus()[static_cast<size_t>(ga)]))));
+      int links = std::max(
+          1, static_cast<int>(std::lround(bw / link_bandwidth(t.gpus()[static_cast<size_t>(ga)]))));
       int gb = gpu_position(t, d->objs[b]);
       if (gb >= 0) {
         nv.links[static_cast<size_t>(ga)][static_cast<size_t>(gb)] = links;
@@ -128,13 +129,20 @@ void from_nvml(const Topology& t, NvLinks& nv) {
 
 std::string Path::str() const {
   switch (cls) {
-    case PathClass::Self: return "X";
-    case PathClass::NV: return "NV" + std::to_string(nvlinks);
-    case PathClass::PIX: return "PIX";
-    case PathClass::PXB: return "PXB";
-    case PathClass::PHB: return "PHB";
-    case PathClass::NODE: return "NODE";
-    case PathClass::SYS: return "SYS";
+    case PathClass::Self:
+      return "X";
+    case PathClass::NV:
+      return "NV" + std::to_string(nvlinks);
+    case PathClass::PIX:
+      return "PIX";
+    case PathClass::PXB:
+      return "PXB";
+    case PathClass::PHB:
+      return "PHB";
+    case PathClass::NODE:
+      return "NODE";
+    case PathClass::SYS:
+      return "SYS";
   }
   return "?";
 }
@@ -157,7 +165,9 @@ NvLinks find_nvlinks(const Topology& t) {
   for (size_t i = 0; i < n; ++i) parent[i] = static_cast<int>(i);
   for (size_t i = 0; i < n; ++i)
     for (size_t j = 0; j < n; ++j)
-      if (nv.links[i][j] > 0) parent[static_cast<size_t>(find(parent, static_cast<int>(i)))] = find(parent, static_cast<int>(j));
+      if (nv.links[i][j] > 0)
+        parent[static_cast<size_t>(find(parent, static_cast<int>(i)))] =
+            find(parent, static_cast<int>(j));
   std::map<int, int> ids;
   for (size_t i = 0; i < n; ++i) {
     bool linked = std::any_of(nv.links[i].begin(), nv.links[i].end(), [](int l) { return l > 0; });
@@ -192,7 +202,8 @@ Path pci_path(const Topology& t, hwloc_obj_t a, hwloc_obj_t b) {
   }
   hwloc_obj_t na = hwloc_get_non_io_ancestor_obj(t.raw(), a);
   hwloc_obj_t nb = hwloc_get_non_io_ancestor_obj(t.raw(), b);
-  bool same_numa = na && nb && na->nodeset && nb->nodeset && hwloc_bitmap_isequal(na->nodeset, nb->nodeset);
+  bool same_numa =
+      na && nb && na->nodeset && nb->nodeset && hwloc_bitmap_isequal(na->nodeset, nb->nodeset);
   p.cls = same_numa ? PathClass::NODE : PathClass::SYS;
   return p;
 }

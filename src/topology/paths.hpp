@@ -20,8 +20,8 @@ enum class PathClass { Self, NV, PIX, PXB, PHB, NODE, SYS };
 
 struct Path {
   PathClass cls = PathClass::SYS;
-  int nvlinks = 0;            // with NV
-  std::string str() const;    // "X", "NV6", "PIX", ...
+  int nvlinks = 0;          // with NV
+  std::string str() const;  // "X", "NV6", "PIX", ...
   // Lower is closer.
   int rank() const;
 };

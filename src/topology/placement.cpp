@@ -1,8 +1,8 @@
 #include "topology/placement.hpp"
 
 #include <algorithm>
-#include <map>
 #include <cstdlib>
+#include <map>
 #include <sstream>
 
 namespace pe::topo {
@@ -26,7 +26,8 @@ std::vector<Block> gpu_blocks(const Topology& t, const Analysis& a, int k, bool 
     for (int g : d.gpus) seq.emplace_back(g, d.index);
   if (by_index)
     std::sort(seq.begin(), seq.end(), [&t](auto x, auto y) {
-      return t.gpus()[static_cast<size_t>(x.first)].index < t.gpus()[static_cast<size_t>(y.first)].index;
+      return t.gpus()[static_cast<size_t>(x.first)].index <
+             t.gpus()[static_cast<size_t>(y.first)].index;
     });
   std::vector<Block> blocks;
   for (size_t i = 0; i + static_cast<size_t>(k) <= seq.size(); i += static_cast<size_t>(k)) {
@@ -81,13 +82,15 @@ void bind(const Topology& t, const Analysis& a, BindTo how, bool have_gpus,
         }
     if (hwloc_bitmap_iszero(set)) hwloc_bitmap_list_sscanf(set, d.cpuset.c_str());
     if (how == BindTo::Numa && d.numa >= 0) {
-      hwloc_obj_t node = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
+      hwloc_obj_t node =
+          hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
       if (node) hwloc_bitmap_copy(set, node->cpuset);
     } else if (how == BindTo::Core) {
       int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE);
       if (ncores > 0) {
         int j = used[cpuset_list(set)]++ % ncores;
-        hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE, static_cast<unsigned>(j));
+        hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE,
+                                                               static_cast<unsigned>(j));
         hwloc_bitmap_and(set, set, core->cpuset);
       }
     }
@@ -111,34 +114,50 @@ std::string list_choices(const E (&choices)[N]) {
 
 const char* to_string(MapBy m) {
   switch (m) {
-    case MapBy::Default: return "default";
-    case MapBy::Slot: return "slot";
-    case MapBy::Node: return "node";
-    case MapBy::Numa: return "numa";
-    case MapBy::Gpu: return "gpu";
-    case MapBy::Domain: return "domain";
+    case MapBy::Default:
+      return "default";
+    case MapBy::Slot:
+      return "slot";
+    case MapBy::Node:
+      return "node";
+    case MapBy::Numa:
+      return "numa";
+    case MapBy::Gpu:
+      return "gpu";
+    case MapBy::Domain:
+      return "domain";
   }
   return "?";
 }
 
 const char* to_string(RankBy r) {
   switch (r) {
-    case RankBy::Slot: return "slot";
-    case RankBy::Node: return "node";
-    case RankBy::Numa: return "numa";
-    case RankBy::Gpu: return "gpu";
-    case RankBy::Domain: return "domain";
+    case RankBy::Slot:
+      return "slot";
+    case RankBy::Node:
+      return "node";
+    case RankBy::Numa:
+      return "numa";
+    case RankBy::Gpu:
+      return "gpu";
+    case RankBy::Domain:
+      return "domain";
   }
   return "?";
 }
 
 const char* to_string(BindTo b) {
   switch (b) {
-    case BindTo::Default: return "default";
-    case BindTo::None: return "none";
-    case BindTo::Core: return "core";
-    case BindTo::Numa: return "numa";
-    case BindTo::Gpu: return "gpu";
+    case BindTo::Default:
+      return "default";
+    case BindTo::None:
+      return "none";
+    case BindTo::Core:
+      return "core";
+    case BindTo::Numa:
+      return "numa";
+    case BindTo::Gpu:
+      return "gpu";
   }
   return "?";
 }
@@ -170,7 +189,8 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
     // neighbouring ranks stay close; --map-by numa deals them round-robin instead.
     const bool dealt = o.map_by == MapBy::Numa;
     for (size_t i = 0; i < ranks.size(); ++i) {
-      size_t k = dealt || ranks.size() <= order.size() ? i % order.size() : i * order.size() / ranks.size();
+      size_t k = dealt || ranks.size() <= order.size() ? i % order.size()
+                                                       : i * order.size() / ranks.size();
       const Block& b = blocks[order[k]];
       ranks[i].domain = b.domain;
       for (int g : b.gpus) ranks[i].gpus.push_back(t.gpus()[static_cast<size_t>(g)].index);
@@ -191,7 +211,8 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
 
 std::string describe_placement(const RankPlacement& r) {
   std::ostringstream os;
-  os << "GPU " << (r.gpus.empty() ? "none" : join_ints(r.gpus)) << ", domain " << r.domain << ", NIC ";
+  os << "GPU " << (r.gpus.empty() ? "none" : join_ints(r.gpus)) << ", domain " << r.domain
+     << ", NIC ";
   if (r.nics.empty()) os << "none";
   for (size_t i = 0; i < r.nics.size(); ++i) os << (i ? "," : "") << r.nics[i];
   os << ", cpus " << (r.cpuset.empty() ? "unbound" : r.cpuset);
@@ -200,7 +221,8 @@ std::string describe_placement(const RankPlacement& r) {
 
 std::string format_placement(const std::vector<RankPlacement>& p) {
   std::ostringstream os;
-  for (const auto& r : p) os << "local rank " << r.local_rank << ": " << describe_placement(r) << "\n";
+  for (const auto& r : p)
+    os << "local rank " << r.local_rank << ": " << describe_placement(r) << "\n";
   return os.str();
 }
 

@@ -33,11 +33,11 @@ struct PlacementOptions {
 
 struct RankPlacement {
   int local_rank = 0;
-  std::vector<int> gpus;             // GPU indexes (CUDA/NVML numbering); empty without GPUs
+  std::vector<int> gpus;  // GPU indexes (CUDA/NVML numbering); empty without GPUs
   int domain = 0;
-  std::vector<std::string> nics;     // nearest NIC names
-  std::vector<int> os_cpus;          // binding; empty: unbound
-  std::string cpuset;                // the same in hwloc list syntax, "" when unbound
+  std::vector<std::string> nics;  // nearest NIC names
+  std::vector<int> os_cpus;       // binding; empty: unbound
+  std::string cpuset;             // the same in hwloc list syntax, "" when unbound
 };
 
 // Throws TopologyError for impossible requests (gpus-per-rank larger than the GPUs there are,

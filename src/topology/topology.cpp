@@ -2,11 +2,11 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 
 #include "common/log.hpp"
 
@@ -30,7 +30,8 @@ hwloc_obj_t host_bridge_of(hwloc_obj_t o) {
 int nearest_numa(hwloc_topology_t t, hwloc_obj_t o) {
   hwloc_obj_t a = hwloc_get_non_io_ancestor_obj(t, o);
   if (!a || !a->nodeset || hwloc_bitmap_iszero(a->nodeset)) return -1;
-  hwloc_obj_t n = hwloc_get_numanode_obj_by_os_index(t, static_cast<unsigned>(hwloc_bitmap_first(a->nodeset)));
+  hwloc_obj_t n =
+      hwloc_get_numanode_obj_by_os_index(t, static_cast<unsigned>(hwloc_bitmap_first(a->nodeset)));
   return n ? static_cast<int>(n->logical_index) : -1;
 }
 
@@ -128,8 +129,9 @@ void Topology::discover() {
     if (cuda >= 0 || nvml >= 0 || nvidia_gpu_class) {
       Gpu g;
       g.index = cuda >= 0 ? cuda : nvml;
-      g.name = cuda >= 0 ? "cuda" + std::to_string(cuda)
-                         : nvml >= 0 ? "nvml" + std::to_string(nvml) : pci_of(d).str();
+      g.name = cuda >= 0   ? "cuda" + std::to_string(cuda)
+               : nvml >= 0 ? "nvml" + std::to_string(nvml)
+                           : pci_of(d).str();
       if (model.empty())
         if (const char* m = hwloc_obj_get_info_by_name(d, "PCIDevice")) model = m;
       g.model = model;
@@ -148,15 +150,18 @@ void Topology::discover() {
   }
   // NVIDIA display/3D PCI devices count only on a machine where hwloc saw no CUDA/NVML device
   // at all (no driver, or an export without them); otherwise they are not usable GPUs.
-  bool any_named = std::any_of(gpus_.begin(), gpus_.end(), [](const Gpu& g) { return g.index >= 0; });
+  bool any_named =
+      std::any_of(gpus_.begin(), gpus_.end(), [](const Gpu& g) { return g.index >= 0; });
   if (any_named)
-    gpus_.erase(std::remove_if(gpus_.begin(), gpus_.end(), [](const Gpu& g) { return g.index < 0; }),
-                gpus_.end());
+    gpus_.erase(
+        std::remove_if(gpus_.begin(), gpus_.end(), [](const Gpu& g) { return g.index < 0; }),
+        gpus_.end());
   int next = 0;
   for (const auto& g : gpus_) next = std::max(next, g.index + 1);
   for (auto& g : gpus_)
     if (g.index < 0) g.index = next++;
-  std::stable_sort(gpus_.begin(), gpus_.end(), [](const Gpu& a, const Gpu& b) { return a.index < b.index; });
+  std::stable_sort(gpus_.begin(), gpus_.end(),
+                   [](const Gpu& a, const Gpu& b) { return a.index < b.index; });
   logger("topo")->debug("{}: {} GPUs, {} NICs, {} root complexes, {} NUMA nodes", source_,
                         gpus_.size(), nics_.size(), rcs_.size(), numa_count());
 }

@@ -27,34 +27,34 @@ struct PciAddress {
 // Where a PCI device sits.
 struct PciDevice {
   PciAddress pci;
-  int root_complex = -1;         // index into Topology::root_complexes()
-  int numa = -1;                 // logical index of the nearest NUMA node, -1 when unknown
-  std::string cpuset;            // hwloc list syntax of the nearest non-I/O ancestor, "0-19"
-  hwloc_obj_t obj = nullptr;     // the PCI device
+  int root_complex = -1;      // index into Topology::root_complexes()
+  int numa = -1;              // logical index of the nearest NUMA node, -1 when unknown
+  std::string cpuset;         // hwloc list syntax of the nearest non-I/O ancestor, "0-19"
+  hwloc_obj_t obj = nullptr;  // the PCI device
 };
 
 struct Gpu : PciDevice {
-  int index = 0;                 // CUDA/NVML index when hwloc names one, else discovery order
-  std::string name;              // "cuda0", "nvml3", or the PCI address
-  std::string model;             // hwloc's GPUModel / PCI device name when known
+  int index = 0;      // CUDA/NVML index when hwloc names one, else discovery order
+  std::string name;   // "cuda0", "nvml3", or the PCI address
+  std::string model;  // hwloc's GPUModel / PCI device name when known
 };
 
 struct Nic : PciDevice {
-  std::string name;              // "mlx5_0" (OpenFabrics) or the network interface name
+  std::string name;                  // "mlx5_0" (OpenFabrics) or the network interface name
   std::vector<std::string> netdevs;  // network interfaces of this device ("ib0", "eth0")
 };
 
 struct RootComplex {
   int index = 0;
-  PciAddress pci;                // the host bridge's downstream bus domain/bus
+  PciAddress pci;  // the host bridge's downstream bus domain/bus
   int numa = -1;
   std::string cpuset;
   hwloc_obj_t obj = nullptr;
 };
 
 struct LoadOptions {
-  std::string xml_file;          // empty: this machine (the launcher maps --topology-file and
-                                 // PYTORCH_EXEC_TOPOLOGY_FILE to this for dry runs only)
+  std::string xml_file;  // empty: this machine (the launcher maps --topology-file and
+                         // PYTORCH_EXEC_TOPOLOGY_FILE to this for dry runs only)
 };
 
 class Topology {

@@ -23,7 +23,8 @@ struct Config {
 
 std::ostream& operator<<(std::ostream& o, const Config& c) { return o << c.name; }
 
-const DType kTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8};
+const DType kTypes[] = {DType::F32, DType::F64, DType::F16, DType::BF16,
+                        DType::I32, DType::I64, DType::U8};
 const Op kOps[] = {Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg};
 
 class Conformance : public ::testing::TestWithParam<Config> {
@@ -47,7 +48,8 @@ class Conformance : public ::testing::TestWithParam<Config> {
 // threshold (32 KiB), and above the default shm slot for f32 and bf16.
 std::vector<size_t> counts(DType t, Op op) {
   std::vector<size_t> c = {0, 1, 3, 17, 1001, 8191, 8193, 70001};
-  if ((t == DType::F32 || t == DType::BF16) && (op == Op::Sum || op == Op::Max)) c.push_back((1u << 20) + 3);
+  if ((t == DType::F32 || t == DType::BF16) && (op == Op::Sum || op == Op::Max))
+    c.push_back((1u << 20) + 3);
   return c;
 }
 
@@ -70,10 +72,12 @@ TEST_P(Conformance, AllreduceMatchesReferenceForEveryTypeOpAndCount) {
         });
         size_t bytes = count * dtype_size(t);
         if (GetParam().bf16_wire && t == DType::F32) continue;  // checked by its own test
-        ASSERT_EQ(check_result(out[0].data(), in, count, t, op), 0u) << GetParam() << " in_place " << in_place;
+        ASSERT_EQ(check_result(out[0].data(), in, count, t, op), 0u)
+            << GetParam() << " in_place " << in_place;
         for (int r = 1; r < n; ++r)
           ASSERT_EQ(0, std::memcmp(out[0].data(), out[static_cast<size_t>(r)].data(), bytes))
-              << "rank " << r << " differs from rank 0: " << dtype_name(t) << " " << op_name(op) << " " << count;
+              << "rank " << r << " differs from rank 0: " << dtype_name(t) << " " << op_name(op)
+              << " " << count;
       }
 }
 
@@ -84,7 +88,8 @@ TEST_P(Conformance, ReduceScatterAllgatherBroadcastAndBarrier) {
     for (size_t count : {size_t{0}, size_t{1}, size_t{5}, size_t{40000}}) {
       size_t es = dtype_size(t);
       std::vector<std::vector<char>> in, rs(static_cast<size_t>(n)), ag(static_cast<size_t>(n));
-      for (int r = 0; r < n; ++r) in.push_back(random_input(count * static_cast<size_t>(n), t, Op::Sum, rng));
+      for (int r = 0; r < n; ++r)
+        in.push_back(random_input(count * static_cast<size_t>(n), t, Op::Sum, rng));
       on_all(g, [&](ProcessGroup& pg, int r) {
         auto& mine = rs[static_cast<size_t>(r)];
         mine.assign(count * es + 1, 0);
@@ -96,7 +101,9 @@ TEST_P(Conformance, ReduceScatterAllgatherBroadcastAndBarrier) {
       });
       // Every rank's allgather of the reduce_scatter blocks is the allreduce of the inputs.
       for (int r = 0; r < n; ++r)
-        ASSERT_EQ(check_result(ag[static_cast<size_t>(r)].data(), in, count * static_cast<size_t>(n), t, Op::Sum), 0u)
+        ASSERT_EQ(check_result(ag[static_cast<size_t>(r)].data(), in,
+                               count * static_cast<size_t>(n), t, Op::Sum),
+                  0u)
             << "rank " << r << " count " << count;
       for (int root = 0; root < n; ++root) {
         auto data = random_input(count * 100 + 3, t, Op::Sum, rng);
@@ -106,7 +113,8 @@ TEST_P(Conformance, ReduceScatterAllgatherBroadcastAndBarrier) {
           b = r == root ? data : std::vector<char>(data.size(), 0);
           pg.broadcast(b.data(), count * 100 + 3, t, root);
         });
-        for (int r = 0; r < n; ++r) ASSERT_EQ(got[static_cast<size_t>(r)], data) << "broadcast from " << root << " to " << r;
+        for (int r = 0; r < n; ++r)
+          ASSERT_EQ(got[static_cast<size_t>(r)], data) << "broadcast from " << root << " to " << r;
       }
     }
 }
@@ -148,21 +156,22 @@ TEST_P(Conformance, SendRecvAndSplit) {
 
 INSTANTIATE_TEST_SUITE_P(
     Transports, Conformance,
-    ::testing::Values(Config{"one_rank", 1, {}, "shm", nullptr, 1, 0},
-                      Config{"shm_2_ranks_one_node", 2, {}, "shm", nullptr, 1, 0},
-                      Config{"shm_2_ranks_small_slots", 2, {}, "shm", "8192", 1, 0},
-                      Config{"shm_4_ranks_one_node", 4, {}, "shm", nullptr, 1, 0},
-                      Config{"shm_3_ranks_small_slots", 3, {}, "shm", "8192", 1, 0},
-                      Config{"tcp_4_ranks_one_node", 4, {}, "tcp", nullptr, 1, 0},
-                      Config{"tcp_3_nodes_one_rank_each", 3, {0, 1, 2}, "shm", nullptr, 1, 0},
-                      Config{"hier_shm_2x2", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0},
-                      Config{"hier_shm_unequal_3_1_2", 6, {0, 1, 0, 2, 0, 2}, "shm", "65536", 1, 0},
-                      Config{"hier_tcp_unequal_2_1", 3, {0, 1, 0}, "tcp", "65536", 1, 0},
-                      // 4 MiB pieces: a local rank without a block holds paced sends back
-                      // past its (no) receives in the reduce-scatter.
-                      Config{"hier_tcp_unequal_2_1_large_pieces", 3, {0, 1, 0}, "tcp", "4194304", 1, 0},
-                      Config{"flat_tcp_2x2_not_hierarchical", 4, {0, 0, 1, 1}, "shm", nullptr, 0, 0},
-                      Config{"hier_shm_2x2_bf16_wire", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 1}),
+    ::testing::Values(
+        Config{"one_rank", 1, {}, "shm", nullptr, 1, 0},
+        Config{"shm_2_ranks_one_node", 2, {}, "shm", nullptr, 1, 0},
+        Config{"shm_2_ranks_small_slots", 2, {}, "shm", "8192", 1, 0},
+        Config{"shm_4_ranks_one_node", 4, {}, "shm", nullptr, 1, 0},
+        Config{"shm_3_ranks_small_slots", 3, {}, "shm", "8192", 1, 0},
+        Config{"tcp_4_ranks_one_node", 4, {}, "tcp", nullptr, 1, 0},
+        Config{"tcp_3_nodes_one_rank_each", 3, {0, 1, 2}, "shm", nullptr, 1, 0},
+        Config{"hier_shm_2x2", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0},
+        Config{"hier_shm_unequal_3_1_2", 6, {0, 1, 0, 2, 0, 2}, "shm", "65536", 1, 0},
+        Config{"hier_tcp_unequal_2_1", 3, {0, 1, 0}, "tcp", "65536", 1, 0},
+        // 4 MiB pieces: a local rank without a block holds paced sends back
+        // past its (no) receives in the reduce-scatter.
+        Config{"hier_tcp_unequal_2_1_large_pieces", 3, {0, 1, 0}, "tcp", "4194304", 1, 0},
+        Config{"flat_tcp_2x2_not_hierarchical", 4, {0, 0, 1, 1}, "shm", nullptr, 0, 0},
+        Config{"hier_shm_2x2_bf16_wire", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 1}),
     [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
 
 // f32 carried as bf16 between nodes: within the documented error (2^-8 relative per rounding,
@@ -186,7 +195,8 @@ TEST(Bf16Wire, ErrorWithinTheDocumentedBound) {
       double abs_sum = 0;
       for (auto& b : in) abs_sum += std::fabs(get(b.data(), i, DType::F32));
       double got = get(out[0].data(), i, DType::F32);
-      ASSERT_LE(std::fabs(got - ref[i]), 2 * std::ldexp(1.0, -8) * abs_sum + 1e-6) << "element " << i;
+      ASSERT_LE(std::fabs(got - ref[i]), 2 * std::ldexp(1.0, -8) * abs_sum + 1e-6)
+          << "element " << i;
       inexact += got != static_cast<float>(ref[i]);
     }
     if (count > 1000) {

@@ -8,8 +8,10 @@
 //   dc_check split-exit         rank 0 (which serves the bootstrap's store) leaves the job right
 //                               after a split that it is not part of; the others set up their
 //                               group, split it again and allreduce in both.  "ok" on rank 1.
-//   dc_check info               one line per rank: rank size node nodes local_rank local_size intra inter,
-//                               the domains of all ranks, and those of its half after split(rank % 2)
+//   dc_check info               one line per rank: rank size node nodes local_rank local_size intra
+//   inter,
+//                               the domains of all ranks, and those of its half after split(rank %
+//                               2)
 #include <unistd.h>
 
 #include <chrono>
@@ -27,14 +29,16 @@ int failures = 0;
 std::vector<std::vector<char>> inputs(uint64_t seed, int n, size_t count, DType t, Op op) {
   std::vector<std::vector<char>> in;
   for (int r = 0; r < n; ++r) {
-    std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(r) * 7919 + count * 31 + static_cast<uint64_t>(t) * 7 + static_cast<uint64_t>(op));
+    std::mt19937_64 rng(seed * 1000003 + static_cast<uint64_t>(r) * 7919 + count * 31 +
+                        static_cast<uint64_t>(t) * 7 + static_cast<uint64_t>(op));
     in.push_back(random_input(count, t, op, rng));
   }
   return in;
 }
 
 void conformance_allreduce(ProcessGroup& pg, uint64_t seed) {
-  for (DType t : {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8})
+  for (DType t :
+       {DType::F32, DType::F64, DType::F16, DType::BF16, DType::I32, DType::I64, DType::U8})
     for (Op op : {Op::Sum, Op::Prod, Op::Min, Op::Max, Op::Avg})
       for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{4097}, size_t{300007}}) {
         auto in = inputs(seed, pg.size(), count, t, op);
@@ -51,18 +55,23 @@ void conformance_others(ProcessGroup& pg, uint64_t seed) {
   std::vector<float> block(count), all(count * static_cast<size_t>(n));
   pg.reduce_scatter(in[static_cast<size_t>(me)].data(), block.data(), count, DType::F32, Op::Sum);
   pg.allgather(block.data(), all.data(), count, DType::F32);
-  if (check_result(all.data(), in, count * static_cast<size_t>(n), DType::F32, Op::Sum) != 0) ++failures;
+  if (check_result(all.data(), in, count * static_cast<size_t>(n), DType::F32, Op::Sum) != 0)
+    ++failures;
   std::vector<int64_t> b(300000);
   for (int root = 0; root < n; ++root) {
-    for (size_t i = 0; i < b.size(); ++i) b[i] = me == root ? static_cast<int64_t>(i * 3 + static_cast<size_t>(root)) : -1;
+    for (size_t i = 0; i < b.size(); ++i)
+      b[i] = me == root ? static_cast<int64_t>(i * 3 + static_cast<size_t>(root)) : -1;
     pg.broadcast(b.data(), b.size(), DType::I64, root);
-    if (b.back() != static_cast<int64_t>((b.size() - 1) * 3 + static_cast<size_t>(root))) ++failures, std::fprintf(stderr, "broadcast from %d wrong\n", root);
+    if (b.back() != static_cast<int64_t>((b.size() - 1) * 3 + static_cast<size_t>(root)))
+      ++failures, std::fprintf(stderr, "broadcast from %d wrong\n", root);
   }
   if (n > 1) {
     std::vector<int> msg(5000, me), got(5000, -1);
     int next = (me + 1) % n, prev = (me + n - 1) % n;
-    if (me % 2 == 0) pg.send(msg.data(), 20000, next), pg.recv(got.data(), 20000, prev);
-    else pg.recv(got.data(), 20000, prev), pg.send(msg.data(), 20000, next);
+    if (me % 2 == 0)
+      pg.send(msg.data(), 20000, next), pg.recv(got.data(), 20000, prev);
+    else
+      pg.recv(got.data(), 20000, prev), pg.send(msg.data(), 20000, next);
     if (got[4999] != prev) ++failures, std::fprintf(stderr, "send/recv wrong\n");
   }
   auto sub = pg.split(me % 2, me);
@@ -70,7 +79,9 @@ void conformance_others(ProcessGroup& pg, uint64_t seed) {
   sub->allreduce(&v, 1, DType::I64, Op::Sum);
   int64_t want = 0;
   for (int q = me % 2; q < n; q += 2) want += q;
-  if (v != want) ++failures, std::fprintf(stderr, "split allreduce %lld, expected %lld\n", static_cast<long long>(v), static_cast<long long>(want));
+  if (v != want)
+    ++failures, std::fprintf(stderr, "split allreduce %lld, expected %lld\n",
+                             static_cast<long long>(v), static_cast<long long>(want));
   pg.barrier();
 }
 
@@ -105,10 +116,12 @@ int main(int argc, char** argv) {
         return s;
       };
       auto half = pg->split(pg->rank() % 2);
-      std::printf("rank %d size %d node %d nodes %d local_rank %d local_size %d intra %s inter %s domain %d domains %s half %s\n",
-                  pg->rank(), pg->size(), pg->node(), pg->nodes(), pg->local_rank(), pg->local_size(),
-                  pg->intra_transport().c_str(), pg->inter_transport().c_str(), pg->domain(), domains(*pg).c_str(),
-                  domains(*half).c_str());
+      std::printf(
+          "rank %d size %d node %d nodes %d local_rank %d local_size %d intra %s inter %s domain "
+          "%d domains %s half %s\n",
+          pg->rank(), pg->size(), pg->node(), pg->nodes(), pg->local_rank(), pg->local_size(),
+          pg->intra_transport().c_str(), pg->inter_transport().c_str(), pg->domain(),
+          domains(*pg).c_str(), domains(*half).c_str());
       pg->barrier();
       return 0;
     }
@@ -119,8 +132,11 @@ int main(int argc, char** argv) {
       int64_t v = pg->rank(), want = static_cast<int64_t>(pg->size()) * (pg->size() - 1) / 2;
       rest->allreduce(&v, 1, DType::I64, Op::Sum);
       again->allreduce(&v, 1, DType::I64, Op::Max);
-      if (v != want) std::printf("rank %d: %lld, expected %lld\n", pg->rank(), static_cast<long long>(v), static_cast<long long>(want));
-      else if (pg->rank() == 1) std::printf("ok\n");
+      if (v != want)
+        std::printf("rank %d: %lld, expected %lld\n", pg->rank(), static_cast<long long>(v),
+                    static_cast<long long>(want));
+      else if (pg->rank() == 1)
+        std::printf("ok\n");
       return v == want ? 0 : 1;
     }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
@@ -130,7 +146,9 @@ int main(int argc, char** argv) {
       conformance_others(*pg, seed);
       int64_t bad = failures;
       pg->allreduce(&bad, 1, DType::I64, Op::Sum);
-      if (pg->rank() == 0) std::printf("%s (%d ranks, %d nodes, %s/%s)\n", bad ? "FAILED" : "ok", pg->size(), pg->nodes(), pg->intra_transport().c_str(), pg->inter_transport().c_str());
+      if (pg->rank() == 0)
+        std::printf("%s (%d ranks, %d nodes, %s/%s)\n", bad ? "FAILED" : "ok", pg->size(),
+                    pg->nodes(), pg->intra_transport().c_str(), pg->inter_transport().c_str());
       return bad ? 1 : 0;
     }
     std::fprintf(stderr, "usage: dc_check conformance SEED | die RANK | split-exit | info\n");

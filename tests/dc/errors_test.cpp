@@ -28,8 +28,12 @@ TEST_P(Errors, ARankThatNeverCallsIsATimeoutOnTheOthers) {
   });
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 10.0);
-  for (int r = 0; r < 2; ++r) EXPECT_NE(e[static_cast<size_t>(r)].find("allreduce of 100000 f32 (sum)"), std::string::npos) << e[static_cast<size_t>(r)];
-  EXPECT_TRUE(e[0].find("timed out") != std::string::npos || e[1].find("timed out") != std::string::npos) << e[0] << " | " << e[1];
+  for (int r = 0; r < 2; ++r)
+    EXPECT_NE(e[static_cast<size_t>(r)].find("allreduce of 100000 f32 (sum)"), std::string::npos)
+        << e[static_cast<size_t>(r)];
+  EXPECT_TRUE(e[0].find("timed out") != std::string::npos ||
+              e[1].find("timed out") != std::string::npos)
+      << e[0] << " | " << e[1];
   // The group is broken afterwards, on every rank that took part.
   auto again = errors_of(g, [](ProcessGroup& pg, int r) {
     if (r != 2) pg.barrier(1);
@@ -46,7 +50,8 @@ TEST_P(Errors, MismatchedCountsAreReportedNotCorrupted) {
   bool named = false;
   for (auto& s : e) {
     EXPECT_FALSE(s.empty()) << "every rank must get an error";
-    named |= s.find("mismatched calls") != std::string::npos && s.find("40000") != std::string::npos;
+    named |=
+        s.find("mismatched calls") != std::string::npos && s.find("40000") != std::string::npos;
   }
   EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2] << " | " << e[3];
 }
@@ -69,7 +74,9 @@ TEST_P(Errors, DifferentCollectivesAreReported) {
     else
       pg.allgather(v.data(), v.data(), 4, DType::I32, 10);
   });
-  EXPECT_TRUE(e[0].find("mismatched") != std::string::npos || e[1].find("mismatched") != std::string::npos) << e[0] << " | " << e[1];
+  EXPECT_TRUE(e[0].find("mismatched") != std::string::npos ||
+              e[1].find("mismatched") != std::string::npos)
+      << e[0] << " | " << e[1];
 }
 
 INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp"));
@@ -112,15 +119,16 @@ TEST(Settings, EnvironmentAndOptionsResolve) {
 TEST(Reduce, HalfAndBfloatConversionsRoundToNearestEven) {
   EXPECT_EQ(float_to_half(1.0f), 0x3c00);
   EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
-  EXPECT_EQ(float_to_half(1e6f), 0x7c00);             // overflow to infinity
+  EXPECT_EQ(float_to_half(1e6f), 0x7c00);                    // overflow to infinity
   EXPECT_EQ(float_to_half(5.960464477539063e-08f), 0x0001);  // smallest subnormal
   EXPECT_EQ(half_to_float(0x0001), 5.960464477539063e-08f);
   EXPECT_EQ(float_to_half(1.0f + 1.0f / 2048), 0x3c00);  // tie: to even
   EXPECT_EQ(float_to_half(1.0f + 3.0f / 2048), 0x3c02);  // tie: to even (up)
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(float_to_bf16(1.0f + 1.0f / 256), 0x3f80);   // tie: to even
+  EXPECT_EQ(float_to_bf16(1.0f + 1.0f / 256), 0x3f80);  // tie: to even
   EXPECT_EQ(float_to_bf16(1.0f + 3.0f / 256), 0x3f82);
-  for (uint32_t h = 0; h < 0x7c00; ++h) ASSERT_EQ(float_to_half(half_to_float(static_cast<uint16_t>(h))), h);
+  for (uint32_t h = 0; h < 0x7c00; ++h)
+    ASSERT_EQ(float_to_half(half_to_float(static_cast<uint16_t>(h))), h);
 }
 
 }  // namespace

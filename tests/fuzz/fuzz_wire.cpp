@@ -43,11 +43,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         try {
           while (r.remaining() > 0) {
             switch (r.u8() % 5) {
-              case 0: r.u16(); break;
-              case 1: r.u32(); break;
-              case 2: r.u64(); break;
-              case 3: r.str(4096); break;
-              case 4: r.finish(); break;
+              case 0:
+                r.u16();
+                break;
+              case 1:
+                r.u32();
+                break;
+              case 2:
+                r.u64();
+                break;
+              case 3:
+                r.str(4096);
+                break;
+              case 4:
+                r.finish();
+                break;
             }
           }
         } catch (const WireError&) {

@@ -9,13 +9,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHECK(call, what)                                                         \
-  do {                                                                            \
-    pmix_status_t st_ = (call);                                                   \
-    if (st_ != PMIX_SUCCESS) {                                                    \
+#define CHECK(call, what)                                                            \
+  do {                                                                               \
+    pmix_status_t st_ = (call);                                                      \
+    if (st_ != PMIX_SUCCESS) {                                                       \
       fprintf(stderr, "pmix_client: %s failed: %s\n", what, PMIx_Error_string(st_)); \
-      exit(2);                                                                    \
-    }                                                                             \
+      exit(2);                                                                       \
+    }                                                                                \
   } while (0)
 
 int main(int argc, char** argv) {
@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   const char* yield = getenv("OMPI_MCA_mpi_yield_when_idle");
   if (node_info)
     printf("pmix_client rank %u oversubscribed=%s yield_when_idle=%s\n", me.rank, over,
-         yield ? yield : "unset");
+           yield ? yield : "unset");
   CHECK(PMIx_Finalize(NULL, 0), "PMIx_Finalize");
   return 0;
 }

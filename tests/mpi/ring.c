@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
     }
   }
   int ok = rank != 0 || token == LAPS * size;
-  if (rank == 0) printf("ring %d laps over %d ranks: token %d (%s)\n", LAPS, size, token, ok ? "ok" : "WRONG");
+  if (rank == 0)
+    printf("ring %d laps over %d ranks: token %d (%s)\n", LAPS, size, token, ok ? "ok" : "WRONG");
   MPI_Finalize();
   return ok ? 0 : 1;
 }

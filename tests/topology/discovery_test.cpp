@@ -53,7 +53,8 @@ TEST(DiscoveryTest, RelionHasTwoGpusAndTheNicBehindOneRootComplex) {
   EXPECT_EQ(t->gpus()[1].root_complex, 0);
   EXPECT_EQ(t->gpus()[0].numa, 0);
   EXPECT_EQ(nic_names(*t), (std::vector<std::string>{"enp12s0f0", "enp12s0f1", "mlx5_0"}));
-  auto mlx = std::find_if(t->nics().begin(), t->nics().end(), [](auto& n) { return n.name == "mlx5_0"; });
+  auto mlx =
+      std::find_if(t->nics().begin(), t->nics().end(), [](auto& n) { return n.name == "mlx5_0"; });
   EXPECT_EQ(mlx->netdevs, (std::vector<std::string>{"hsi0"}));
   EXPECT_EQ(t->numa_count(), 2);
 }

@@ -33,11 +33,16 @@ std::string report(const std::string& fixture) {
   std::vector<Case> cases = {
       {"-n " + std::to_string(g), {g, MapBy::Default, BindTo::Default, 1}},
       {"-n " + std::to_string(2 * g) + " --bind-to core", {2 * g, MapBy::Default, BindTo::Core, 1}},
-      {"-n " + std::to_string(g) + " --map-by numa --bind-to numa", {g, MapBy::Numa, BindTo::Numa, 1}},
-      {"-n " + std::to_string(g) + " --map-by gpu --bind-to none", {g, MapBy::Gpu, BindTo::None, 1}},
+      {"-n " + std::to_string(g) + " --map-by numa --bind-to numa",
+       {g, MapBy::Numa, BindTo::Numa, 1}},
+      {"-n " + std::to_string(g) + " --map-by gpu --bind-to none",
+       {g, MapBy::Gpu, BindTo::None, 1}},
   };
-  if (g >= 2) cases.push_back({"-n " + std::to_string(g / 2) + " --gpus-per-rank 2", {g / 2, MapBy::Default, BindTo::Default, 2}});
-  for (const auto& c : cases) os << "\n== " << c.title << "\n" << format_placement(place_ranks(*t, a, c.o));
+  if (g >= 2)
+    cases.push_back({"-n " + std::to_string(g / 2) + " --gpus-per-rank 2",
+                     {g / 2, MapBy::Default, BindTo::Default, 2}});
+  for (const auto& c : cases)
+    os << "\n== " << c.title << "\n" << format_placement(place_ranks(*t, a, c.o));
   return os.str();
 }
 

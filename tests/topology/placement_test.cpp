@@ -124,7 +124,8 @@ TEST(PlacementTest, ImpossibleRequestsAreClearErrors) {
   EXPECT_THROW(place_ranks(*l.t, l.a, {2, MapBy::Default, BindTo::Default, 0}), TopologyError);
   auto live = load_topology(LoadOptions{});
   if (live->gpus().empty())
-    EXPECT_THROW(place_ranks(*live, analyse(*live), {1, MapBy::Default, BindTo::Gpu, 1}), TopologyError);
+    EXPECT_THROW(place_ranks(*live, analyse(*live), {1, MapBy::Default, BindTo::Gpu, 1}),
+                 TopologyError);
   try {
     parse_map_by("diagonal");
     FAIL();

@@ -51,8 +51,8 @@ TEST(HostlistTest, ExpandsRangesWithPaddingPrefixesAndSuffixes) {
 }
 
 TEST(HostlistTest, RejectsMalformedLists) {
-  for (const char* bad : {"", "n[1-", "n1-2]", "n[[1]]", "n[]", "n[3-1]", "n[a-b]", "n[1-2-3]", "a,,b",
-                          "n[-1]", "n[0-99999999999]"}) {
+  for (const char* bad : {"", "n[1-", "n1-2]", "n[[1]]", "n[]", "n[3-1]", "n[a-b]", "n[1-2-3]",
+                          "a,,b", "n[-1]", "n[0-99999999999]"}) {
     std::string e = error_of([&] { expand_hostlist(bad); });
     EXPECT_EQ(e.rfind("hostlist", 0), 0u) << bad << ": " << e;
   }
@@ -63,8 +63,11 @@ TEST(CountsTest, ExpandsSlurmRepeatSyntax) {
   EXPECT_EQ(pe::expand_counts("X", "72(x2),36"), (std::vector<int>{72, 72, 36}));
   EXPECT_EQ(pe::expand_counts("X", "4"), (std::vector<int>{4}));
   for (const char* bad : {"", "2(x", "2(x0)", "x", "2(y3)", "-1", "1,,2"})
-    EXPECT_NE(error_of([&] { pe::expand_counts("SLURM_TASKS_PER_NODE", bad); }).find("SLURM_TASKS_PER_NODE"),
-              std::string::npos) << bad;
+    EXPECT_NE(error_of([&] {
+                pe::expand_counts("SLURM_TASKS_PER_NODE", bad);
+              }).find("SLURM_TASKS_PER_NODE"),
+              std::string::npos)
+        << bad;
 }
 
 TEST(HostfileTest, ReadsOpenMpiFormsCommentsAndDuplicates) {
@@ -86,7 +89,8 @@ TEST(HostfileTest, ReportsTheLineOfAMistake) {
   std::istringstream empty("# nothing\n");
   EXPECT_EQ(error_of([&] { pe::parse_hostfile(empty, "hf"); }), "hf: no hosts");
   std::istringstream badhost("n/1\n");
-  EXPECT_NE(error_of([&] { pe::parse_hostfile(badhost, "hf"); }).find("bad host name"), std::string::npos);
+  EXPECT_NE(error_of([&] { pe::parse_hostfile(badhost, "hf"); }).find("bad host name"),
+            std::string::npos);
 }
 
 TEST(HostListOptionTest, AddsUpMentions) {
@@ -94,12 +98,14 @@ TEST(HostListOptionTest, AddsUpMentions) {
   ASSERT_EQ(h.size(), 2u);
   EXPECT_EQ(h[0].slots, 2);
   EXPECT_EQ(h[1].slots, 3);
-  EXPECT_NE(error_of([] { pe::parse_host_list("a:,b"); }).find("bad slot count"), std::string::npos);
+  EXPECT_NE(error_of([] { pe::parse_host_list("a:,b"); }).find("bad slot count"),
+            std::string::npos);
   EXPECT_NE(error_of([] { pe::parse_host_list(",a"); }).find("bad host name"), std::string::npos);
 }
 
 TEST(SlurmTest, ReadsTheAllocationFromTheEnvironment) {
-  auto a = pe::slurm_allocation({{"SLURM_JOB_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "2(x2),1"},
+  auto a = pe::slurm_allocation({{"SLURM_JOB_NODELIST", "n[1-3]"},
+                                 {"SLURM_TASKS_PER_NODE", "2(x2),1"},
                                  {"SLURM_JOB_ID", "42"}});
   ASSERT_TRUE(a);
   EXPECT_EQ(a->source, "SLURM job 42");
@@ -108,16 +114,18 @@ TEST(SlurmTest, ReadsTheAllocationFromTheEnvironment) {
   auto cpus = pe::slurm_allocation({{"SLURM_NODELIST", "c1"}, {"SLURM_JOB_CPUS_PER_NODE", "8"}});
   EXPECT_EQ(cpus->total_slots(), 8);
   EXPECT_FALSE(pe::slurm_allocation({{"PATH", "/bin"}}));
-  EXPECT_NE(error_of([] { pe::slurm_allocation({{"SLURM_JOB_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}}); })
-                .find("names 2 nodes but SLURM_JOB_NODELIST='n[1-3]' has 3"),
-            std::string::npos);
+  EXPECT_NE(
+      error_of([] {
+        pe::slurm_allocation({{"SLURM_JOB_NODELIST", "n[1-3]"}, {"SLURM_TASKS_PER_NODE", "2(x2)"}});
+      }).find("names 2 nodes but SLURM_JOB_NODELIST='n[1-3]' has 3"),
+      std::string::npos);
 }
 
 TEST(DirectLaunchTest, OnlyTasksOfNumberedStepsAreDirectLaunches) {
   for (const char* id : {"0", "1", "17", "4294967279"}) EXPECT_TRUE(pe::is_task_step_id(id)) << id;
   // interactive (salloc with use_interactive_step), batch, extern, pending, old batch; nonsense
-  for (const char* id : {"4294967280", "4294967290", "4294967291", "4294967292", "4294967293", "4294967294",
-                         "4294967295", "4294967296", "", "-1", "0x1", "batch"})
+  for (const char* id : {"4294967280", "4294967290", "4294967291", "4294967292", "4294967293",
+                         "4294967294", "4294967295", "4294967296", "", "-1", "0x1", "batch"})
     EXPECT_FALSE(pe::is_task_step_id(id)) << id;
   pe::EnvMap task{{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "3"}, {"SLURM_JOB_NODELIST", "n[1-4]"}};
   EXPECT_TRUE(pe::is_step_task(task));
@@ -140,9 +148,11 @@ TEST(MapJobTest, FillsNodesBySlotOrRoundRobinByNode) {
   EXPECT_EQ(ranks_per_node(pe::map_job(a, {})), (std::vector<std::vector<int>>{{0}, {1, 2, 3}}));
   pe::MapRequest by_node;
   by_node.by_node = true;
-  EXPECT_EQ(ranks_per_node(pe::map_job(a, by_node)), (std::vector<std::vector<int>>{{0}, {1, 2, 3}}));
+  EXPECT_EQ(ranks_per_node(pe::map_job(a, by_node)),
+            (std::vector<std::vector<int>>{{0}, {1, 2, 3}}));
   auto even = alloc({{"a", 2}, {"b", 2}});
-  EXPECT_EQ(ranks_per_node(pe::map_job(even, by_node)), (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  EXPECT_EQ(ranks_per_node(pe::map_job(even, by_node)),
+            (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
   pe::MapRequest two;
   two.np = 2;
   auto m = pe::map_job(even, two);
@@ -164,7 +174,8 @@ TEST(MapJobTest, NperNode) {
   auto a = alloc({{"a", 4}, {"b", 4}, {"c", 4}});
   pe::MapRequest r;
   r.npernode = 2;
-  EXPECT_EQ(ranks_per_node(pe::map_job(a, r)), (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}}));
+  EXPECT_EQ(ranks_per_node(pe::map_job(a, r)),
+            (std::vector<std::vector<int>>{{0, 1}, {2, 3}, {4, 5}}));
   r.np = 3;
   EXPECT_EQ(ranks_per_node(pe::map_job(a, r)), (std::vector<std::vector<int>>{{0, 1}, {2}}));
   r.np = 7;
@@ -182,13 +193,15 @@ TEST(LocalHostTest, RecognisesThisMachine) {
 }
 
 TEST(LocalHostTest, OffersBridgeAndLoopbackAddressesLast) {
-  std::vector<pe::InterfaceAddress> ifs{{"lo", "127.0.0.1", true},      {"docker0", "172.17.0.1", false},
-                                        {"eth0", "10.0.0.5", false},    {"virbr0", "192.168.122.1", false},
-                                        {"br-1a2b", "172.18.0.1", false}, {"ib0", "10.1.0.5", false},
-                                        {"veth9", "169.254.1.1", false}};
-  EXPECT_EQ(pe::order_addresses(ifs),
-            (V{"10.0.0.5", "10.1.0.5", "172.17.0.1", "192.168.122.1", "172.18.0.1", "169.254.1.1", "127.0.0.1"}));
-  EXPECT_EQ(pe::order_addresses({{"docker0", "172.17.0.1", false}}), V{"172.17.0.1"});  // still offered
+  std::vector<pe::InterfaceAddress> ifs{
+      {"lo", "127.0.0.1", true},        {"docker0", "172.17.0.1", false},
+      {"eth0", "10.0.0.5", false},      {"virbr0", "192.168.122.1", false},
+      {"br-1a2b", "172.18.0.1", false}, {"ib0", "10.1.0.5", false},
+      {"veth9", "169.254.1.1", false}};
+  EXPECT_EQ(pe::order_addresses(ifs), (V{"10.0.0.5", "10.1.0.5", "172.17.0.1", "192.168.122.1",
+                                         "172.18.0.1", "169.254.1.1", "127.0.0.1"}));
+  EXPECT_EQ(pe::order_addresses({{"docker0", "172.17.0.1", false}}),
+            V{"172.17.0.1"});  // still offered
 }
 
 TEST(LocalHostTest, RouteSourceIsTheAddressTheKernelSendsFrom) {

@@ -11,16 +11,18 @@ TEST(AuthTest, BothSidesProveTheSameSecret) {
   std::string sent = daemon_proof(secret, nf, nd, "node3");
   EXPECT_EQ(sent.size(), kProofBytes);
   EXPECT_TRUE(proof_matches(daemon_proof(secret, nf, nd, "node3"), sent));
-  EXPECT_TRUE(proof_matches(frontend_proof(secret, nf, nd, "node3"), frontend_proof(secret, nf, nd, "node3")));
+  EXPECT_TRUE(proof_matches(frontend_proof(secret, nf, nd, "node3"),
+                            frontend_proof(secret, nf, nd, "node3")));
 }
 
 TEST(AuthTest, WrongSecretReplayTamperingAndReflectionFail) {
   std::string secret = new_secret(), nf = random_bytes(kNonceBytes), nd = random_bytes(kNonceBytes);
   std::string proof = daemon_proof(secret, nf, nd, "node3");
-  EXPECT_FALSE(proof_matches(daemon_proof(new_secret(), nf, nd, "node3"), proof));        // stranger
-  EXPECT_FALSE(proof_matches(daemon_proof(secret, random_bytes(kNonceBytes), nd, "node3"), proof));  // replay
-  EXPECT_FALSE(proof_matches(daemon_proof(secret, nf, nd, "node4"), proof));              // node id
-  EXPECT_FALSE(proof_matches(frontend_proof(secret, nf, nd, "node3"), proof));            // reflection
+  EXPECT_FALSE(proof_matches(daemon_proof(new_secret(), nf, nd, "node3"), proof));  // stranger
+  EXPECT_FALSE(proof_matches(daemon_proof(secret, random_bytes(kNonceBytes), nd, "node3"),
+                             proof));                                           // replay
+  EXPECT_FALSE(proof_matches(daemon_proof(secret, nf, nd, "node4"), proof));    // node id
+  EXPECT_FALSE(proof_matches(frontend_proof(secret, nf, nd, "node3"), proof));  // reflection
   EXPECT_FALSE(proof_matches(proof, proof.substr(0, 31)));
   EXPECT_FALSE(proof_matches(proof, ""));
 }

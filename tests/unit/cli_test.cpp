@@ -85,11 +85,14 @@ TEST(CliTest, EmptyValuesAreNamedByTheirOption) {
   EXPECT_EQ(usage_error({"--host=", "prog"}), "-H: the host list is empty");
   EXPECT_EQ(usage_error({"--hostfile=", "prog"}), "--hostfile: the file name is empty");
   EXPECT_EQ(usage_error({"--launch-agent", "", "prog"}), "--launch-agent: the command is empty");
-  EXPECT_EQ(usage_error({"--launch-agent", "\"\"", "prog"}), "--launch-agent: the command is empty");
+  EXPECT_EQ(usage_error({"--launch-agent", "\"\"", "prog"}),
+            "--launch-agent: the command is empty");
   EXPECT_EQ(usage_error({"--wdir=", "prog"}), "--wdir: the directory name is empty");
-  EXPECT_EQ(config({"--launch-agent", "ip netns exec {host}", "prog"}).launch_agent, "ip netns exec {host}");
-  EXPECT_NE(usage_error({"-n", "2", "-n", "3", "prog"}).find("'--np' cannot be specified more than once"),
-            std::string::npos);
+  EXPECT_EQ(config({"--launch-agent", "ip netns exec {host}", "prog"}).launch_agent,
+            "ip netns exec {host}");
+  EXPECT_NE(
+      usage_error({"-n", "2", "-n", "3", "prog"}).find("'--np' cannot be specified more than once"),
+      std::string::npos);
 }
 
 TEST(CliTest, RequiresAProgram) {
@@ -161,8 +164,7 @@ TEST(CliTest, ParsesOutputOptions) {
   auto n = config({"--output-filename", "out:nocopy", "prog"});
   EXPECT_EQ(n.output_dir, "out");
   EXPECT_FALSE(n.output_copy);
-  EXPECT_NE(usage_error({"--output-filename", ":nocopy", "prog"}).find("empty"),
-            std::string::npos);
+  EXPECT_NE(usage_error({"--output-filename", ":nocopy", "prog"}).find("empty"), std::string::npos);
 }
 
 TEST(CliTest, MappingChoicesBecomeEnums) {

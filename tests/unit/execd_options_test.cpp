@@ -62,8 +62,7 @@ TEST(ExecdOptionsTest, MistakesAreOneLineUsageErrors) {
   EXPECT_EQ(usage_error({"--connect", "h:1", "--node"}), "option --node needs a value");
   EXPECT_EQ(usage_error({"--connect"}), "option --connect needs a value");
   EXPECT_EQ(usage_error({"--bogus"}), "unknown option --bogus");
-  EXPECT_EQ(usage_error({"--connect", "h:1", "--node", "n", "stray"}),
-            "unknown argument 'stray'");
+  EXPECT_EQ(usage_error({"--connect", "h:1", "--node", "n", "stray"}), "unknown argument 'stray'");
   EXPECT_EQ(usage_error({"--connect", "h", "--node", "n"}), "--connect: 'h' is not ADDR:PORT");
   EXPECT_EQ(usage_error({"--connect", ":5", "--node", "n"}), "--connect: ':5' is not ADDR:PORT");
   EXPECT_EQ(usage_error({"--connect", "h:70000", "--node", "n"}),

@@ -39,7 +39,9 @@ class FakeWorkers : public WorkerSet {
     for (int r = 0; r < c_.map.world_size; ++r)
       c_.loop.post([this, r, sig, g = generation_] { exit(r, g, sig); });
   }
-  size_t live() const override { return static_cast<size_t>(std::count(alive_.begin(), alive_.end(), true)); }
+  size_t live() const override {
+    return static_cast<size_t>(std::count(alive_.begin(), alive_.end(), true));
+  }
   void stdin_write(int, std::string_view) override {}
   void stdin_close_all() override {}
   size_t stdin_backlog() const override { return 0; }

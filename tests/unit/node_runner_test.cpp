@@ -48,7 +48,8 @@ class Collect : public AgentListener {
 std::vector<std::string> sorted_lines(const std::string& s) {
   std::vector<std::string> v;
   size_t at = 0;
-  for (size_t nl; (nl = s.find('\n', at)) != std::string::npos; at = nl + 1) v.push_back(s.substr(at, nl - at));
+  for (size_t nl; (nl = s.find('\n', at)) != std::string::npos; at = nl + 1)
+    v.push_back(s.substr(at, nl - at));
   std::sort(v.begin(), v.end());
   return v;
 }

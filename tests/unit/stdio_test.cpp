@@ -88,10 +88,12 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
   pe::Failure a{2, 7, "n", 5, 0, "/bin/prog"};
   a.aborted = true;
   a.abort_message = "N/A";
-  EXPECT_EQ(pe::describe_failure(a), "rank 2 (pid 7 on n) called MPI_Abort/PMIx_Abort with status 5");
+  EXPECT_EQ(pe::describe_failure(a),
+            "rank 2 (pid 7 on n) called MPI_Abort/PMIx_Abort with status 5");
   EXPECT_EQ(pe::failure_exit_code(a), 5);
   a.abort_message = "bad input";
-  EXPECT_EQ(pe::describe_failure(a), "rank 2 (pid 7 on n) called MPI_Abort/PMIx_Abort with status 5: bad input");
+  EXPECT_EQ(pe::describe_failure(a),
+            "rank 2 (pid 7 on n) called MPI_Abort/PMIx_Abort with status 5: bad input");
   pe::Failure u{1, 8, "n", 0, 0, "/bin/prog"};
   u.unfinalized = true;
   EXPECT_TRUE(pe::is_failure(0, 0, true));
@@ -104,6 +106,7 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
 TEST(FailureTest, BindingFailuresAreNamedAsSuch) {
   pe::Failure b{3, 9, "n", 0, 22, "/bin/prog"};
   b.bind_failed = true;
-  EXPECT_EQ(pe::describe_failure(b), "rank 3 (pid 9 on n) could not be bound to its processors: Invalid argument");
+  EXPECT_EQ(pe::describe_failure(b),
+            "rank 3 (pid 9 on n) could not be bound to its processors: Invalid argument");
   EXPECT_EQ(pe::failure_exit_code(b), 1);
 }

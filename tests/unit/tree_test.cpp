@@ -59,13 +59,16 @@ struct Got {
 
 struct Bed {
   Net net;
-  std::vector<Got> at_root;                // frames the root received, by source
+  std::vector<Got> at_root;  // frames the root received, by source
   std::vector<std::pair<int, std::string>> lost;
-  std::vector<std::vector<wire::Frame>> at_node{kNodes};  // frames each relay kept for itself
+  std::vector<std::vector<wire::Frame>> at_node{kNodes};     // frames each relay kept for itself
   std::vector<std::vector<wire::Frame>> first_link{kNodes};  // what a node's first link got
   std::vector<MemLink*> waiting{kNodes, nullptr};
-  TreeRoot root{kNodes, kRadix,
-                {[this](int n, wire::Frame& f) { at_root.push_back({n, f.type, f.payload}); },
+  TreeRoot root{kNodes,
+                kRadix,
+                {[this](int n, wire::Frame& f) {
+                   at_root.push_back({n, f.type, f.payload});
+                 },
                  [this](int n, const std::string& why) { lost.emplace_back(n, why); }}};
   std::vector<std::unique_ptr<TreeRelay>> relays;
   std::vector<std::unique_ptr<MemLink>> ups;
@@ -81,12 +84,14 @@ struct Bed {
   void connect_to_root(int i) {
     bool direct = tree_parent(i, kRadix) < 0;
     auto down = std::make_unique<MemLink>(
-        net, direct ? MemLink::Deliver([this, i](wire::Frame& f) { relays[i]->from_upstream(f); })
-                    : MemLink::Deliver(),
+        net,
+        direct ? MemLink::Deliver([this, i](wire::Frame& f) { relays[i]->from_upstream(f); })
+               : MemLink::Deliver(),
         &first_link[i]);
     if (!direct) waiting[i] = down.get();
     if (direct) {
-      ups.push_back(std::make_unique<MemLink>(net, [this, i](wire::Frame& f) { root.frame_from(i, f); }));
+      ups.push_back(
+          std::make_unique<MemLink>(net, [this, i](wire::Frame& f) { root.frame_from(i, f); }));
       relays[i]->set_upstream(ups.back().get());
       up_of[i] = ups.back().get();
     }
@@ -96,12 +101,10 @@ struct Bed {
   void connect_to_parent(int c) {
     int p = tree_parent(c, kRadix);
     ASSERT_EQ(relays[p]->check_child(c), "");
-    relays[p]->add_child(c, std::make_unique<MemLink>(net, [this, c](wire::Frame& f) {
-      relays[c]->from_upstream(f);
-    }));
-    ups.push_back(std::make_unique<MemLink>(net, [this, p, c](wire::Frame& f) {
-      relays[p]->from_child(c, f);
-    }));
+    relays[p]->add_child(c, std::make_unique<MemLink>(
+                                net, [this, c](wire::Frame& f) { relays[c]->from_upstream(f); }));
+    ups.push_back(std::make_unique<MemLink>(
+        net, [this, p, c](wire::Frame& f) { relays[p]->from_child(c, f); }));
     relays[c]->set_upstream(ups.back().get());
     up_of[c] = ups.back().get();
   }
@@ -196,7 +199,8 @@ TEST(TreeTest, ALostRelayLosesItsSubtree) {
   b.root.broadcast(Signal{SIGTERM});
   b.root.send(3, Signal{SIGINT});
   b.net.pump();
-  for (int i = 0; i < kNodes; ++i) EXPECT_EQ(b.at_node[i].size(), (i == 1 || i == 4 || i == 5) ? 1u : 0u) << i;
+  for (int i = 0; i < kNodes; ++i)
+    EXPECT_EQ(b.at_node[i].size(), (i == 1 || i == 4 || i == 5) ? 1u : 0u) << i;
   // Frames of lost nodes that were still on their way are dropped.
   b.clear();
   b.up_of[6]->send(Port{1});

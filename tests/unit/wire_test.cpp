@@ -20,7 +20,9 @@ TEST(WireTest, FieldsRoundTrip) {
 
 TEST(WireTest, EncodingIsLittleEndianAndStable) {
   std::string f = encode_frame(0x0102, "ab", 0x0304);
-  EXPECT_EQ(f, std::string("PEX1\x02\x01\x04\x03\x02\x00\x00\x00" "ab", 14));
+  EXPECT_EQ(f, std::string("PEX1\x02\x01\x04\x03\x02\x00\x00\x00"
+                           "ab",
+                           14));
 }
 
 TEST(WireTest, TruncationAndBoundsAreErrors) {
@@ -38,7 +40,8 @@ TEST(WireTest, TruncationAndBoundsAreErrors) {
 }
 
 TEST(FrameDecoderTest, ReassemblesFramesFedByteByByte) {
-  std::string stream = encode_frame(1, "first") + encode_frame(2, "") + encode_frame(3, std::string(70000, 'x'));
+  std::string stream =
+      encode_frame(1, "first") + encode_frame(2, "") + encode_frame(3, std::string(70000, 'x'));
   FrameDecoder d;
   std::vector<Frame> got;
   for (char c : stream) {

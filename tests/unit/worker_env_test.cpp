@@ -29,17 +29,31 @@ TEST(JobMapTest, SingleNodeMapsEveryRankInOrder) {
 TEST(WorkerEnvTest, SetsTheTorchrunAndOpenMpiNames) {
   auto m = pe::map_single_node("h", 4);
   auto env = pe::worker_environment({{"PATH", "/bin"}}, {}, m, 3, gen());
-  std::map<std::string, std::string> want{
-      {"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "3"}, {"LOCAL_WORLD_SIZE", "4"},
-      {"GROUP_RANK", "0"}, {"GROUP_WORLD_SIZE", "1"}, {"ROLE_NAME", "default"},
-      {"ROLE_RANK", "3"}, {"ROLE_WORLD_SIZE", "4"}, {"MASTER_ADDR", "10.1.2.3"},
-      {"MASTER_PORT", "29500"}, {"TORCHELASTIC_RESTART_COUNT", "2"},
-      {"TORCHELASTIC_MAX_RESTARTS", "5"}, {"TORCHELASTIC_RUN_ID", "abc123"},
-      {"OMP_NUM_THREADS", "1"}, {"OMPI_COMM_WORLD_RANK", "3"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-      {"OMPI_COMM_WORLD_LOCAL_RANK", "3"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
-      {"OMPI_COMM_WORLD_NODE_RANK", "0"}, {"PYTORCH_EXEC_JOBID", "abc123"},
-      {"PYTORCH_EXEC_GENERATION", "2"}, {"PYTORCH_EXEC_NODEID", "0"},
-      {"PYTORCH_EXEC_DOMAIN", "0"}, {"PATH", "/bin"}};
+  std::map<std::string, std::string> want{{"RANK", "3"},
+                                          {"WORLD_SIZE", "4"},
+                                          {"LOCAL_RANK", "3"},
+                                          {"LOCAL_WORLD_SIZE", "4"},
+                                          {"GROUP_RANK", "0"},
+                                          {"GROUP_WORLD_SIZE", "1"},
+                                          {"ROLE_NAME", "default"},
+                                          {"ROLE_RANK", "3"},
+                                          {"ROLE_WORLD_SIZE", "4"},
+                                          {"MASTER_ADDR", "10.1.2.3"},
+                                          {"MASTER_PORT", "29500"},
+                                          {"TORCHELASTIC_RESTART_COUNT", "2"},
+                                          {"TORCHELASTIC_MAX_RESTARTS", "5"},
+                                          {"TORCHELASTIC_RUN_ID", "abc123"},
+                                          {"OMP_NUM_THREADS", "1"},
+                                          {"OMPI_COMM_WORLD_RANK", "3"},
+                                          {"OMPI_COMM_WORLD_SIZE", "4"},
+                                          {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
+                                          {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
+                                          {"OMPI_COMM_WORLD_NODE_RANK", "0"},
+                                          {"PYTORCH_EXEC_JOBID", "abc123"},
+                                          {"PYTORCH_EXEC_GENERATION", "2"},
+                                          {"PYTORCH_EXEC_NODEID", "0"},
+                                          {"PYTORCH_EXEC_DOMAIN", "0"},
+                                          {"PATH", "/bin"}};
   EXPECT_EQ(env, want);
 }
 
@@ -60,8 +74,9 @@ TEST(WorkerEnvTest, OversubscribedNodesMakeOpenMpiYield) {
   EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_mpi_yield_when_idle"), 0u);
   g.oversubscribed = true;
   EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g)["OMPI_MCA_mpi_yield_when_idle"], "1");
-  EXPECT_EQ(pe::worker_environment({{"OMPI_MCA_mpi_yield_when_idle", "0"}}, {}, m, 0, g)
-                ["OMPI_MCA_mpi_yield_when_idle"], "0");
+  EXPECT_EQ(pe::worker_environment({{"OMPI_MCA_mpi_yield_when_idle", "0"}}, {}, m, 0,
+                                   g)["OMPI_MCA_mpi_yield_when_idle"],
+            "0");
 }
 
 TEST(WorkerEnvTest, ExportsOverrideTheBaseButNotOurNames) {

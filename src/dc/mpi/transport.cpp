@@ -17,8 +17,8 @@ constexpr int kDataTag = 1;
 constexpr int kAbortTag = 2;
 constexpr size_t kPiece = size_t{1} << 30;  // bytes per MPI message, below INT_MAX
 constexpr int kNoticeBytes = 256;           // longest abort notice, with its terminating zero
-constexpr unsigned kSpin = 200;             // tests before wait() starts yielding the CPU (busy_polling())
-constexpr unsigned kPollEvery = 16;         // tests between looks at the clock and at notices
+constexpr unsigned kSpin = 200;      // tests before wait() starts yielding the CPU (busy_polling())
+constexpr unsigned kPollEvery = 16;  // tests between looks at the clock and at notices
 
 std::string number(int n) { return std::to_string(n); }
 

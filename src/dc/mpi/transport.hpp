@@ -37,10 +37,10 @@
 namespace pytorch_exec::dc::mpi {
 
 // All `size` ranks of the group call this together.  `allgather(mine)` returns every rank's
-// string in rank order (through PMIx or the bootstrap's store); it tells each rank where the others are in
-// MPI_COMM_WORLD.  Initializes MPI if the program has not.  Throws dc::Error with a sentence when
-// MPI cannot be used (e.g. every rank is an MPI singleton, or MPI_COMM_WORLD is not the group),
-// on every rank alike.  No deadline: the allgather has its own timeout, and a rank that
+// string in rank order (through PMIx or the bootstrap's store); it tells each rank where the others
+// are in MPI_COMM_WORLD.  Initializes MPI if the program has not.  Throws dc::Error with a sentence
+// when MPI cannot be used (e.g. every rank is an MPI singleton, or MPI_COMM_WORLD is not the
+// group), on every rank alike.  No deadline: the allgather has its own timeout, and a rank that
 // checked one after it could leave the others in MPI_Comm_dup for ever.
 using Allgather = std::function<std::vector<std::string>(const std::string&)>;
 std::unique_ptr<Transport> create(int rank, int size, const Allgather& allgather);

@@ -68,12 +68,15 @@ class Segment {
  public:
   Segment(const std::string& name, size_t bytes, bool create) : name_(name), bytes_(bytes) {
     int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT | O_EXCL : 0), 0600);
-    if (fd < 0) throw Error("shm: cannot " + std::string(create ? "create" : "open") + " shared memory " + name + ": " + std::strerror(errno));
+    if (fd < 0)
+      throw Error("shm: cannot " + std::string(create ? "create" : "open") + " shared memory " +
+                  name + ": " + std::strerror(errno));
     if (create && ::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
       int e = errno;
       ::close(fd);
       ::shm_unlink(name.c_str());
-      throw Error("shm: cannot size shared memory " + name + " to " + std::to_string(bytes) + " bytes: " + std::strerror(e));
+      throw Error("shm: cannot size shared memory " + name + " to " + std::to_string(bytes) +
+                  " bytes: " + std::strerror(e));
     }
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
@@ -110,8 +113,12 @@ class EngineImpl : public AllreduceEngine {
     states_[me_].pid = ::getpid();
   }
 
-  static size_t data_offset(int n) { return round_up(4096 + sizeof(RankState) * static_cast<size_t>(n), 4096); }
-  static size_t bytes(int n, size_t slot) { return data_offset(n) + 2 * static_cast<size_t>(n) * slot; }
+  static size_t data_offset(int n) {
+    return round_up(4096 + sizeof(RankState) * static_cast<size_t>(n), 4096);
+  }
+  static size_t bytes(int n, size_t slot) {
+    return data_offset(n) + 2 * static_cast<size_t>(n) * slot;
+  }
 
   void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
                  int avg_divisor, const CallHeader& h, const Deadline& d) override {
@@ -135,7 +142,8 @@ class EngineImpl : public AllreduceEngine {
     uint64_t seq = ++seq_;
     // The slots of this parity were last used two rounds ago: everyone must be done reading.
     if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
-    if (n_ == 2 && !cross && m * es <= kPairBytes) return pair_round(buf, m, t, op, avg_divisor, seq, d);
+    if (n_ == 2 && !cross && m * es <= kPairBytes)
+      return pair_round(buf, m, t, op, avg_divisor, seq, d);
     Shards blk{m, owners};
     // The owners need every shard but their own from this rank.
     for (int j = 0; j < owners; ++j)
@@ -172,7 +180,8 @@ class EngineImpl : public AllreduceEngine {
   // and the other's slot, so that a round has one hand-over instead of two and no copy back
   // (for large pieces the halved work of shards wins).  x + y and y + x
   // are the same bits, so both ranks still get identical results.
-  void pair_round(char* buf, size_t m, DType t, Op op, int avg_divisor, uint64_t seq, const Deadline& d) {
+  void pair_round(char* buf, size_t m, DType t, Op op, int avg_divisor, uint64_t seq,
+                  const Deadline& d) {
     size_t es = dtype_size(t);
     int peer = 1 - me_;
     std::memcpy(slot(seq, me_), buf, m * es);
@@ -195,7 +204,8 @@ class EngineImpl : public AllreduceEngine {
   // microseconds (not on an oversubscribed node), then yields the processor, then sleeps in short
   // steps; every millisecond it looks whether the rank it waits for is still there and whether
   // the deadline passed.
-  void wait_all(int upto, Counter RankState::*which, uint64_t seq, const Deadline& d, const char* what) {
+  void wait_all(int upto, Counter RankState::*which, uint64_t seq, const Deadline& d,
+                const char* what) {
     unsigned spins = busy_polling() ? 4000 : 0;
     for (int r = 0; r < upto; ++r) {
       if (r == me_) continue;
@@ -230,7 +240,8 @@ class EngineImpl : public AllreduceEngine {
     if (s.failed.load(std::memory_order_acquire))
       throw Error("shm: local rank " + std::to_string(r) + " failed or gave up");
     if (s.pid > 0 && s.pid != ::getpid() && process_gone(s.pid))
-      throw Error("shm: local rank " + std::to_string(r) + " (pid " + std::to_string(s.pid) + ") died");
+      throw Error("shm: local rank " + std::to_string(r) + " (pid " + std::to_string(s.pid) +
+                  ") died");
     if (d.passed()) d.expire("local rank " + std::to_string(r) + " " + what);
   }
 
@@ -267,8 +278,10 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
     local_barrier();
     seg = std::make_unique<Segment>(name, bytes, false);
     auto* h = reinterpret_cast<Header*>(seg->base());
-    if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) || h->slot_bytes != slot_bytes)
-      throw Error("shm: segment " + name + " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
+    if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) ||
+        h->slot_bytes != slot_bytes)
+      throw Error("shm: segment " + name +
+                  " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
     local_barrier();
   }
   return std::make_unique<EngineImpl>(std::move(seg), local_rank, local_size, slot_bytes);

@@ -107,7 +107,8 @@ class TcpTransport : public Transport {
   }
 
   void check_usable(int peer) const {
-    if (!failed_.empty()) throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
+    if (!failed_.empty())
+      throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
     if (peer < 0 || peer >= size() || peer == rank_)
       throw Error("tcp: no connection to rank " + std::to_string(peer));
   }
@@ -141,7 +142,7 @@ class TcpTransport : public Transport {
       iov[n] = {it->buf + it->done, it->len - it->done};
     ssize_t r;
     if (dir == 0) {
-      struct msghdr mh{};
+      struct msghdr mh {};
       mh.msg_iov = iov;
       mh.msg_iovlen = static_cast<size_t>(n);
       r = ::sendmsg(p.fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -173,7 +174,8 @@ class TcpTransport : public Transport {
 
   // Nonblocking I/O on every peer with queued operations.  True if anything moved.
   bool progress_all() {
-    if (!failed_.empty()) throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
+    if (!failed_.empty())
+      throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
     bool moved = false;
     for (size_t i = 0; i < active_.size();) {
       int peer = active_[i];
@@ -235,7 +237,9 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
     }
     lfd = listener.release();
     for (int accepted = 0; accepted < size - 1 - rank;) {
-      struct pollfd pf{lfd, POLLIN, 0};
+      struct pollfd pf {
+        lfd, POLLIN, 0
+      };
       if (::poll(&pf, 1, d.millis_left()) == 0) {
         if (d.passed()) {
           d.expire(std::to_string(size - 1 - rank - accepted) + " higher ranks to connect");
@@ -246,7 +250,8 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
       if (fd < 0) continue;
       Hello h{};
       try {
-        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.describe()), "a connecting rank", kSetUp + "a connecting rank");
+        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.describe()), "a connecting rank",
+                 kSetUp + "a connecting rank");
       } catch (const Error&) {
         ::close(fd);
         continue;

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstring>
 #include <chrono>
+#include <cstring>
 
 #include "common/auth.hpp"
 #include "common/log.hpp"
@@ -27,7 +27,8 @@ void Connection::send(uint16_t type, std::string_view payload) {
   out_.push_back(wire::encode_frame(type, payload));
   out_bytes_ += out_.back().size();
   if (out_.size() == 1 && !flush()) return;
-  if (!out_.empty() && !write_ev_) write_ev_ = loop_.watch_writable(fd_.get(), [this] { on_writable(); });
+  if (!out_.empty() && !write_ev_)
+    write_ev_ = loop_.watch_writable(fd_.get(), [this] { on_writable(); });
 }
 
 // Writes what the socket takes; false (and the connection failed) on an error.
@@ -93,8 +94,11 @@ void Connection::flush_and_close(double timeout) {
   if (!fd_.valid()) return;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout);
   while (!out_.empty()) {
-    struct pollfd p {fd_.get(), POLLOUT, 0};
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    struct pollfd p {
+      fd_.get(), POLLOUT, 0
+    };
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0 || ::poll(&p, 1, static_cast<int>(left.count())) <= 0) break;
     if (!flush()) return;
   }
@@ -159,7 +163,8 @@ void Acceptor::forget(Pending* p) {
   p->done = true;
   p->timer.disarm();
   loop_.post([this, p] {
-    pending_.erase(std::remove_if(pending_.begin(), pending_.end(), [p](const auto& q) { return q.get() == p; }),
+    pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                  [p](const auto& q) { return q.get() == p; }),
                    pending_.end());
   });
 }
@@ -167,7 +172,8 @@ void Acceptor::forget(Pending* p) {
 void Acceptor::on_frame(Pending* p, wire::Frame& f) {
   if (p->done) return;
   if (f.type != static_cast<uint16_t>(Msg::Hello))
-    throw wire::WireError(std::string("out-of-order ") + msg_name(f.type) + " frame before authentication");
+    throw wire::WireError(std::string("out-of-order ") + msg_name(f.type) +
+                          " frame before authentication");
   Hello h = decode<Hello>(f.payload);
   const std::string& name = h.node;
   if (!auth::proof_matches(auth::daemon_proof(secret_, p->nonce_f, h.nonce, name), h.proof))

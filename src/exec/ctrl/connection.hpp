@@ -31,7 +31,8 @@ class Connection : public Link {
   using FrameFn = std::function<void(wire::Frame&)>;
   using ClosedFn = std::function<void(const std::string& why)>;
 
-  Connection(EventLoop& loop, UniqueFd fd, std::string peer, uint32_t max_payload = wire::kMaxPayload);
+  Connection(EventLoop& loop, UniqueFd fd, std::string peer,
+             uint32_t max_payload = wire::kMaxPayload);
   ~Connection() override;
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
@@ -74,7 +75,8 @@ class Connection : public Link {
 // deleted later on the loop (never inside one of its own callbacks).
 class ConnLink : public Link {
  public:
-  ConnLink(EventLoop& loop, std::unique_ptr<Connection> conn) : loop_(loop), conn_(std::move(conn)) {}
+  ConnLink(EventLoop& loop, std::unique_ptr<Connection> conn)
+      : loop_(loop), conn_(std::move(conn)) {}
   ~ConnLink() override;
   void send(uint16_t type, std::string_view payload) override { conn_->send(type, payload); }
   void finish() override { conn_->finish(); }

@@ -94,7 +94,8 @@ void Decoder::operator()(JobMap& map) {
       int rank = n.ranks[lr];
       if (rank < 0 || rank >= map.world_size || map.ranks[static_cast<size_t>(rank)].node >= 0)
         throw wire::WireError("bad rank " + std::to_string(rank) + " in the job map");
-      map.ranks[static_cast<size_t>(rank)] = RankLocation{static_cast<int>(i), static_cast<int>(lr)};
+      map.ranks[static_cast<size_t>(rank)] =
+          RankLocation{static_cast<int>(i), static_cast<int>(lr)};
     }
     map.nodes.push_back(std::move(n));
   }
@@ -122,7 +123,8 @@ void validate(const Job& m) {
 }
 
 void validate(const Routed& m) {
-  if (m.inner.type == static_cast<uint16_t>(Msg::Routed)) throw wire::WireError("nested routed frame");
+  if (m.inner.type == static_cast<uint16_t>(Msg::Routed))
+    throw wire::WireError("nested routed frame");
 }
 
 void validate(const Signal& m) {
@@ -154,9 +156,8 @@ const char* msg_name(uint16_t type) {
 }
 
 void decode_any(uint16_t type, std::string_view payload) {
-  bool known = for_type(type, [payload](auto* m) {
-    decode<std::remove_pointer_t<decltype(m)>>(payload);
-  });
+  bool known =
+      for_type(type, [payload](auto* m) { decode<std::remove_pointer_t<decltype(m)>>(payload); });
   if (!known) throw wire::WireError("unknown message type " + std::to_string(type));
 }
 

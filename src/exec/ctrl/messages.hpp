@@ -21,19 +21,36 @@
 
 #include "common/auth.hpp"
 #include "common/wire.hpp"
-#include "exec/node/worker_exit.hpp"
 #include "exec/node/node_job.hpp"
 #include "exec/node/worker_env.hpp"
+#include "exec/node/worker_exit.hpp"
 
 namespace pe::ctrl {
 
 enum class Msg : uint16_t {
-  Challenge = 1, Hello = 2, Welcome = 3, Redirect = 4,             // handshake (auth.hpp)
-  Job = 10, Start = 11, Signal = 12, Stdin = 13, StdinClose = 14,  // front end to daemon
-  FenceDone = 15, DmodexReq = 16, DmodexResp = 17,                 // (dmodex: both ways)
-  Ready = 30, Output = 31, Exit = 32, Abort = 33, Fence = 34,      // daemon to front end
-  StartFailed = 35, StdinDrained = 36, Port = 37, Lost = 38, Joined = 39,
-  Routed = 40,                                                     // either way, see tree.hpp
+  Challenge = 1,
+  Hello = 2,
+  Welcome = 3,
+  Redirect = 4,  // handshake (auth.hpp)
+  Job = 10,
+  Start = 11,
+  Signal = 12,
+  Stdin = 13,
+  StdinClose = 14,  // front end to daemon
+  FenceDone = 15,
+  DmodexReq = 16,
+  DmodexResp = 17,  // (dmodex: both ways)
+  Ready = 30,
+  Output = 31,
+  Exit = 32,
+  Abort = 33,
+  Fence = 34,  // daemon to front end
+  StartFailed = 35,
+  StdinDrained = 36,
+  Port = 37,
+  Lost = 38,
+  Joined = 39,
+  Routed = 40,  // either way, see tree.hpp
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
@@ -45,19 +62,28 @@ struct Challenge {
   static constexpr Msg kType = Msg::Challenge;
   static constexpr const char* kName = "challenge";
   std::string nonce;
-  template <class IO> void io(IO& f) { f(nonce, auth::kNonceBytes); }
+  template <class IO>
+  void io(IO& f) {
+    f(nonce, auth::kNonceBytes);
+  }
 };
 struct Hello {
   static constexpr Msg kType = Msg::Hello;
   static constexpr const char* kName = "hello";
   std::string node, nonce, proof;
-  template <class IO> void io(IO& f) { f(node, kMaxName), f(nonce, auth::kNonceBytes), f(proof, auth::kProofBytes); }
+  template <class IO>
+  void io(IO& f) {
+    f(node, kMaxName), f(nonce, auth::kNonceBytes), f(proof, auth::kProofBytes);
+  }
 };
 struct Welcome {
   static constexpr Msg kType = Msg::Welcome;
   static constexpr const char* kName = "welcome";
   std::string proof;
-  template <class IO> void io(IO& f) { f(proof, auth::kProofBytes); }
+  template <class IO>
+  void io(IO& f) {
+    f(proof, auth::kProofBytes);
+  }
 };
 // Connect to your parent in the tree instead, at one of these addresses.
 struct Redirect {
@@ -65,7 +91,10 @@ struct Redirect {
   static constexpr const char* kName = "redirect";
   std::vector<std::string> addrs;
   int32_t port = 0;
-  template <class IO> void io(IO& f) { f(addrs, kMaxAddresses, 256), f.port(port); }
+  template <class IO>
+  void io(IO& f) {
+    f(addrs, kMaxAddresses, 256), f.port(port);
+  }
 };
 
 // Front end to daemon.
@@ -73,13 +102,15 @@ struct Job {  // once, after the handshake: everything the node runs
   static constexpr Msg kType = Msg::Job;
   static constexpr const char* kName = "job";
   NodeJob job;
-  template <class IO> void io(IO& f);
+  template <class IO>
+  void io(IO& f);
 };
 struct Start {  // start a generation
   static constexpr Msg kType = Msg::Start;
   static constexpr const char* kName = "start";
   GenerationInfo gen;
-  template <class IO> void io(IO& f) {
+  template <class IO>
+  void io(IO& f) {
     f(gen.job_id, 64), f(gen.run_id), f.count(gen.generation, 1 << 30);
     f.count(gen.restart_count, 1 << 30), f(gen.max_restarts), f(gen.master_addr, 256);
     f.count(gen.master_port, 65535), f(gen.role_name, 256);
@@ -89,19 +120,26 @@ struct Signal {
   static constexpr Msg kType = Msg::Signal;
   static constexpr const char* kName = "signal";
   int32_t sig = 0;
-  template <class IO> void io(IO& f) { f(sig); }
+  template <class IO>
+  void io(IO& f) {
+    f(sig);
+  }
 };
 struct Stdin {
   static constexpr Msg kType = Msg::Stdin;
   static constexpr const char* kName = "stdin";
   int32_t rank = 0;
   std::string data;
-  template <class IO> void io(IO& f) { f(rank), f(data, wire::kMaxPayload); }
+  template <class IO>
+  void io(IO& f) {
+    f(rank), f(data, wire::kMaxPayload);
+  }
 };
 struct StdinClose {
   static constexpr Msg kType = Msg::StdinClose;
   static constexpr const char* kName = "stdin-close";
-  template <class IO> void io(IO&) {}
+  template <class IO>
+  void io(IO&) {}
 };
 struct FenceDone {  // a fence is complete: everyone's data
   static constexpr Msg kType = Msg::FenceDone;
@@ -110,7 +148,10 @@ struct FenceDone {  // a fence is complete: everyone's data
   uint32_t seq = 0;
   int32_t status = 0;
   std::string data;
-  template <class IO> void io(IO& f) { f(nspace, 256), f(seq), f(status), f(data, wire::kMaxPayload); }
+  template <class IO>
+  void io(IO& f) {
+    f(nspace, 256), f(seq), f(status), f(data, wire::kMaxPayload);
+  }
 };
 struct DmodexReq {  // one rank's committed data, asked for by a rank on another node
   static constexpr Msg kType = Msg::DmodexReq;
@@ -118,7 +159,10 @@ struct DmodexReq {  // one rank's committed data, asked for by a rank on another
   uint64_t id = 0;
   std::string nspace;
   int32_t rank = 0;
-  template <class IO> void io(IO& f) { f(id), f(nspace, 256), f(rank); }
+  template <class IO>
+  void io(IO& f) {
+    f(id), f(nspace, 256), f(rank);
+  }
 };
 struct DmodexResp {
   static constexpr Msg kType = Msg::DmodexResp;
@@ -126,7 +170,10 @@ struct DmodexResp {
   uint64_t id = 0;
   int32_t status = 0;
   std::string data;
-  template <class IO> void io(IO& f) { f(id), f(status), f(data, wire::kMaxPayload); }
+  template <class IO>
+  void io(IO& f) {
+    f(id), f(status), f(data, wire::kMaxPayload);
+  }
 };
 
 // Daemon to front end.
@@ -136,7 +183,10 @@ struct Ready {  // the node is set up
   int32_t port = 0;        // free on the node, for MASTER_PORT
   int32_t child_port = 0;  // where its children in the tree connect (0: none)
   std::vector<std::string> addrs;
-  template <class IO> void io(IO& f) { f(port), f(child_port), f(addrs, kMaxAddresses, 256); }
+  template <class IO>
+  void io(IO& f) {
+    f(port), f(child_port), f(addrs, kMaxAddresses, 256);
+  }
 };
 struct Output {  // whole lines of one rank
   static constexpr Msg kType = Msg::Output;
@@ -144,13 +194,17 @@ struct Output {  // whole lines of one rank
   int32_t generation = 0, rank = 0;
   uint8_t stream = 1;  // 1 stdout, 2 stderr
   std::string data;
-  template <class IO> void io(IO& f) { f(generation), f(rank), f(stream), f(data, wire::kMaxPayload); }
+  template <class IO>
+  void io(IO& f) {
+    f(generation), f(rank), f(stream), f(data, wire::kMaxPayload);
+  }
 };
 struct Exit {
   static constexpr Msg kType = Msg::Exit;
   static constexpr const char* kName = "exit";
   WorkerExit e;
-  template <class IO> void io(IO& f) {
+  template <class IO>
+  void io(IO& f) {
     f(e.rank), f(e.pid), f(e.generation), f(e.status), f(e.exec_errno), f(e.bind_failed);
     f(e.pmix_unfinalized);
   }
@@ -160,7 +214,10 @@ struct Abort {  // a rank called PMIx_Abort (MPI_Abort)
   static constexpr const char* kName = "abort";
   int32_t generation = 0, rank = 0, pid = 0, status = 0;
   std::string message;
-  template <class IO> void io(IO& f) { f(generation), f(rank), f(pid), f(status), f(message); }
+  template <class IO>
+  void io(IO& f) {
+    f(generation), f(rank), f(pid), f(status), f(message);
+  }
 };
 struct Fence {  // this node's contribution to a fence
   static constexpr Msg kType = Msg::Fence;
@@ -169,36 +226,50 @@ struct Fence {  // this node's contribution to a fence
   uint32_t seq = 0;
   bool collect = false;
   std::string data;
-  template <class IO> void io(IO& f) { f(nspace, 256), f(seq), f(collect), f(data, wire::kMaxPayload); }
+  template <class IO>
+  void io(IO& f) {
+    f(nspace, 256), f(seq), f(collect), f(data, wire::kMaxPayload);
+  }
 };
 struct StartFailed {
   static constexpr Msg kType = Msg::StartFailed;
   static constexpr const char* kName = "start-failed";
   int32_t started = 0;  // workers that did start
   std::string message;
-  template <class IO> void io(IO& f) { f(started), f(message); }
+  template <class IO>
+  void io(IO& f) {
+    f(started), f(message);
+  }
 };
 struct StdinDrained {
   static constexpr Msg kType = Msg::StdinDrained;
   static constexpr const char* kName = "stdin-drained";
-  template <class IO> void io(IO&) {}
+  template <class IO>
+  void io(IO&) {}
 };
 struct Port {  // a free port on the node for the next generation's MASTER_PORT
   static constexpr Msg kType = Msg::Port;
   static constexpr const char* kName = "port";
   int32_t port = 0;
-  template <class IO> void io(IO& f) { f(port); }
+  template <class IO>
+  void io(IO& f) {
+    f(port);
+  }
 };
 struct Lost {  // a relay lost its child (routed with the child as the source)
   static constexpr Msg kType = Msg::Lost;
   static constexpr const char* kName = "lost";
   std::string why;
-  template <class IO> void io(IO& f) { f(why); }
+  template <class IO>
+  void io(IO& f) {
+    f(why);
+  }
 };
 struct Joined {  // after the handshake, with the front end or, in a tree, with the parent
   static constexpr Msg kType = Msg::Joined;
   static constexpr const char* kName = "joined";
-  template <class IO> void io(IO&) {}
+  template <class IO>
+  void io(IO&) {}
 };
 
 // Routed frames to every node.
@@ -210,13 +281,15 @@ struct Routed {
   static constexpr const char* kName = "routed";
   uint32_t node = 0;
   wire::Frame inner;
-  template <class IO> void io(IO& f) { f(node), f(inner.type), f(inner.payload, wire::kMaxPayload); }
+  template <class IO>
+  void io(IO& f) {
+    f(node), f(inner.type), f(inner.payload, wire::kMaxPayload);
+  }
 };
 
-using AllMessages =
-    std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Signal, Stdin, StdinClose,
-               FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence, StartFailed,
-               StdinDrained, Port, Lost, Joined, Routed>;
+using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Signal, Stdin,
+                               StdinClose, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit,
+                               Abort, Fence, StartFailed, StdinDrained, Port, Lost, Joined, Routed>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {
@@ -234,7 +307,10 @@ class Encoder {
   void operator()(const std::vector<std::pair<std::string, std::string>>& v);
   void operator()(const EnvMap& v);
   void operator()(const JobMap& m);
-  template <class E> void choice(E v, E) { w_.u8(static_cast<uint8_t>(v)); }
+  template <class E>
+  void choice(E v, E) {
+    w_.u8(static_cast<uint8_t>(v));
+  }
   void count(int v, int) { w_.i32(v); }
   void port(int v) { w_.i32(v); }
 
@@ -258,7 +334,8 @@ class Decoder {
   void operator()(std::vector<std::pair<std::string, std::string>>& v);
   void operator()(EnvMap& v);
   void operator()(JobMap& m);
-  template <class E> void choice(E& v, E last) {
+  template <class E>
+  void choice(E& v, E last) {
     uint8_t x = r_.u8();
     if (x > static_cast<uint8_t>(last)) throw wire::WireError("value out of range");
     v = static_cast<E>(x);
@@ -287,7 +364,8 @@ void Job::io(IO& f) {
 void validate(const Job& m);
 void validate(const Routed& m);
 void validate(const Signal& m);
-template <class M> void validate(const M&) {}
+template <class M>
+void validate(const M&) {}
 
 template <class M>
 std::string encode(const M& m) {

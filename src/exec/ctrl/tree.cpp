@@ -108,7 +108,8 @@ void TreeRoot::send(int node, uint16_t type, std::string_view payload) {
   if (n.link) return n.link->send(type, payload);
   Node& top = nodes_[static_cast<size_t>(tree_top(node, radix_))];
   if (top.link)
-    top.link->send(static_cast<uint16_t>(Msg::Routed), routed(static_cast<uint32_t>(node), type, payload));
+    top.link->send(static_cast<uint16_t>(Msg::Routed),
+                   routed(static_cast<uint32_t>(node), type, payload));
 }
 
 void TreeRoot::broadcast(uint16_t type, std::string_view payload) {
@@ -150,9 +151,11 @@ void TreeRelay::from_upstream(wire::Frame& f) {
 void TreeRelay::from_child(int node, wire::Frame& f) {
   if (!up_) return;
   if (f.type != static_cast<uint16_t>(Msg::Routed))
-    return up_->send(static_cast<uint16_t>(Msg::Routed), routed(static_cast<uint32_t>(node), f.type, f.payload));
+    return up_->send(static_cast<uint16_t>(Msg::Routed),
+                     routed(static_cast<uint32_t>(node), f.type, f.payload));
   Routed r = decode<Routed>(f.payload);
-  if (r.node >= static_cast<uint32_t>(nnodes_) || !in_subtree(node, static_cast<int>(r.node), radix_))
+  if (r.node >= static_cast<uint32_t>(nnodes_) ||
+      !in_subtree(node, static_cast<int>(r.node), radix_))
     throw wire::WireError("routed frame from a node not below this child");
   up_->send(f.type, f.payload);
 }

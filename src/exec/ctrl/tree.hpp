@@ -27,7 +27,7 @@ namespace pe::ctrl {
 int tree_parent(int node, int radix);  // -1: the front end
 std::vector<int> tree_children(int node, int radix, int nnodes);
 bool in_subtree(int root, int node, int radix);  // node is root or below it
-int tree_top(int node, int radix);                // the child of the root above node
+int tree_top(int node, int radix);               // the child of the root above node
 
 // One end of a connection to a neighbour in the tree.
 class Link {
@@ -45,7 +45,7 @@ class Link {
 class TreeRoot {
  public:
   struct Callbacks {
-    std::function<void(int node, wire::Frame& f)> on_frame;  // node's own frame
+    std::function<void(int node, wire::Frame& f)> on_frame;         // node's own frame
     std::function<void(int node, const std::string& why)> on_lost;  // node and all below it
   };
   TreeRoot(int nnodes, int radix, Callbacks cb);
@@ -86,7 +86,7 @@ class TreeRoot {
     bool attached = false;          // got through the handshake (here or at its parent)
     bool lost = false;
     bool relays = false;
-    Redirect where;                 // where its children connect
+    Redirect where;  // where its children connect
   };
   void redirect_waiting();
 

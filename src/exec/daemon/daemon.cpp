@@ -31,12 +31,16 @@ void say(const std::string& node, const std::string& line) {
 wire::Frame read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
   auto read_exact = [&](char* p, size_t n) {
     while (n > 0) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-      struct pollfd pf {fd, POLLIN, 0};
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      struct pollfd pf {
+        fd, POLLIN, 0
+      };
       if (left.count() <= 0 || ::poll(&pf, 1, static_cast<int>(left.count())) == 0)
         throw TimeoutError("the front end did not answer the handshake in time");
       ssize_t r = ::recv(fd, p, n, 0);
-      if (r == 0) throw IoError("the front end closed the connection during the handshake (wrong secret?)");
+      if (r == 0)
+        throw IoError("the front end closed the connection during the handshake (wrong secret?)");
       if (r < 0) {
         if (errno == EINTR || errno == EAGAIN) continue;
         throw SystemError("read from the front end", errno);
@@ -64,8 +68,9 @@ wire::Frame read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
 
 Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
   using namespace ctrl;
-  before_job_.on<Job>([this](Job& m) { on_job(m); })
-      .on<Redirect>([this](Redirect& m) { on_redirect(m); });
+  before_job_.on<Job>([this](Job& m) { on_job(m); }).on<Redirect>([this](Redirect& m) {
+    on_redirect(m);
+  });
   dispatch_.on<Start>([this](Start& m) { on_start(m); })
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
       .on<Stdin>([this](Stdin& m) { on_stdin(m); })
@@ -92,29 +97,38 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
       errors += std::string(errors.empty() ? "" : "; ") + e.what();
     }
   }
-  if (!fd.valid()) throw IoError(std::string("cannot reach ") + (redirected_ ? "the parent daemon" : "the front end") + ": " + errors);
+  if (!fd.valid())
+    throw IoError(std::string("cannot reach ") +
+                  (redirected_ ? "the parent daemon" : "the front end") + ": " + errors);
   tune_control_socket(fd.get(), kKeepaliveSeconds);
   std::string peer = peer_address(fd.get());
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                       std::chrono::duration<double>(opts_.connect_timeout));
   wire::Frame ch = read_frame(fd.get(), deadline);
-  if (ch.type != static_cast<uint16_t>(ctrl::Msg::Challenge)) throw wire::WireError("expected a challenge");
+  if (ch.type != static_cast<uint16_t>(ctrl::Msg::Challenge))
+    throw wire::WireError("expected a challenge");
   std::string nonce_f = ctrl::decode<ctrl::Challenge>(ch.payload).nonce;
   ctrl::Hello hello{opts_.node, auth::random_bytes(auth::kNonceBytes), ""};
   hello.proof = auth::daemon_proof(opts_.secret, nonce_f, hello.nonce, opts_.node);
-  std::string frame = wire::encode_frame(static_cast<uint16_t>(ctrl::Msg::Hello), ctrl::encode(hello));
-  if (!write_all(fd.get(), frame.data(), frame.size())) throw SystemError("write to the front end", errno);
+  std::string frame =
+      wire::encode_frame(static_cast<uint16_t>(ctrl::Msg::Hello), ctrl::encode(hello));
+  if (!write_all(fd.get(), frame.data(), frame.size()))
+    throw SystemError("write to the front end", errno);
   wire::Frame wel = read_frame(fd.get(), deadline);
-  if (wel.type != static_cast<uint16_t>(ctrl::Msg::Welcome)) throw wire::WireError("expected a welcome");
+  if (wel.type != static_cast<uint16_t>(ctrl::Msg::Welcome))
+    throw wire::WireError("expected a welcome");
   std::string proof = ctrl::decode<ctrl::Welcome>(wel.payload).proof;
-  if (!auth::proof_matches(auth::frontend_proof(opts_.secret, nonce_f, hello.nonce, opts_.node), proof))
+  if (!auth::proof_matches(auth::frontend_proof(opts_.secret, nonce_f, hello.nonce, opts_.node),
+                           proof))
     throw Error("the front end at " + peer + " failed to prove it knows the job's secret");
   conn_ = std::make_unique<ctrl::Connection>(loop_, std::move(fd), peer);
   int epoch = ++conn_epoch_;
   conn_->on_frame([this](wire::Frame& f) { on_frame(f); });
   conn_->on_closed([this, epoch](const std::string& why) {
-    loop_.post([this, epoch, why] { if (epoch == conn_epoch_) on_closed(why); });
+    loop_.post([this, epoch, why] {
+      if (epoch == conn_epoch_) on_closed(why);
+    });
   });
   if (relay_) relay_->set_upstream(conn_.get());
   conn_->send(ctrl::Joined{});
@@ -244,7 +258,8 @@ void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
     loop_.post([this, node, why] { relay_->child_closed(node, why); });
   });
   relay_->add_child(node, std::make_unique<ctrl::ConnLink>(loop_, std::move(conn)));
-  logger("ctrl")->info("child node {} ({}) connected", node, job_.map.nodes[static_cast<size_t>(node)].host);
+  logger("ctrl")->info("child node {} ({}) connected", node,
+                       job_.map.nodes[static_cast<size_t>(node)].host);
 }
 
 void Daemon::on_job(ctrl::Job& m) {
@@ -263,8 +278,8 @@ void Daemon::on_job(ctrl::Job& m) {
                         job_.map.nodes.size(), node.ranks.size());
   try {
     runner_ = std::make_unique<NodeRunner>(job_);
-    runner_->open(loop_, *this, this, "pytorch_execd." + job_.job_id + "." + std::to_string(job_.node),
-                  std::move(env));
+    runner_->open(loop_, *this, this,
+                  "pytorch_execd." + job_.job_id + "." + std::to_string(job_.node), std::move(env));
     agent_ = runner_->agent();
   } catch (const Error& e) {
     start_relay();
@@ -315,7 +330,8 @@ void Daemon::on_abort(int generation, int rank, pid_t pid, int status, const std
   if (conn_) conn_->send(ctrl::Abort{generation, rank, pid, status, msg});
 }
 
-void Daemon::fence(const std::string& nspace, bool collect, std::string data, pmix::ModexDone done) {
+void Daemon::fence(const std::string& nspace, bool collect, std::string data,
+                   pmix::ModexDone done) {
   if (!conn_) return done(-1, "");
   uint32_t seq = fence_seq_[nspace]++;
   fences_[{nspace, seq}] = std::move(done);

@@ -45,8 +45,9 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_start(ctrl::Start& m);
   void on_stdin(ctrl::Stdin& m);
   void on_dmodex_request(ctrl::DmodexReq& m);
-  template <class M> void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status,
-                                   std::string data, const char* what);
+  template <class M>
+  void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status, std::string data,
+                const char* what);
   void on_closed(const std::string& why);
   void send_port();
   // AgentListener
@@ -55,13 +56,14 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_stdin_drained() override;
   void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
   // ModexRouter
-  void fence(const std::string& nspace, bool collect, std::string data, pmix::ModexDone done) override;
+  void fence(const std::string& nspace, bool collect, std::string data,
+             pmix::ModexDone done) override;
   void direct_modex(const std::string& nspace, int rank, pmix::ModexDone done) override;
 
   DaemonOptions opts_;
   EventLoop loop_;
   std::unique_ptr<ctrl::Connection> conn_;  // to the front end or, in a tree, to our parent
-  int conn_epoch_ = 0;                       // which connection a posted close notice is about
+  int conn_epoch_ = 0;                      // which connection a posted close notice is about
   bool redirected_ = false;
   ctrl::Dispatcher<> before_job_, dispatch_;
   // Relaying for our children in the control-plane tree.
@@ -74,7 +76,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
   int status_ = 0;
   // Fences and direct-modex requests waiting for the front end.
-  std::map<std::string, uint32_t> fence_seq_;                          // per namespace
+  std::map<std::string, uint32_t> fence_seq_;  // per namespace
   std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;
   uint64_t next_dmodex_ = 1;
   std::map<uint64_t, pmix::ModexDone> dmodex_;

@@ -33,7 +33,8 @@ std::string read_secret_line(std::istream& in, const std::string& from) {
 std::string secret_from_file(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) throw pe::SystemError("secret file " + path, errno);
-  if ((st.st_mode & 077) != 0) throw pe::UsageError("secret file " + path + " is readable by others (needs mode 0600)");
+  if ((st.st_mode & 077) != 0)
+    throw pe::UsageError("secret file " + path + " is readable by others (needs mode 0600)");
   std::ifstream f(path);
   return read_secret_line(f, path);
 }
@@ -67,12 +68,14 @@ std::optional<pe::DaemonOptions> parse(int argc, char** argv) {
   pe::DaemonOptions o = pe::validate_execd_options(
       raw, slurmd_node && *slurmd_node ? slurmd_node : pe::local_hostname());
   o.secret = pe::auth::from_hex(read_secret(raw));
-  if (o.secret.size() != pe::auth::kSecretBytes) throw pe::UsageError("the job secret has the wrong length");
+  if (o.secret.size() != pe::auth::kSecretBytes)
+    throw pe::UsageError("the job secret has the wrong length");
   return o;
 }
 
 int fail(const std::string& node, const std::string& msg, int status) {
-  std::string s = "pytorch_execd" + (node.empty() ? std::string() : " (" + node + ")") + ": " + msg + "\n";
+  std::string s =
+      "pytorch_execd" + (node.empty() ? std::string() : " (" + node + ")") + ": " + msg + "\n";
   pe::write_all(2, s.data(), s.size());
   return status;
 }

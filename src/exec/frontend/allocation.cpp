@@ -2,9 +2,9 @@
 
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
-#include <climits>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -59,7 +59,8 @@ void expand_item(const std::string& item, const std::string& list, std::vector<s
         hi_s[0] == '+' || hi_s[0] == '-')
       throw UsageError(what + ": bad range '" + range + "'");
     if (*hi < *lo) throw UsageError(what + ": range '" + range + "' runs backwards");
-    if (static_cast<size_t>(*hi - *lo) >= kMaxHosts || out.size() + static_cast<size_t>(*hi - *lo) >= kMaxHosts)
+    if (static_cast<size_t>(*hi - *lo) >= kMaxHosts ||
+        out.size() + static_cast<size_t>(*hi - *lo) >= kMaxHosts)
       throw UsageError(what + ": more than " + std::to_string(kMaxHosts) + " hosts");
     size_t width = lo_s.size();  // zero padding: "01-03" keeps two digits
     for (long long v = *lo; v <= *hi; ++v) {
@@ -79,7 +80,8 @@ int parse_slots(const std::string& v, const std::string& where) {
 bool valid_host(const std::string& h) {
   if (h.empty()) return false;
   for (char c : h)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_')) return false;
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_'))
+      return false;
   return true;
 }
 
@@ -114,7 +116,8 @@ std::vector<int> expand_counts(const std::string& what, const std::string& spec)
     std::string n = item, rep = "1";
     auto paren = item.find("(x");
     if (paren != std::string::npos) {
-      if (item.back() != ')') throw UsageError(what + ": bad item '" + item + "' in '" + spec + "'");
+      if (item.back() != ')')
+        throw UsageError(what + ": bad item '" + item + "' in '" + spec + "'");
       n = item.substr(0, paren);
       rep = item.substr(paren + 2, item.size() - paren - 3);
     }
@@ -122,7 +125,8 @@ std::vector<int> expand_counts(const std::string& what, const std::string& spec)
     auto times = parse_int(rep, 1, 1 << 20);
     if (!count || !times || n[0] == '+' || rep[0] == '+')
       throw UsageError(what + ": bad item '" + item + "' in '" + spec + "'");
-    if (out.size() + static_cast<size_t>(*times) > kMaxHosts) throw UsageError(what + ": too many entries");
+    if (out.size() + static_cast<size_t>(*times) > kMaxHosts)
+      throw UsageError(what + ": too many entries");
     out.insert(out.end(), static_cast<size_t>(*times), static_cast<int>(*count));
   }
   return out;
@@ -203,7 +207,8 @@ std::optional<Allocation> slurm_allocation(const std::map<std::string, std::stri
     slots = expand_counts(counts_var, counts);
     if (slots.size() != hosts.size())
       throw UsageError(counts_var + "='" + counts + "' names " + std::to_string(slots.size()) +
-                       " nodes but SLURM_JOB_NODELIST='" + list + "' has " + std::to_string(hosts.size()));
+                       " nodes but SLURM_JOB_NODELIST='" + list + "' has " +
+                       std::to_string(hosts.size()));
   }
   for (size_t i = 0; i < hosts.size(); ++i) add(a.nodes, hosts[i], slots[i]);
   return a;
@@ -220,7 +225,8 @@ Allocation find_allocation(const std::string& hosts, const std::string& hostfile
   }
   if (!hostfile.empty()) {
     std::ifstream in(hostfile);
-    if (!in) throw UsageError("--hostfile: cannot open '" + hostfile + "': " + std::strerror(errno));
+    if (!in)
+      throw UsageError("--hostfile: cannot open '" + hostfile + "': " + std::strerror(errno));
     a.source = "hostfile " + hostfile;
     a.nodes = parse_hostfile(in, hostfile);
     return a;

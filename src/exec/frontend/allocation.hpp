@@ -17,10 +17,10 @@ struct HostSlots {
 };
 
 struct Allocation {
-  std::string source;              // "this machine", "SLURM job 42", "hostfile F", "-H"
-  std::vector<HostSlots> nodes;    // in order; a host appears once
-  bool limited = false;            // slots are limits (allocations, hostfiles, -H)
-  bool slurm = false;              // SLURM's allocation: daemons are started with srun
+  std::string source;            // "this machine", "SLURM job 42", "hostfile F", "-H"
+  std::vector<HostSlots> nodes;  // in order; a host appears once
+  bool limited = false;          // slots are limits (allocations, hostfiles, -H)
+  bool slurm = false;            // SLURM's allocation: daemons are started with srun
   int total_slots() const;
 };
 

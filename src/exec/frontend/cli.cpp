@@ -31,27 +31,34 @@ const OptionDef<RawOptions> kOptions[] = {
     {"npernode", 'N', "Processes", "N", "ranks per node", &RawOptions::npernode},
     {"launch-agent", 0, "Processes", "CMD",
      "start each node's pytorch_execd with CMD, {host} standing for the node (appended when "
-     "absent); default: srun in a SLURM allocation, else ssh", &RawOptions::launch_agent},
+     "absent); default: srun in a SLURM allocation, else ssh",
+     &RawOptions::launch_agent},
     {"tree-radix", 0, "Processes", "N",
      "control-plane fan-out: at most N daemons talk to pytorch_exec, each relaying for N more "
-     "(default 32)", &RawOptions::tree_radix},
+     "(default 32)",
+     &RawOptions::tree_radix},
     {"oversubscribe", 0, "Processes", nullptr,
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
-     "-n is never limited)", &RawOptions::oversubscribe},
+     "-n is never limited)",
+     &RawOptions::oversubscribe},
     {"map-by", 0, "Mapping and binding", "slot|node|numa|gpu|domain",
      "where ranks go: locality domains in order (default with GPUs), GPUs in index order, NUMA "
-     "nodes round-robin, or slots in order", &RawOptions::map_by},
+     "nodes round-robin, or slots in order",
+     &RawOptions::map_by},
     {"rank-by", 0, "Mapping and binding", "slot|node|numa|gpu|domain",
      "how placed ranks are numbered: in placement order (slot, default) or grouped by NUMA node, "
-     "GPU or domain", &RawOptions::rank_by},
+     "GPU or domain",
+     &RawOptions::rank_by},
     {"bind-to", 0, "Mapping and binding", "none|core|numa|gpu",
      "bind each rank's processors; default: the cores near its GPU when there are GPUs, none "
-     "otherwise", &RawOptions::bind_to},
+     "otherwise",
+     &RawOptions::bind_to},
     {"gpus-per-rank", 0, "Mapping and binding", "N", "GPUs given to each rank (default 1)",
      &RawOptions::gpus_per_rank},
     {"topology-file", 0, "Mapping and binding", "FILE",
      "an hwloc XML topology to map for instead of this machine (with --dry-run or "
-     "--display-topology; also PYTORCH_EXEC_TOPOLOGY_FILE)", &RawOptions::topology_file},
+     "--display-topology; also PYTORCH_EXEC_TOPOLOGY_FILE)",
+     &RawOptions::topology_file},
     {"display-topology", 0, "Mapping and binding", nullptr,
      "print GPUs, NICs, their paths, locality domains and cpusets", &RawOptions::display_topology},
     {"display-map", 0, "Mapping and binding", nullptr,
@@ -59,13 +66,13 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::display_map},
     {"report-bindings", 0, "Mapping and binding", nullptr,
      "print each rank's binding when it is started", &RawOptions::report_bindings},
-    {"dry-run", 0, "Mapping and binding", nullptr,
-     "print the map and start nothing", &RawOptions::dry_run},
+    {"dry-run", 0, "Mapping and binding", nullptr, "print the map and start nothing",
+     &RawOptions::dry_run},
     {"wdir", 0, "Environment", "DIR", "working directory of every process", &RawOptions::wdir},
     {"x", 'x', "Environment", "VAR[=VALUE]",
      "set VAR in every process, to VALUE or to its value here (repeatable)", &RawOptions::exports},
-    {"run-id", 0, "Environment", "ID",
-     "TORCHELASTIC_RUN_ID of the job (default: the job id)", &RawOptions::run_id},
+    {"run-id", 0, "Environment", "ID", "TORCHELASTIC_RUN_ID of the job (default: the job id)",
+     &RawOptions::run_id},
     {"tag-output", 0, "Output", nullptr,
      "prefix every line with [G,RANK]<stdout>: or [G,RANK]<stderr>: (G: generation, from 1)",
      &RawOptions::tag_output},
@@ -74,7 +81,8 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::timestamp_output},
     {"output-filename", 0, "Output", "DIR[:nocopy]",
      "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr; "
-     ":nocopy writes the files only", &RawOptions::output_filename},
+     ":nocopy writes the files only",
+     &RawOptions::output_filename},
     {"stdin", 0, "Output", "none|all|RANK",
      "where standard input goes: no process, every process, or one rank (default 0)",
      &RawOptions::stdin_target},
@@ -92,7 +100,7 @@ const OptionDef<RawOptions> kOptions[] = {
 };
 
 const std::vector<std::string> kGroups = {"Processes", "Mapping and binding", "Environment",
-                                          "Output", "Failure handling", "Debugging"};
+                                          "Output",    "Failure handling",    "Debugging"};
 
 int parse_count(const std::string& opt, const std::string& v, long long min) {
   auto n = parse_int(v, min, INT_MAX);
@@ -166,7 +174,8 @@ void validate_output(const RawOptions& raw, LaunchConfig& c) {
   if (raw.output_filename) {
     std::string dir = *raw.output_filename;
     const std::string nocopy = ":nocopy";
-    if (dir.size() >= nocopy.size() && dir.compare(dir.size() - nocopy.size(), nocopy.size(), nocopy) == 0) {
+    if (dir.size() >= nocopy.size() &&
+        dir.compare(dir.size() - nocopy.size(), nocopy.size(), nocopy) == 0) {
       dir.resize(dir.size() - nocopy.size());
       c.output_copy = false;
     }
@@ -233,8 +242,9 @@ void validate_mapping(const RawOptions& raw, const ValidationContext& ctx, Launc
     c.topology_file = it->second;  // dry runs only: a real launch maps this machine
   }
   if (!c.topology_file.empty() && !raw.dry_run && !(raw.display_topology && raw.command.empty()))
-    throw UsageError("--topology-file describes another machine: use it with --dry-run, or with "
-                     "--display-topology and no program");
+    throw UsageError(
+        "--topology-file describes another machine: use it with --dry-run, or with "
+        "--display-topology and no program");
 }
 
 // The program as execvp would find it here; as typed for a dry run (nothing is started) or when
@@ -312,8 +322,8 @@ int check_executable(const std::string& path) {
 
 void check_stdin_rank(const LaunchConfig& c, int world_size) {
   if (c.stdin_mode == StdinMode::OneRank && c.stdin_rank >= world_size)
-    throw UsageError("--stdin: rank " + std::to_string(c.stdin_rank) + " does not exist (the job has " +
-                     std::to_string(world_size) + " ranks)");
+    throw UsageError("--stdin: rank " + std::to_string(c.stdin_rank) +
+                     " does not exist (the job has " + std::to_string(world_size) + " ranks)");
 }
 
 std::string resolve_program(const std::string& program, const std::string& wdir,

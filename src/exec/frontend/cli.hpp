@@ -21,9 +21,9 @@ struct RawOptions {
   int verbosity = 0;
   std::optional<std::string> np;
   std::optional<std::string> nproc_per_node;
-  std::optional<std::string> hosts;      // -H
+  std::optional<std::string> hosts;  // -H
   std::optional<std::string> hostfile;
-  std::optional<std::string> npernode;   // -N
+  std::optional<std::string> npernode;  // -N
   std::optional<std::string> launch_agent;
   std::optional<std::string> tree_radix;
   std::optional<std::string> wdir;
@@ -59,9 +59,9 @@ std::string help_text();
 // What validation needs to know about the world, so the function stays pure (but for
 // find_program).
 struct ValidationContext {
-  std::map<std::string, std::string> env;   // the launching environment (-x VAR, PYTORCH_EXEC_*)
-  int default_np = 1;                       // -n when not given
-  std::string cwd;                          // the directory pytorch_exec runs in ("" if unknown)
+  std::map<std::string, std::string> env;  // the launching environment (-x VAR, PYTORCH_EXEC_*)
+  int default_np = 1;                      // -n when not given
+  std::string cwd;                         // the directory pytorch_exec runs in ("" if unknown)
   // Look for the program here (resolve_program, with env's PATH).  Without, and for a dry run,
   // the LaunchConfig's program is as typed: an srun step task looks it up with the workers' PATH.
   bool find_program = false;

@@ -14,8 +14,8 @@
 #include "common/net.hpp"
 #include "common/strings.hpp"
 #include "exec/frontend/allocation.hpp"
-#include "exec/node/child_process.hpp"
 #include "exec/frontend/cli.hpp"
+#include "exec/node/child_process.hpp"
 
 namespace pe {
 namespace {
@@ -34,7 +34,8 @@ std::string execd_path() {
 
 std::string shell_quote(const std::string& s) {
   if (!s.empty() &&
-      s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:,=@+") ==
+      s.find_first_not_of(
+          "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./:,=@+") ==
           std::string::npos)
     return s;
   std::string q = "'";
@@ -53,16 +54,25 @@ struct DaemonLauncher::Launcher {
 
 DaemonLauncher::DaemonLauncher(EventLoop& loop, const LaunchConfig& cfg, const EnvMap& env,
                                const JobMap& map, std::string host, bool slurm, ExitFn on_exit)
-    : loop_(loop), cfg_(cfg), env_(env), map_(map), host_(std::move(host)), slurm_(slurm),
-      on_exit_(std::move(on_exit)), execd_(execd_path()) {}
+    : loop_(loop),
+      cfg_(cfg),
+      env_(env),
+      map_(map),
+      host_(std::move(host)),
+      slurm_(slurm),
+      on_exit_(std::move(on_exit)),
+      execd_(execd_path()) {}
 
 DaemonLauncher::~DaemonLauncher() {
-  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(kLauncherExitWait);
+  auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::duration<double>(kLauncherExitWait);
   for (auto& l : launchers_) {
     while (!l->exited && std::chrono::steady_clock::now() < deadline) {
       pid_t r = ::waitpid(l->proc.pid, nullptr, WNOHANG);
-      if (r == l->proc.pid || (r < 0 && errno == ECHILD)) l->exited = true;
-      else ::usleep(5000);
+      if (r == l->proc.pid || (r < 0 && errno == ECHILD))
+        l->exited = true;
+      else
+        ::usleep(5000);
     }
     if (!l->exited) {
       logger("ctrl")->warn("{} (pid {}) did not exit: killing it", l->what, l->proc.pid);
@@ -77,7 +87,8 @@ std::vector<std::string> DaemonLauncher::daemon_argv(int node, bool slurm) const
   if (slurm) {
     argv.push_back("--slurm");
   } else {
-    argv.insert(argv.end(), {"--node", map_.nodes.at(static_cast<size_t>(node)).host, "--secret-stdin"});
+    argv.insert(argv.end(),
+                {"--node", map_.nodes.at(static_cast<size_t>(node)).host, "--secret-stdin"});
   }
   return argv;
 }
@@ -90,7 +101,8 @@ std::vector<std::string> DaemonLauncher::launch_command(int node) const {
   std::vector<std::string> argv;
   bool placed = false;
   for (auto word : split_words(agent)) {
-    for (size_t at; (at = word.find("{host}")) != std::string::npos; placed = true) word.replace(at, 6, host);
+    for (size_t at; (at = word.find("{host}")) != std::string::npos; placed = true)
+      word.replace(at, 6, host);
     argv.push_back(word);
   }
   if (argv.empty()) throw UsageError("--launch-agent is empty");
@@ -110,7 +122,8 @@ std::vector<std::string> DaemonLauncher::launch_command(int node) const {
 void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
                             const std::string& secret) {
   connect_.clear();
-  for (const auto& a : addresses) connect_ += (connect_.empty() ? "" : ",") + a + ":" + std::to_string(port);
+  for (const auto& a : addresses)
+    connect_ += (connect_.empty() ? "" : ",") + a + ":" + std::to_string(port);
   secret_ = secret;
   sigchld_ev_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
   if (!slurm_) {
@@ -125,16 +138,26 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
     all.push_back(static_cast<int>(i));
   }
   std::string count = std::to_string(map_.nodes.size());
-  std::vector<std::string> argv{"srun", "--nodes=" + count, "--ntasks=" + count, "--ntasks-per-node=1",
-                                "--nodelist=" + join(hosts, ","), "--overlap", "--whole", "--mpi=none",
-                                "--cpu-bind=none", "--kill-on-bad-exit=0", "--export=ALL",
-                                "--job-name=pytorch_execd", "--input=none"};
+  std::vector<std::string> argv{"srun",
+                                "--nodes=" + count,
+                                "--ntasks=" + count,
+                                "--ntasks-per-node=1",
+                                "--nodelist=" + join(hosts, ","),
+                                "--overlap",
+                                "--whole",
+                                "--mpi=none",
+                                "--cpu-bind=none",
+                                "--kill-on-bad-exit=0",
+                                "--export=ALL",
+                                "--job-name=pytorch_execd",
+                                "--input=none"};
   auto d = daemon_argv(0, true);
   argv.insert(argv.end(), d.begin(), d.end());
   start(std::move(argv), std::move(all), false);
 }
 
-void DaemonLauncher::start(std::vector<std::string> argv, std::vector<int> nodes, bool secret_on_stdin) {
+void DaemonLauncher::start(std::vector<std::string> argv, std::vector<int> nodes,
+                           bool secret_on_stdin) {
   auto l = std::make_unique<Launcher>();
   l->what = argv[0];
   l->nodes = std::move(nodes);
@@ -158,8 +181,10 @@ void DaemonLauncher::start(std::vector<std::string> argv, std::vector<int> nodes
   }
   l->proc.stdin_w.reset();
   Launcher* lp = l.get();
-  l->out_ev = loop_.watch_readable(l->proc.stdout_r.get(), [this, lp] { forward_output(*lp, true); });
-  l->err_ev = loop_.watch_readable(l->proc.stderr_r.get(), [this, lp] { forward_output(*lp, false); });
+  l->out_ev =
+      loop_.watch_readable(l->proc.stdout_r.get(), [this, lp] { forward_output(*lp, true); });
+  l->err_ev =
+      loop_.watch_readable(l->proc.stderr_r.get(), [this, lp] { forward_output(*lp, false); });
   launchers_.push_back(std::move(l));
 }
 
@@ -196,7 +221,8 @@ void DaemonLauncher::on_sigchld() {
     if (::waitpid(l->proc.pid, &status, WNOHANG) != l->proc.pid) continue;
     l->exited = true;
     logger("ctrl")->info("{} (pid {}) {}", l->what, l->proc.pid, describe_wait_status(status));
-    on_exit_(l->nodes, "its daemon could not be started (" + l->what + " " + describe_wait_status(status) + ")");
+    on_exit_(l->nodes, "its daemon could not be started (" + l->what + " " +
+                           describe_wait_status(status) + ")");
   }
 }
 

@@ -21,7 +21,9 @@ std::string get(const EnvMap& env, const char* k) {
 
 int get_int(const EnvMap& env, const char* k) {
   auto v = parse_int(get(env, k), 0, 1 << 30);
-  if (!v) throw Error(std::string("direct launch: ") + k + " is missing or not a number ('" + get(env, k) + "')");
+  if (!v)
+    throw Error(std::string("direct launch: ") + k + " is missing or not a number ('" +
+                get(env, k) + "')");
   return static_cast<int>(*v);
 }
 
@@ -33,7 +35,8 @@ bool is_task_step_id(const std::string& step_id) {
 }
 
 bool is_step_task(const EnvMap& env) {
-  return env.count("SLURM_PROCID") && !env.count(PYTORCH_EXEC_ENV_JOBID) && is_task_step_id(get(env, "SLURM_STEP_ID"));
+  return env.count("SLURM_PROCID") && !env.count(PYTORCH_EXEC_ENV_JOBID) &&
+         is_task_step_id(get(env, "SLURM_STEP_ID"));
 }
 
 StepIdentity step_identity(const EnvMap& env) {
@@ -46,20 +49,23 @@ StepIdentity step_identity(const EnvMap& env) {
   id.size = get_int(env, "SLURM_NTASKS");
   id.local_rank = get_int(env, "SLURM_LOCALID");
   id.node = get_int(env, "SLURM_NODEID");
-  auto nodes = expand_hostlist(get(env, "SLURM_STEP_NODELIST").empty() ? get(env, "SLURM_JOB_NODELIST")
-                                                                         : get(env, "SLURM_STEP_NODELIST"));
+  auto nodes =
+      expand_hostlist(get(env, "SLURM_STEP_NODELIST").empty() ? get(env, "SLURM_JOB_NODELIST")
+                                                              : get(env, "SLURM_STEP_NODELIST"));
   id.nnodes = static_cast<int>(nodes.size());
   // srun's default block distribution: this node's ranks follow each other.
   auto counts = expand_counts("SLURM_STEP_TASKS_PER_NODE", get(env, "SLURM_STEP_TASKS_PER_NODE"));
   if (counts.size() != nodes.size() || id.node >= static_cast<int>(counts.size()))
     throw Error("direct launch: SLURM_STEP_TASKS_PER_NODE does not match SLURM_STEP_NODELIST");
   int first = id.rank - id.local_rank;
-  for (int i = 0; i < counts[static_cast<size_t>(id.node)]; ++i) id.local_peers.push_back(first + i);
+  for (int i = 0; i < counts[static_cast<size_t>(id.node)]; ++i)
+    id.local_peers.push_back(first + i);
   if (!nodes.empty()) id.master_host = nodes[0];  // task 0 runs on the step's first node
   if (id.local_peers.empty() || id.local_rank >= static_cast<int>(id.local_peers.size()) ||
       id.local_peers[static_cast<size_t>(id.local_rank)] != id.rank)
     throw Error("direct launch: this task's local rank does not match its node's ranks");
-  if (id.rank >= id.size || id.node >= id.nnodes) throw Error("direct launch: inconsistent rank or node id");
+  if (id.rank >= id.size || id.node >= id.nnodes)
+    throw Error("direct launch: inconsistent rank or node id");
   id.job_id = get(env, "SLURM_JOB_ID");
   id.step_id = get(env, "SLURM_STEP_ID");
   return id;
@@ -73,7 +79,8 @@ JobMap step_map(const StepIdentity& id) {
   m.nodes[static_cast<size_t>(id.node)].ranks = id.local_peers;
   m.ranks.assign(static_cast<size_t>(id.size), RankLocation{});
   for (size_t lr = 0; lr < id.local_peers.size(); ++lr)
-    m.ranks.at(static_cast<size_t>(id.local_peers[lr])) = RankLocation{id.node, static_cast<int>(lr)};
+    m.ranks.at(static_cast<size_t>(id.local_peers[lr])) =
+        RankLocation{id.node, static_cast<int>(lr)};
   return m;
 }
 
@@ -89,9 +96,12 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
     throw UsageError("-n " + std::to_string(cfg.np) + " does not match the SLURM step's " +
                      std::to_string(id.size) + " tasks (under srun, srun decides the ranks)");
   if (!cfg.hosts.empty() || !cfg.hostfile.empty() || cfg.npernode || !cfg.launch_agent.empty())
-    throw UsageError("-H, --hostfile, -N and --launch-agent do not apply under srun (srun decides the ranks)");
+    throw UsageError(
+        "-H, --hostfile, -N and --launch-agent do not apply under srun (srun decides the ranks)");
   if (cfg.max_restarts > 0)
-    throw UsageError("--max-restarts needs pytorch_exec to supervise the job: run it under salloc/sbatch, not srun");
+    throw UsageError(
+        "--max-restarts needs pytorch_exec to supervise the job: run it under salloc/sbatch, not "
+        "srun");
   GenerationInfo gen;
   gen.job_id = "slurm." + id.job_id + "." + id.step_id;
   gen.run_id = cfg.run_id;
@@ -101,10 +111,12 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   EnvMap out = worker_environment(env, cfg.exports, map, id.rank, gen);
   auto path = out.count("PATH") ? out["PATH"] : std::string("/usr/bin:/bin");
   std::string program = resolve_program(cfg.program_arg0, cfg.wdir, path);
-  if (!cfg.wdir.empty() && ::chdir(cfg.wdir.c_str()) != 0) throw SystemError("chdir " + cfg.wdir, errno);
-  logger("exec")->info("direct launch ({}): rank {} of {}, local {} of {}, node {} of {}, master {}:{}", id.source,
-                       id.rank, id.size, id.local_rank, id.local_peers.size(), id.node, id.nnodes,
-                       gen.master_addr, gen.master_port);
+  if (!cfg.wdir.empty() && ::chdir(cfg.wdir.c_str()) != 0)
+    throw SystemError("chdir " + cfg.wdir, errno);
+  logger("exec")->info(
+      "direct launch ({}): rank {} of {}, local {} of {}, node {} of {}, master {}:{}", id.source,
+      id.rank, id.size, id.local_rank, id.local_peers.size(), id.node, id.nnodes, gen.master_addr,
+      gen.master_port);
   std::vector<std::string> argv{cfg.program_arg0};
   argv.insert(argv.end(), cfg.args.begin(), cfg.args.end());
   std::vector<char*> cargv, cenv;
@@ -114,7 +126,8 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   for (auto& e : envp) cenv.push_back(e.data());
   cenv.push_back(nullptr);
   ::execve(program.c_str(), cargv.data(), cenv.data());
-  throw ProgramError("cannot execute " + program + ": " + std::strerror(errno), errno == ENOENT ? 127 : 126);
+  throw ProgramError("cannot execute " + program + ": " + std::strerror(errno),
+                     errno == ENOENT ? 127 : 126);
 }
 
 }  // namespace pe

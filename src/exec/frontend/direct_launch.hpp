@@ -20,14 +20,14 @@
 namespace pe {
 
 struct StepIdentity {
-  std::string source;          // "PMIx" (srun --mpi=pmix) or "SLURM" (no PMIx)
+  std::string source;  // "PMIx" (srun --mpi=pmix) or "SLURM" (no PMIx)
   int rank = 0;
   int size = 1;
   int local_rank = 0;
   std::vector<int> local_peers;  // global ranks on this node, in local-rank order
   int node = 0;
   int nnodes = 1;
-  std::string master_host;     // rank 0's host
+  std::string master_host;  // rank 0's host
   std::string job_id, step_id;
 };
 

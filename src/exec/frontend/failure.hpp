@@ -15,10 +15,10 @@ struct Failure {
   int status = 0;      // wait status
   int exec_errno = 0;  // execve (or, with bind_failed, the CPU binding) failed in the child
   std::string program;
-  bool aborted = false;         // PMIx_Abort / MPI_Abort; status is then the abort code
+  bool aborted = false;  // PMIx_Abort / MPI_Abort; status is then the abort code
   std::string abort_message;
-  bool unfinalized = false;     // exited 0 after connecting to PMIx without finalizing
-  bool bind_failed = false;     // exec_errno is sched_setaffinity's
+  bool unfinalized = false;  // exited 0 after connecting to PMIx without finalizing
+  bool bind_failed = false;  // exec_errno is sched_setaffinity's
 };
 
 // A worker exit counts as a failure unless it exited with status 0 (and, if it connected to

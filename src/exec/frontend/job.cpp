@@ -13,8 +13,8 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
-#include "exec/frontend/job_map.hpp"
 #include "exec/frontend/allocation.hpp"
+#include "exec/frontend/job_map.hpp"
 #include "exec/frontend/remote_workers.hpp"
 
 namespace pe {
@@ -47,8 +47,9 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSet
       env_(std::move(env)),
       source_(std::move(workers)),
       job_id_(random_job_id()),
-      sink_(OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy},
-            map.world_size),
+      sink_(
+          OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy},
+          map.world_size),
       map_(std::move(map)) {}
 
 JobController::~JobController() = default;
@@ -131,7 +132,8 @@ void JobController::on_exit(const WorkerExit& e) {
   if (workers_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();
 }
 
-void JobController::on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) {
+void JobController::on_abort(int generation, int rank, pid_t pid, int status,
+                             const std::string& msg) {
   if (state_ != State::Running || generation != generation_) return;
   Failure f;
   f.rank = rank;
@@ -193,7 +195,8 @@ void JobController::on_all_stopped() {
       return;
     case State::Failing:
       if (failure_) {
-        std::string report = failure_report(*failure_, sink_.stderr_tail(failure_->rank, kTailLines));
+        std::string report =
+            failure_report(*failure_, sink_.stderr_tail(failure_->rank, kTailLines));
         write_all(2, report.data(), report.size());
         if (restarts_ > 0 && restarts_ == cfg_.max_restarts)
           say("no restarts left (" + std::to_string(restarts_) + " used)");
@@ -241,7 +244,7 @@ void JobController::finish(int status) {
 void JobController::setup_stdin(bool local) {
   if (cfg_.stdin_mode == StdinMode::None) return;
   struct stat st;
-  if (::fstat(0, &st) != 0) return;  // closed: /dev/null
+  if (::fstat(0, &st) != 0) return;                           // closed: /dev/null
   if (S_ISCHR(st.st_mode) && !::isatty(0) && !local) return;  // /dev/null and the like
   if (S_ISREG(st.st_mode) && !local) {
     stdin_how_ = StdinHow::Forward;  // a file cannot be polled: read it piece by piece
@@ -286,7 +289,9 @@ void JobController::on_stdin_readable() {
     stdin_event_.disarm();
     stdin_paused_ = true;
   } else if (stdin_file_) {
-    loop_.post([this] { if (!stdin_eof_ && state_ != State::Done) on_stdin_readable(); });
+    loop_.post([this] {
+      if (!stdin_eof_ && state_ != State::Done) on_stdin_readable();
+    });
   }
 }
 
@@ -294,7 +299,9 @@ void JobController::on_stdin_drained() {
   if (stdin_how_ != StdinHow::Forward || stdin_eof_ || !stdin_paused_) return;
   stdin_paused_ = false;
   if (stdin_file_)
-    loop_.post([this] { if (!stdin_eof_ && state_ != State::Done) on_stdin_readable(); });
+    loop_.post([this] {
+      if (!stdin_eof_ && state_ != State::Done) on_stdin_readable();
+    });
   else
     stdin_event_ = loop_.watch_readable(0, [this] { on_stdin_readable(); });
 }

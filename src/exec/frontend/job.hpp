@@ -14,10 +14,10 @@
 #include "common/event_loop.hpp"
 #include "exec/frontend/failure.hpp"
 #include "exec/frontend/launch_config.hpp"
-#include "exec/node/node_agent.hpp"
 #include "exec/frontend/stdio.hpp"
-#include "exec/node/worker_env.hpp"
 #include "exec/frontend/workers.hpp"
+#include "exec/node/node_agent.hpp"
+#include "exec/node/worker_env.hpp"
 
 namespace pe {
 

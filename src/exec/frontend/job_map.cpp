@@ -45,7 +45,8 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
                        " nodes; " + alloc.source + " has " + std::to_string(n));
     if (!req.oversubscribe)
       throw UsageError("-n " + std::to_string(np) + " but " + alloc.source + " has " +
-                       std::to_string(total) + " slots (add --oversubscribe to place more ranks than slots)");
+                       std::to_string(total) +
+                       " slots (add --oversubscribe to place more ranks than slots)");
   }
   std::vector<std::vector<int>> ranks(n);
   int next = 0;
@@ -88,7 +89,8 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
     node.node_rank = static_cast<int>(m.nodes.size());
     node.ranks = ranks[i];
     for (size_t lr = 0; lr < node.ranks.size(); ++lr)
-      m.ranks[static_cast<size_t>(node.ranks[lr])] = RankLocation{node.node_rank, static_cast<int>(lr)};
+      m.ranks[static_cast<size_t>(node.ranks[lr])] =
+          RankLocation{node.node_rank, static_cast<int>(lr)};
     m.nodes.push_back(std::move(node));
   }
   return m;

@@ -9,12 +9,12 @@ namespace pe {
 
 struct NodeMap {
   std::string host;
-  int node_rank = 0;          // GROUP_RANK
-  std::vector<int> ranks;     // global ranks on this node, in local-rank order
+  int node_rank = 0;       // GROUP_RANK
+  std::vector<int> ranks;  // global ranks on this node, in local-rank order
 };
 
 struct RankLocation {
-  int node = 0;               // index into JobMap::nodes
+  int node = 0;  // index into JobMap::nodes
   int local_rank = 0;
 };
 
@@ -32,9 +32,9 @@ JobMap map_single_node(const std::string& host, int np);
 struct Allocation;
 
 struct MapRequest {
-  int np = 0;               // 0: one rank per slot (or npernode per node)
-  bool by_node = false;     // --map-by node: round-robin over nodes; else fill each node in turn
-  int npernode = 0;         // -N: ranks per node (0: as slots allow)
+  int np = 0;            // 0: one rank per slot (or npernode per node)
+  bool by_node = false;  // --map-by node: round-robin over nodes; else fill each node in turn
+  int npernode = 0;      // -N: ranks per node (0: as slots allow)
   bool oversubscribe = false;
 };
 

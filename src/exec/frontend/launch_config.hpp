@@ -14,51 +14,51 @@ namespace pe {
 enum class StdinMode { None, OneRank, All };
 
 struct LaunchConfig {
-  int np = 1;                        // ranks asked for (-n, else the default); an allocation
-                                     // decides when not given: the job's size is the JobMap's
-  bool np_given = false;             // -n (or --nproc-per-node on one machine) was given
-  std::string hosts;                 // -H
-  std::string hostfile;              // --hostfile
-  int npernode = 0;                  // -N
-  std::string program;               // resolved path of the program (as typed for a dry run)
-  std::string program_arg0;          // the program as the user typed it (argv[0] of workers)
-  std::vector<std::string> args;     // arguments after the program
-  bool oversubscribe = false;        // more ranks than slots (allocations, hostfiles)
-  std::string launch_agent;          // --launch-agent "CMD {host}"; empty: ssh (or srun)
-  int tree_radix = 32;               // --tree-radix: daemons per relay in the control plane
+  int np = 1;                     // ranks asked for (-n, else the default); an allocation
+                                  // decides when not given: the job's size is the JobMap's
+  bool np_given = false;          // -n (or --nproc-per-node on one machine) was given
+  std::string hosts;              // -H
+  std::string hostfile;           // --hostfile
+  int npernode = 0;               // -N
+  std::string program;            // resolved path of the program (as typed for a dry run)
+  std::string program_arg0;       // the program as the user typed it (argv[0] of workers)
+  std::vector<std::string> args;  // arguments after the program
+  bool oversubscribe = false;     // more ranks than slots (allocations, hostfiles)
+  std::string launch_agent;       // --launch-agent "CMD {host}"; empty: ssh (or srun)
+  int tree_radix = 32;            // --tree-radix: daemons per relay in the control plane
 
   // Mapping and binding.
   topo::MapBy map_by = topo::MapBy::Default;
   topo::RankBy rank_by = topo::RankBy::Slot;
   topo::BindTo bind_to = topo::BindTo::Default;
   int gpus_per_rank = 1;
-  std::string topology_file;         // "" = this machine
+  std::string topology_file;  // "" = this machine
   bool display_topology = false;
-  bool display_map = false;          // also implied by dry_run
+  bool display_map = false;  // also implied by dry_run
   bool report_bindings = false;
   bool dry_run = false;
-  bool display_only = false;         // --display-topology without a program
-  std::string wdir;                  // --wdir; empty: the current directory
-  std::string remote_wdir;           // where workers on other nodes start: --wdir, else the
-                                     // directory pytorch_exec runs in (empty if unknown)
+  bool display_only = false;  // --display-topology without a program
+  std::string wdir;           // --wdir; empty: the current directory
+  std::string remote_wdir;    // where workers on other nodes start: --wdir, else the
+                              // directory pytorch_exec runs in (empty if unknown)
   // -x: variables to set in (or, for multi-node launches, carry to) every worker.
   std::vector<std::pair<std::string, std::string>> exports;
 
   // Output.
   bool tag_output = false;
   bool timestamp_output = false;
-  std::string output_dir;            // --output-filename DIR; empty: none
-  bool output_copy = true;           // false with DIR:nocopy
+  std::string output_dir;   // --output-filename DIR; empty: none
+  bool output_copy = true;  // false with DIR:nocopy
 
   // Input.
   StdinMode stdin_mode = StdinMode::OneRank;
   int stdin_rank = 0;
 
   // Failure handling.
-  double kill_grace = 5.0;           // seconds between SIGTERM and SIGKILL
+  double kill_grace = 5.0;  // seconds between SIGTERM and SIGKILL
   int max_restarts = 0;
 
-  std::string run_id;                // TORCHELASTIC_RUN_ID; empty: the job id
+  std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id
   int verbosity = 0;
 };
 

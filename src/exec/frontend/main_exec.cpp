@@ -43,7 +43,9 @@ int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std:
   std::vector<const pe::NodePlan*> ptrs;
   for (const auto& node : map.nodes) {
     bool known = !cfg.topology_file.empty() || pe::is_local_host(node.host, host);
-    plans.push_back(known ? pe::plan_node(pe::placement_of(cfg), static_cast<int>(node.ranks.size())) : pe::NodePlan{});
+    plans.push_back(known
+                        ? pe::plan_node(pe::placement_of(cfg), static_cast<int>(node.ranks.size()))
+                        : pe::NodePlan{});
   }
   for (auto& p : plans) ptrs.push_back(p.topology ? &p : nullptr);
   std::cout << pe::format_job_map(map, ptrs);
@@ -82,7 +84,8 @@ int real_main(int argc, char** argv) {
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
   pe::init_logging(cfg.verbosity, spec ? spec : "", host);
   // A task of `srun --mpi=pmix ... pytorch_exec PROGRAM`: become that rank of the program.
-  if (pe::is_step_task(ctx.env) && !cfg.dry_run) pe::direct_exec(cfg, ctx.env, pe::step_identity(ctx.env));
+  if (pe::is_step_task(ctx.env) && !cfg.dry_run)
+    pe::direct_exec(cfg, ctx.env, pe::step_identity(ctx.env));
   pe::JobMap map = make_map(cfg, ctx.env, host);
   pe::check_stdin_rank(cfg, map.world_size);
   if (cfg.dry_run && (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)))

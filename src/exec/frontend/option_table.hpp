@@ -18,8 +18,8 @@ namespace pe {
 enum class OptionKind { Flag, Counted, Value, List };
 
 struct OptionSyntax {
-  const char* name;        // long name
-  char short_name;         // 0: none
+  const char* name;  // long name
+  char short_name;   // 0: none
   OptionKind kind;
   const char* group;       // --help section
   const char* value_name;  // nullptr for flags

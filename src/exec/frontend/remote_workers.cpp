@@ -15,7 +15,8 @@ namespace pe {
 namespace {
 
 // Variables carried to daemons started over ssh or a launch agent (besides -x).
-constexpr const char* kCarriedPrefixes[] = {"OMPI_", "PMIX_MCA_", "NCCL_", "PYTORCH_", "TORCH_", "CUDA_"};
+constexpr const char* kCarriedPrefixes[] = {"OMPI_",    "PMIX_MCA_", "NCCL_",
+                                            "PYTORCH_", "TORCH_",    "CUDA_"};
 
 double daemon_timeout(const EnvMap& env) {
   auto it = env.find("PYTORCH_EXEC_DAEMON_TIMEOUT");
@@ -23,7 +24,8 @@ double daemon_timeout(const EnvMap& env) {
   char* end = nullptr;
   double v = std::strtod(it->second.c_str(), &end);
   if (!end || *end || !(v > 0))
-    throw UsageError("PYTORCH_EXEC_DAEMON_TIMEOUT: '" + it->second + "' is not a number of seconds");
+    throw UsageError("PYTORCH_EXEC_DAEMON_TIMEOUT: '" + it->second +
+                     "' is not a number of seconds");
   return v;
 }
 
@@ -39,8 +41,8 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host) {
     };
   } else {
     s.make = [host](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
-      return std::make_unique<RemoteWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id, host,
-                                             c.stdin_how == StdinHow::Forward);
+      return std::make_unique<RemoteWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,
+                                             host, c.stdin_how == StdinHow::Forward);
     };
   }
   return s;
@@ -49,9 +51,16 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host) {
 RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
                              const std::string& host, bool stdin_forwarded)
-    : loop_(loop), listener_(listener), cfg_(cfg), env_(env), map_(map), job_id_(job_id),
-      secret_(auth::new_secret()), slurm_(map.slurm && cfg.launch_agent.empty()),
-      stdin_forwarded_(stdin_forwarded), nodes_(map.nodes.size()),
+    : loop_(loop),
+      listener_(listener),
+      cfg_(cfg),
+      env_(env),
+      map_(map),
+      job_id_(job_id),
+      secret_(auth::new_secret()),
+      slurm_(map.slurm && cfg.launch_agent.empty()),
+      stdin_forwarded_(stdin_forwarded),
+      nodes_(map.nodes.size()),
       tree_(static_cast<int>(map.nodes.size()), cfg.tree_radix,
             {[this](int node, wire::Frame& f) { dispatch_.dispatch(f, node); },
              [this](int node, const std::string& why) { node_lost(node, why); }}),
@@ -73,8 +82,8 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       .on<Ready>([this](int n, Ready& m) { on_ready(n, m); })
       .on<Port>([this](int n, Port& m) { nodes_[n].port = m.port; })
       .on<Output>([this](int, Output& m) {
-        listener_.on_output(m.generation, valid_rank(m.rank), m.stream == 1 ? Stream::Out : Stream::Err,
-                            m.data);
+        listener_.on_output(m.generation, valid_rank(m.rank),
+                            m.stream == 1 ? Stream::Out : Stream::Err, m.data);
       })
       .on<Exit>([this](int n, Exit& m) { on_exit(n, m); })
       .on<Abort>([this](int, Abort& m) {
@@ -110,7 +119,8 @@ EnvMap RemoteWorkers::carried_environment() const {
 void RemoteWorkers::prepare(std::function<void()> ready) {
   ready_ = std::move(ready);
   if (::access(launcher_.execd().c_str(), X_OK) != 0)
-    throw ProgramError("cannot find pytorch_execd next to pytorch_exec (" + launcher_.execd() + ")", 1);
+    throw ProgramError("cannot find pytorch_execd next to pytorch_exec (" + launcher_.execd() + ")",
+                       1);
   std::map<std::string, int> by_host;
   for (size_t i = 0; i < nodes_.size(); ++i) by_host[nodes_[i].host] = static_cast<int>(i);
   acceptor_ = std::make_unique<ctrl::Acceptor>(
@@ -132,11 +142,13 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
     for (int i = 0; i < tree_.size(); ++i)
       if (!nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i))
         return tree_.lose(i, "its daemon did not report within " +
-                                 std::to_string(static_cast<int>(timeout)) + " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
+                                 std::to_string(static_cast<int>(timeout)) +
+                                 " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
   });
   ready_timer_.arm(timeout);
-  logger("ctrl")->info("control plane on port {} ({}); starting {} daemon(s) with {}", acceptor_->port(),
-                       join(addresses_, ","), nodes_.size(), slurm_ ? "srun" : "a launch agent");
+  logger("ctrl")->info("control plane on port {} ({}); starting {} daemon(s) with {}",
+                       acceptor_->port(), join(addresses_, ","), nodes_.size(),
+                       slurm_ ? "srun" : "a launch agent");
   launcher_.launch(addresses_, acceptor_->port(), secret_);
 }
 
@@ -210,7 +222,8 @@ void RemoteWorkers::check_ready() {
 }
 
 int RemoteWorkers::valid_rank(int rank) const {
-  if (rank < 0 || rank >= map_.world_size) throw wire::WireError("bad rank " + std::to_string(rank));
+  if (rank < 0 || rank >= map_.world_size)
+    throw wire::WireError("bad rank " + std::to_string(rank));
   return rank;
 }
 
@@ -221,7 +234,8 @@ RemoteWorkers::Node& RemoteWorkers::node_of_rank(int rank) {
 std::string RemoteWorkers::master_addr() {
   std::vector<NodeAddresses> view;
   for (const auto& n : nodes_)
-    view.push_back(NodeAddresses{n.seen, n.direct ? local_address(n.direct->conn().fd()) : "", n.addrs});
+    view.push_back(
+        NodeAddresses{n.seen, n.direct ? local_address(n.direct->conn().fd()) : "", n.addrs});
   return choose_master_addr(map_.ranks.at(0).node, view, addresses_, route_source_address);
 }
 
@@ -230,7 +244,8 @@ int RemoteWorkers::master_port() { return node_of_rank(0).port; }
 void RemoteWorkers::start(const GenerationInfo& gen) {
   modex_.reset();
   for (int i = 0; i < tree_.size(); ++i) {
-    if (tree_.lost(i)) throw Error("node " + nodes_[static_cast<size_t>(i)].host + " is not connected");
+    if (tree_.lost(i))
+      throw Error("node " + nodes_[static_cast<size_t>(i)].host + " is not connected");
     nodes_[static_cast<size_t>(i)].live = map_.nodes[static_cast<size_t>(i)].ranks.size();
   }
   tree_.broadcast(ctrl::Start{gen});

@@ -24,9 +24,9 @@ namespace pe {
 
 class RemoteWorkers : public WorkerSet {
  public:
-  RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg, const EnvMap& env,
-                const JobMap& map, const std::string& job_id, const std::string& host,
-                bool stdin_forwarded);
+  RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
+                const EnvMap& env, const JobMap& map, const std::string& job_id,
+                const std::string& host, bool stdin_forwarded);
   // Closes every connection (the daemons then kill what is left and exit); the launchers are
   // waited for, then killed.
   ~RemoteWorkers() override;
@@ -48,14 +48,14 @@ class RemoteWorkers : public WorkerSet {
  private:
   struct Node {
     std::string host;
-    std::string seen;                // its address as we see it (children of the front end)
-    ctrl::ConnLink* direct = nullptr;     // its connection, when it is a child of the front end
-    std::vector<std::string> addrs;  // its own addresses
+    std::string seen;                  // its address as we see it (children of the front end)
+    ctrl::ConnLink* direct = nullptr;  // its connection, when it is a child of the front end
+    std::vector<std::string> addrs;    // its own addresses
     bool job_sent = false;
     bool ready = false;
     size_t live = 0;
     size_t stdin_inflight = 0;
-    int port = 0;                    // free on the node, for MASTER_PORT
+    int port = 0;  // free on the node, for MASTER_PORT
   };
   void on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn);
   void on_ready(int node, ctrl::Ready& m);

@@ -60,8 +60,7 @@ std::vector<std::string> last_lines(std::string_view text, size_t max_lines) {
 }
 
 OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
-    : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd),
-      tails_(static_cast<size_t>(nranks)) {}
+    : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd), tails_(static_cast<size_t>(nranks)) {}
 
 void OutputSink::open_files() {
   if (opts_.dir.empty()) return;

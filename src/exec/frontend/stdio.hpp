@@ -19,8 +19,8 @@ enum class Stream { Out, Err };
 struct OutputOptions {
   bool tag = false;
   bool timestamp = false;
-  std::string dir;      // per-rank files; empty: none
-  bool copy = true;     // also to the terminal when dir is set
+  std::string dir;   // per-rank files; empty: none
+  bool copy = true;  // also to the terminal when dir is set
 };
 
 // "[2026-11-22T10:00:00.123456]" in local time.

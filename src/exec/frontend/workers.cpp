@@ -22,9 +22,7 @@ LocalWorkers::~LocalWorkers() = default;
 
 int LocalWorkers::master_port() { return find_free_port(master_addr()); }
 
-size_t LocalWorkers::stdin_backlog() const {
-  return runner_.agent()->stdin_backlog();
-}
+size_t LocalWorkers::stdin_backlog() const { return runner_.agent()->stdin_backlog(); }
 
 std::string LocalWorkers::host_of_rank(int rank) const {
   const JobMap& map = runner_.job().map;

@@ -35,8 +35,8 @@ struct ChildArgs {
   int in_fd, out_fd, err_fd;
   char** argv;
   char** envp;
-  sigset_t mask;          // the launcher's mask before spawning, restored in the child (minus
-                          // everything: the worker starts with no signal blocked)
+  sigset_t mask;            // the launcher's mask before spawning, restored in the child (minus
+                            // everything: the worker starts with no signal blocked)
   volatile int exec_errno;  // written by the child (shared memory), read after clone returns
   cpu_set_t* cpus;          // nullptr: no binding
   size_t cpus_size;
@@ -57,8 +57,7 @@ int child_main(void* p) {
   sigset_t none;
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
-  if (::dup2(a->in_fd, 0) < 0 || ::dup2(a->out_fd, 1) < 0 || ::dup2(a->err_fd, 2) < 0)
-    fail(errno);
+  if (::dup2(a->in_fd, 0) < 0 || ::dup2(a->out_fd, 1) < 0 || ::dup2(a->err_fd, 2) < 0) fail(errno);
   if (!a->spec->wdir.empty() && ::chdir(a->spec->wdir.c_str()) != 0) fail(errno);
   if (a->cpus && ::sched_setaffinity(0, a->cpus_size, a->cpus) != 0) {
     a->bind_failed = true;
@@ -109,8 +108,18 @@ ChildProcess spawn_child(const SpawnSpec& spec) {
     CPU_ZERO_S(cpus_size, cpus);
     for (int c : spec.cpus) CPU_SET_S(static_cast<size_t>(c), cpus_size, cpus);
   }
-  ChildArgs args{&spec, ::getpid(), child_in, out.write.get(), err.write.get(),
-                 argv.data(), envp.data(), {}, 0, cpus, cpus_size, false};
+  ChildArgs args{&spec,
+                 ::getpid(),
+                 child_in,
+                 out.write.get(),
+                 err.write.get(),
+                 argv.data(),
+                 envp.data(),
+                 {},
+                 0,
+                 cpus,
+                 cpus_size,
+                 false};
   sigset_t all;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &args.mask);

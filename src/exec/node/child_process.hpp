@@ -15,24 +15,24 @@
 namespace pe {
 
 struct SpawnSpec {
-  std::string path;                  // resolved program
-  std::vector<std::string> argv;     // argv[0] included
-  std::vector<std::string> envp;     // NAME=VALUE
-  std::string wdir;                  // empty: inherit
+  std::string path;               // resolved program
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> envp;  // NAME=VALUE
+  std::string wdir;               // empty: inherit
   // Standard input: a pipe (stdin_pipe), a descriptor to dup (stdin_fd >= 0), or /dev/null.
   bool stdin_pipe = false;
   int stdin_fd = -1;
-  std::vector<int> cpus;             // bind to these OS processors before exec; empty: unbound
+  std::vector<int> cpus;  // bind to these OS processors before exec; empty: unbound
 };
 
 // A started child.  Move-only: owns the parent's ends of the pipes.  It does not kill or reap
 // the child on destruction; the node agent does that explicitly.
 struct ChildProcess {
   pid_t pid = -1;
-  UniqueFd stdin_w;     // parent's write end, if stdin_pipe
+  UniqueFd stdin_w;  // parent's write end, if stdin_pipe
   UniqueFd stdout_r;
   UniqueFd stderr_r;
-  int exec_errno = 0;   // non-zero: the child could not exec (it exits with 127)
+  int exec_errno = 0;        // non-zero: the child could not exec (it exits with 127)
   bool bind_failed = false;  // exec_errno came from sched_setaffinity, not execve
 };
 

@@ -46,7 +46,8 @@ NodeAgent::~NodeAgent() {
   }
 }
 
-void NodeAgent::start(int generation, std::vector<WorkerSpec> specs, const pmix::NamespaceInfo* ns) {
+void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
+                      const pmix::NamespaceInfo* ns) {
   auto log = logger("agent");
   if (pmix_ && !nspace_.empty()) pmix_->deregister_namespace(nspace_);
   nspace_.clear();
@@ -58,15 +59,17 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs, const pmix:
       auto& env = spec.spawn.envp;
       auto has = [&env](const std::string& key) {
         return std::any_of(env.begin(), env.end(), [&key](const std::string& e) {
-          return e.size() > key.size() && e.compare(0, key.size(), key) == 0 && e[key.size()] == '=';
+          return e.size() > key.size() && e.compare(0, key.size(), key) == 0 &&
+                 e[key.size()] == '=';
         });
       };
       for (const auto& [k, v] : ompi)
         if (!has(k)) env.push_back(k + "=" + v);  // the user's setting wins
       for (auto& var : pmix_->setup_fork(nspace_, spec.rank)) {
         auto key = var.substr(0, var.find('=') + 1);
-        env.erase(std::remove_if(env.begin(), env.end(),
-                                 [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; }),
+        env.erase(std::remove_if(
+                      env.begin(), env.end(),
+                      [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; }),
                   env.end());
         env.push_back(var);
       }
@@ -79,8 +82,10 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs, const pmix:
     w->proc = spawn_child(spec.spawn);
     guard_.watch(w->proc.pid);
     Worker* wp = w.get();
-    w->out_ev = loop_.watch_readable(w->proc.stdout_r.get(), [this, wp] { on_readable(*wp, Stream::Out); });
-    w->err_ev = loop_.watch_readable(w->proc.stderr_r.get(), [this, wp] { on_readable(*wp, Stream::Err); });
+    w->out_ev =
+        loop_.watch_readable(w->proc.stdout_r.get(), [this, wp] { on_readable(*wp, Stream::Out); });
+    w->err_ev =
+        loop_.watch_readable(w->proc.stderr_r.get(), [this, wp] { on_readable(*wp, Stream::Err); });
     log->debug("generation {} rank {} started as pid {}", generation, w->rank, w->proc.pid);
     workers_.emplace(w->proc.pid, std::move(w));
   }
@@ -103,7 +108,8 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
   int fd = (s == Stream::Out ? w.proc.stdout_r : w.proc.stderr_r).get();
   ssize_t n = ::read(fd, buf, sizeof buf);
   if (n > 0) {
-    std::string_view lines = (s == Stream::Out ? w.out_buf : w.err_buf).append(buf, static_cast<size_t>(n));
+    std::string_view lines =
+        (s == Stream::Out ? w.out_buf : w.err_buf).append(buf, static_cast<size_t>(n));
     if (!lines.empty()) listener_.on_output(w.generation, w.rank, s, lines);
     return;
   }
@@ -208,7 +214,8 @@ void NodeAgent::flush_stdin(Worker& w) {
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && errno == EAGAIN) {
-      if (!w.in_ev) w.in_ev = loop_.watch_writable(w.proc.stdin_w.get(), [this, &w] { on_stdin_writable(w); });
+      if (!w.in_ev)
+        w.in_ev = loop_.watch_writable(w.proc.stdin_w.get(), [this, &w] { on_stdin_writable(w); });
       return;
     }
     drop_stdin(w);  // EPIPE: the worker closed its stdin

@@ -16,11 +16,11 @@
 
 #include "common/event_loop.hpp"
 #include "common/line_buffer.hpp"
+#include "exec/frontend/stdio.hpp"
 #include "exec/node/child_process.hpp"
 #include "exec/node/orphan_guard.hpp"
 #include "exec/node/worker_exit.hpp"
 #include "pmix_rdzv/pmix_server.hpp"
-#include "exec/frontend/stdio.hpp"
 
 struct hwloc_topology;  // hwloc.h: hwloc_topology_t
 
@@ -41,9 +41,12 @@ class AgentListener {
   // The stdin backlog fell to zero.
   virtual void on_stdin_drained() {}
   // A worker called PMIx_Abort (MPI_Abort).
-  virtual void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) = 0;
+  virtual void on_abort(int generation, int rank, pid_t pid, int status,
+                        const std::string& msg) = 0;
   // Multi-node jobs: a node's daemon could not be started, or it (or its node) went away.
-  virtual void on_node_lost(const std::string& host, const std::string& why) { (void)host, (void)why; }
+  virtual void on_node_lost(const std::string& host, const std::string& why) {
+    (void)host, (void)why;
+  }
 };
 
 class NodeAgent : public pmix::ServerListener {
@@ -61,7 +64,8 @@ class NodeAgent : public pmix::ServerListener {
   // worker's environment gets what PMIx_server_setup_fork adds.  Throws (SystemError, PmixError)
   // if a fork, a pipe or the registration fails; workers already started stay registered and
   // are reported as usual.
-  void start(int generation, std::vector<WorkerSpec> specs, const pmix::NamespaceInfo* ns = nullptr);
+  void start(int generation, std::vector<WorkerSpec> specs,
+             const pmix::NamespaceInfo* ns = nullptr);
   // Sends sig to the process group of every live worker.
   void signal_all(int sig);
   size_t live() const { return workers_.size(); }

@@ -29,7 +29,7 @@ struct PlacementRequest {
 
 struct NodeJob {
   std::string job_id;
-  int node = 0;        // index into map.nodes
+  int node = 0;  // index into map.nodes
   JobMap map;
   int tree_radix = 32;
   int verbosity = 0;
@@ -38,9 +38,9 @@ struct NodeJob {
   std::string program;       // resolved path
   std::string program_arg0;  // as typed: the workers' argv[0]
   std::vector<std::string> args;
-  std::string wdir;          // --wdir, else the launcher's current directory
+  std::string wdir;  // --wdir, else the launcher's current directory
   std::vector<std::pair<std::string, std::string>> exports;  // -x
-  EnvMap env;                // carried environment
+  EnvMap env;                                                // carried environment
   bool replace_env = false;  // env is the whole environment (SLURM), else added to the node's
 
   PlacementRequest placement;

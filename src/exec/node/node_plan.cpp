@@ -11,11 +11,15 @@ void apply_rank_by(topo::RankBy rank_by, const topo::Analysis& a,
                    std::vector<topo::RankPlacement>& ranks) {
   auto key = [rank_by, &a](const topo::RankPlacement& r) {
     switch (rank_by) {
-      case topo::RankBy::Gpu: return r.gpus.empty() ? -1 : r.gpus.front();
-      case topo::RankBy::Domain: return r.domain;
-      case topo::RankBy::Numa: return a.domains.at(static_cast<size_t>(r.domain)).numa;
+      case topo::RankBy::Gpu:
+        return r.gpus.empty() ? -1 : r.gpus.front();
+      case topo::RankBy::Domain:
+        return r.domain;
+      case topo::RankBy::Numa:
+        return a.domains.at(static_cast<size_t>(r.domain)).numa;
       case topo::RankBy::Slot:
-      case topo::RankBy::Node: break;
+      case topo::RankBy::Node:
+        break;
     }
     return 0;
   };

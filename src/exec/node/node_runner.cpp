@@ -91,16 +91,17 @@ std::string binding_report(const JobMap& map, int node, const NodePlan& plan, in
 
 NodeRunner::NodeRunner(NodeJob job)
     : job_(std::move(job)),
-      plan_(plan_node(job_.placement, static_cast<int>(job_.map.nodes.at(static_cast<size_t>(job_.node))
-                                                 .ranks.size()))) {}
+      plan_(plan_node(
+          job_.placement,
+          static_cast<int>(job_.map.nodes.at(static_cast<size_t>(job_.node)).ranks.size()))) {}
 
 NodeRunner::~NodeRunner() = default;
 
 void NodeRunner::open(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
                       const std::string& server_nspace, EnvMap env) {
   env_ = std::move(env);
-  agent_ = std::make_unique<NodeAgent>(loop, listener, router, server_nspace,
-                                       plan_.topology->raw());
+  agent_ =
+      std::make_unique<NodeAgent>(loop, listener, router, server_nspace, plan_.topology->raw());
 }
 
 void NodeRunner::start(GenerationInfo gen) {

@@ -66,15 +66,19 @@ EnvMap worker_environment(const EnvMap& base,
     std::string s;
     for (const auto& x : v) {
       if (!s.empty()) s += ',';
-      if constexpr (std::is_same_v<std::decay_t<decltype(x)>, int>) s += std::to_string(x);
-      else s += x;
+      if constexpr (std::is_same_v<std::decay_t<decltype(x)>, int>)
+        s += std::to_string(x);
+      else
+        s += x;
     }
     return s;
   };
   // Absent when there is nothing to say (and never inherited from an outer launch).
   auto set_or_erase = [&env](const char* k, const std::string& v) {
-    if (v.empty()) env.erase(k);
-    else env[k] = v;
+    if (v.empty())
+      env.erase(k);
+    else
+      env[k] = v;
   };
   set_or_erase("PYTORCH_EXEC_GPU", join(where.gpus));
   set_or_erase("PYTORCH_EXEC_NIC", join(where.nics));

@@ -18,8 +18,8 @@ using EnvMap = std::map<std::string, std::string>;
 struct GenerationInfo {
   std::string job_id;
   std::string run_id;
-  int generation = 0;        // PYTORCH_EXEC_GENERATION
-  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
+  int generation = 0;     // PYTORCH_EXEC_GENERATION
+  int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT
   int max_restarts = 0;
   std::string master_addr;
   int master_port = 0;
@@ -30,9 +30,9 @@ struct GenerationInfo {
 // Where one rank runs on its node (from topology placement).
 struct RankLocality {
   int domain = 0;
-  std::vector<int> gpus;           // GPU indexes
-  std::vector<std::string> nics;   // nearest NICs
-  std::string cpus;                // bound processors (hwloc list syntax), "" when unbound
+  std::vector<int> gpus;          // GPU indexes
+  std::vector<std::string> nics;  // nearest NICs
+  std::string cpus;               // bound processors (hwloc list syntax), "" when unbound
 };
 
 EnvMap environment_from(char** envp);
