@@ -268,3 +268,24 @@ TEST(ResolveProgramTest, SearchesPathAndReportsWhyNot) {
   EXPECT_THROW(pe::resolve_program("tool", dir + "/missing", dir), pe::UsageError);
   EXPECT_THROW(pe::resolve_program("tool", exe, dir), pe::UsageError);
 }
+
+TEST(CliTest, ElasticNodeCounts) {
+  auto c = config({"--nnodes", "2:4", "prog"});
+  EXPECT_EQ(c.nnodes_min, 2);
+  EXPECT_EQ(c.nnodes_max, 4);
+  EXPECT_EQ(c.max_scale_events, -1);
+  c = config({"--nnodes", "3", "--max-scale-events", "5", "prog"});
+  EXPECT_EQ(c.nnodes_min, 3);
+  EXPECT_EQ(c.nnodes_max, 3);
+  EXPECT_EQ(c.max_scale_events, 5);
+  EXPECT_EQ(config({"prog"}).nnodes_min, 0);
+  for (const char* bad : {"0", "4:2", "2:", ":3", "x", "1:2:3", ""})
+    EXPECT_NE(usage_error({"--nnodes", bad, "prog"}).find("--nnodes: expected N or MIN:MAX"),
+              std::string::npos)
+        << bad;
+  EXPECT_EQ(usage_error({"--max-scale-events", "2", "prog"}),
+            "--max-scale-events needs --nnodes MIN:MAX");
+  EXPECT_NE(usage_error({"--nnodes", "2:3", "--max-scale-events", "-1", "prog"})
+                .find("--max-scale-events: expected a non-negative integer"),
+            std::string::npos);
+}

@@ -156,6 +156,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   g.generation = 3;
   g.master_port = 29500;
   round_trip(Start{g});
+  round_trip(Remap{sample().map});
   round_trip(Signal{SIGTERM});
   round_trip(Stdin{2, std::string("line\n\0x", 8)});
   round_trip(StdinClose{});

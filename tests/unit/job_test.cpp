@@ -1,6 +1,7 @@
 // The job controller's restart state machine, driven by a fake WorkerSet (no processes): a
 // failing rank restarts the whole group while the budget lasts, with the generation and restart
-// count moving on; without budget the job fails with the rank's status.
+// count moving on; without budget the job fails with the rank's status.  Elastic jobs re-form on
+// the nodes left after one is lost, while at least --nnodes MIN remain.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -20,23 +21,32 @@ namespace {
 class FakeWorkers : public WorkerSet {
  public:
   FakeWorkers(const WorkerSetContext& c, std::vector<int> fails, std::vector<GenerationInfo>* log)
-      : c_(c), fails_(std::move(fails)), log_(log) {}
+      : c_(c), fails_(std::move(fails)), log_(log), map_(c.map) {}
+  const char* lose_node = nullptr;     // in generation 0, node 1 (this host) is lost
+  std::vector<JobMap>* maps = nullptr;  // gets the map of each generation
   void prepare(std::function<void()> ready) override { c_.loop.post(std::move(ready)); }
   std::string master_addr() override { return "127.0.0.1"; }
   int master_port() override { return 29500; }
+  void use_map(const JobMap& map) override { map_ = map; }
   void start(const GenerationInfo& gen) override {
     log_->push_back(gen);
+    if (maps) maps->push_back(map_);
     generation_ = gen.generation;
-    alive_.assign(static_cast<size_t>(c_.map.world_size), true);
+    alive_.assign(static_cast<size_t>(map_.world_size), true);
     bool fail = std::find(fails_.begin(), fails_.end(), gen.generation) != fails_.end();
-    for (int r = 0; r < c_.map.world_size; ++r) {
+    if (lose_node && gen.generation == 0) {  // its daemon goes away; the others keep running
+      c_.loop.post([this] { c_.listener.on_node_lost(lose_node, "lost contact with its daemon"); });
+      for (int r : map_.nodes[1].ranks) alive_[static_cast<size_t>(r)] = false;
+      return;
+    }
+    for (int r = 0; r < map_.world_size; ++r) {
       int status = fail && r == 1 ? 3 << 8 : 0;
       if (status == 0 && fail) continue;  // the others wait to be stopped
       c_.loop.post([this, r, status, g = gen.generation] { exit(r, g, status); });
     }
   }
   void signal_all(int sig) override {
-    for (int r = 0; r < c_.map.world_size; ++r)
+    for (int r = 0; r < map_.world_size; ++r)
       c_.loop.post([this, r, sig, g = generation_] { exit(r, g, sig); });
   }
   size_t live() const override {
@@ -62,6 +72,7 @@ class FakeWorkers : public WorkerSet {
   WorkerSetContext c_;
   std::vector<int> fails_;
   std::vector<GenerationInfo>* log_;
+  JobMap map_;
   int generation_ = -1;
   std::vector<bool> alive_;
 };
@@ -102,4 +113,84 @@ TEST(JobTest, WithoutBudgetTheJobFailsWithTheRanksStatus) {
   log.clear();
   EXPECT_EQ(run_job(0, {}, &log), 0);
   EXPECT_EQ(log.size(), 1u);
+}
+
+namespace {
+
+// Three nodes of one rank each; node b's daemon goes away in generation 0.
+int run_elastic(int nnodes_min, int max_scale_events, std::vector<GenerationInfo>* log,
+                std::vector<JobMap>* maps) {
+  LaunchConfig cfg;
+  cfg.program = "/bin/fake";
+  cfg.kill_grace = 1;
+  cfg.stdin_mode = StdinMode::None;
+  cfg.nnodes_min = nnodes_min;
+  cfg.nnodes_max = 3;
+  cfg.max_scale_events = max_scale_events;
+  JobMap base;
+  for (const char* h : {"a", "b", "c"}) {
+    NodeMap n;
+    n.host = h;
+    n.node_rank = static_cast<int>(base.nodes.size());
+    n.ranks = {base.world_size};
+    base.ranks.push_back(RankLocation{n.node_rank, 0});
+    ++base.world_size;
+    base.nodes.push_back(n);
+  }
+  WorkerSetSource src;
+  src.make = [log, maps](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
+    auto w = std::make_unique<FakeWorkers>(c, std::vector<int>{}, log);
+    w->lose_node = "b";
+    w->maps = maps;
+    return w;
+  };
+  JobController job(cfg, {}, base, std::move(src));
+  return job.run();
+}
+
+}  // namespace
+
+TEST(JobTest, AnElasticJobReformsOnTheNodesLeft) {
+  std::vector<GenerationInfo> log;
+  std::vector<JobMap> maps;
+  EXPECT_EQ(run_elastic(2, -1, &log, &maps), 0);
+  ASSERT_EQ(log.size(), 2u);
+  EXPECT_EQ(log[1].generation, 1);
+  EXPECT_EQ(log[1].restart_count, 1);  // as torchrun counts it
+  EXPECT_EQ(log[1].max_restarts, 0);   // no restart was used
+  ASSERT_EQ(maps.size(), 2u);
+  EXPECT_EQ(maps[0].world_size, 3);
+  ASSERT_EQ(maps[1].nodes.size(), 2u);
+  EXPECT_EQ(maps[1].world_size, 2);
+  EXPECT_EQ(maps[1].nodes[0].host, "a");
+  EXPECT_EQ(maps[1].nodes[1].host, "c");
+  EXPECT_EQ(maps[1].nodes[1].node_rank, 1);
+  EXPECT_EQ(maps[1].nodes[1].ranks, std::vector<int>{1});
+}
+
+TEST(JobTest, AnElasticJobBelowItsMinimumFails) {
+  std::vector<GenerationInfo> log;
+  std::vector<JobMap> maps;
+  EXPECT_EQ(run_elastic(3, -1, &log, &maps), 1);
+  EXPECT_EQ(log.size(), 1u);
+  log.clear();
+  maps.clear();
+  EXPECT_EQ(run_elastic(2, 0, &log, &maps), 1);  // no scale events allowed
+  EXPECT_EQ(log.size(), 1u);
+}
+
+TEST(JobTest, ReformedMapsKeepTheNodesOrderAndTheirRanks) {
+  JobMap base;
+  base.world_size = 5;
+  base.nodes = {{"a", 0, {0}}, {"b", 1, {1, 2}}, {"c", 2, {3, 4}}};
+  base.ranks = {{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}};
+  JobMap m = reform_map(base, {false, true, true});
+  EXPECT_EQ(m.world_size, 4);
+  ASSERT_EQ(m.nodes.size(), 2u);
+  EXPECT_EQ(m.nodes[0].host, "b");
+  EXPECT_EQ(m.nodes[0].ranks, (std::vector<int>{0, 1}));
+  EXPECT_EQ(m.nodes[1].ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(m.ranks[3].node, 1);
+  EXPECT_EQ(m.ranks[3].local_rank, 1);
+  EXPECT_EQ(reform_map(base, {true, true, true}).world_size, 5);
 }

@@ -28,29 +28,34 @@
 namespace pe::ctrl {
 
 enum class Msg : uint16_t {
+  // Handshake (auth.hpp).
   Challenge = 1,
   Hello = 2,
   Welcome = 3,
-  Redirect = 4,  // handshake (auth.hpp)
+  Redirect = 4,
+  // Front end to daemon (DmodexReq and DmodexResp go both ways).
   Job = 10,
   Start = 11,
   Signal = 12,
   Stdin = 13,
-  StdinClose = 14,  // front end to daemon
+  StdinClose = 14,
   FenceDone = 15,
   DmodexReq = 16,
-  DmodexResp = 17,  // (dmodex: both ways)
+  DmodexResp = 17,
+  Remap = 18,
+  // Daemon to front end.
   Ready = 30,
   Output = 31,
   Exit = 32,
   Abort = 33,
-  Fence = 34,  // daemon to front end
+  Fence = 34,
   StartFailed = 35,
   StdinDrained = 36,
   Port = 37,
   Lost = 38,
   Joined = 39,
-  Routed = 40,  // either way, see tree.hpp
+  // Either way: a frame for (or from) another node of the tree (tree.hpp).
+  Routed = 40,
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
@@ -114,6 +119,15 @@ struct Start {  // start a generation
     f(gen.job_id, 64), f(gen.run_id), f.count(gen.generation, 1 << 30);
     f.count(gen.restart_count, 1 << 30), f(gen.max_restarts), f(gen.master_addr, 256);
     f.count(gen.master_port, 65535), f(gen.role_name, 256);
+  }
+};
+struct Remap {  // elastic: the nodes of the next generation (a node finds itself by its name)
+  static constexpr Msg kType = Msg::Remap;
+  static constexpr const char* kName = "remap";
+  JobMap map;
+  template <class IO>
+  void io(IO& f) {
+    f(map);
   }
 };
 struct Signal {
@@ -287,7 +301,7 @@ struct Routed {
   }
 };
 
-using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Signal, Stdin,
+using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin,
                                StdinClose, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit,
                                Abort, Fence, StartFailed, StdinDrained, Port, Lost, Joined, Routed>;
 

@@ -72,6 +72,7 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
     on_redirect(m);
   });
   dispatch_.on<Start>([this](Start& m) { on_start(m); })
+      .on<Remap>([this](Remap& m) { on_remap(m); })
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
       .on<Stdin>([this](Stdin& m) { on_stdin(m); })
       .on<StdinClose>([this](StdinClose&) { agent_->stdin_close_all(); })
@@ -175,6 +176,20 @@ void Daemon::on_frame(wire::Frame& f) {
   if (!before_job_.handles(f.type))
     throw wire::WireError(std::string("unexpected ") + ctrl::msg_name(f.type) + " before the job");
   before_job_.dispatch(f);
+}
+
+// Elastic: the next generation runs on fewer nodes; find this one among them.
+void Daemon::on_remap(ctrl::Remap& m) {
+  for (size_t i = 0; i < m.map.nodes.size(); ++i)
+    if (m.map.nodes[i].host == opts_.node) {
+      try {
+        runner_->remap(std::move(m.map), static_cast<int>(i));
+      } catch (const Error& e) {
+        conn_->send(ctrl::StartFailed{0, e.what()});
+      }
+      return;
+    }
+  throw wire::WireError("a job map without this node (" + opts_.node + ")");
 }
 
 void Daemon::on_stdin(ctrl::Stdin& m) {

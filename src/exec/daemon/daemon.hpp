@@ -44,6 +44,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_job(ctrl::Job& m);
   void on_start(ctrl::Start& m);
   void on_stdin(ctrl::Stdin& m);
+  void on_remap(ctrl::Remap& m);
   void on_dmodex_request(ctrl::DmodexReq& m);
   template <class M>
   void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status, std::string data,

@@ -92,6 +92,14 @@ const OptionDef<RawOptions> kOptions[] = {
     {"kill-grace", 0, "Failure handling", "SECONDS",
      "time between SIGTERM and SIGKILL when stopping processes (default 5)",
      &RawOptions::kill_grace},
+    {"nnodes", 0, "Elastic", "N|MIN:MAX",
+     "elastic membership: when a node is lost, the group is stopped and re-formed on the nodes "
+     "that are left, as long as at least MIN remain (up to MAX nodes of the allocation are used)",
+     &RawOptions::nnodes},
+    {"max-scale-events", 0, "Elastic", "N",
+     "re-form the group after a lost node at most N times (default: no limit; --max-restarts "
+     "counts failures only)",
+     &RawOptions::max_scale_events},
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
@@ -99,8 +107,9 @@ const OptionDef<RawOptions> kOptions[] = {
     {"help", 'h', "Debugging", nullptr, "print this help and exit", &RawOptions::help},
 };
 
-const std::vector<std::string> kGroups = {"Processes", "Mapping and binding", "Environment",
-                                          "Output",    "Failure handling",    "Debugging"};
+const std::vector<std::string> kGroups = {"Processes",        "Mapping and binding", "Environment",
+                                          "Output",           "Failure handling",    "Elastic",
+                                          "Debugging"};
 
 int parse_count(const std::string& opt, const std::string& v, long long min) {
   auto n = parse_int(v, min, INT_MAX);
@@ -215,6 +224,23 @@ void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
   if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
 }
 
+// --nnodes N or MIN:MAX (torchrun's spelling), --max-scale-events N.
+void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
+  if (raw.max_scale_events) {
+    if (!raw.nnodes) throw UsageError("--max-scale-events needs --nnodes MIN:MAX");
+    c.max_scale_events = parse_count("--max-scale-events", *raw.max_scale_events, 0);
+  }
+  if (!raw.nnodes) return;
+  const std::string& v = *raw.nnodes;
+  auto colon = v.find(':');
+  auto lo = parse_int(v.substr(0, colon), 1, INT_MAX);
+  auto hi = colon == std::string::npos ? lo : parse_int(v.substr(colon + 1), 1, INT_MAX);
+  if (!lo || !hi || *lo > *hi)
+    throw UsageError("--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got '" + v + "'");
+  c.nnodes_min = static_cast<int>(*lo);
+  c.nnodes_max = static_cast<int>(*hi);
+}
+
 // The choice spelled `v`, or a UsageError naming `opt` and every choice.
 template <typename E, size_t N>
 E one_of(const std::string& opt, const std::string& v, const E (&choices)[N]) {
@@ -299,6 +325,7 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
   validate_output(raw, c);
   validate_stdin(raw, c);
   validate_failure_handling(raw, c);
+  validate_elastic(raw, c);
   if (raw.run_id) {
     if (raw.run_id->empty()) throw UsageError("--run-id: the id is empty");
     c.run_id = *raw.run_id;

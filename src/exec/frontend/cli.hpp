@@ -44,6 +44,8 @@ struct RawOptions {
   std::optional<std::string> stdin_target;
   std::optional<std::string> kill_grace;
   std::optional<std::string> max_restarts;
+  std::optional<std::string> nnodes;
+  std::optional<std::string> max_scale_events;
   std::optional<std::string> run_id;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <iostream>
@@ -50,13 +51,16 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSet
       sink_(
           OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy},
           map.world_size),
-      map_(std::move(map)) {}
+      base_map_(std::move(map)),
+      map_(base_map_),
+      alive_(base_map_.nodes.size(), true) {}
 
 JobController::~JobController() = default;
 
 int JobController::run() {
   if (!cfg_.dry_run) setup_stdin(source_.local);
-  workers_ = source_.make(WorkerSetContext{loop_, *this, cfg_, env_, map_, job_id_, stdin_how_});
+  workers_ =
+      source_.make(WorkerSetContext{loop_, *this, cfg_, env_, base_map_, job_id_, stdin_how_});
   if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
@@ -86,8 +90,12 @@ void JobController::start_generation() {
   gen.job_id = job_id_;
   gen.run_id = cfg_.run_id;
   gen.generation = generation_;
-  gen.restart_count = restarts_;
+  gen.restart_count = restarts_ + scale_events_;  // torchrun counts membership changes too
   gen.max_restarts = cfg_.max_restarts;
+  if (std::find(alive_.begin(), alive_.end(), false) != alive_.end()) {
+    map_ = reform_map(base_map_, alive_);
+    workers_->use_map(map_);
+  }
   gen.master_addr = workers_->master_addr();
   gen.master_port = workers_->master_port();
   state_ = State::Running;
@@ -161,10 +169,50 @@ void JobController::on_rank_failed(Failure f) {
   stop_workers(SIGTERM);
 }
 
-// A daemon could not be started or went away: the job cannot go on (elastic membership is a
-// later feature), so everything else is stopped and the job fails, naming the node.
+// A daemon could not be started or went away.  An elastic job (--nnodes MIN:MAX) stops every
+// survivor and re-forms on the nodes that are left while at least MIN are; otherwise everything
+// else is stopped and the job fails, naming the node.
 void JobController::on_node_lost(const std::string& host, const std::string& why) {
   if (state_ == State::Done) return;
+  std::string cannot;
+  if (cfg_.nnodes_min > 0 && (cannot = reform_without(host, why)).empty()) return;
+  fail_with_node(host, why);
+  if (!cannot.empty()) say(cannot);
+}
+
+// The node is there, its workers could not be started: no re-forming helps.
+void JobController::on_start_failed(const std::string& host, const std::string& why) {
+  if (state_ != State::Done) fail_with_node(host, why);
+}
+
+// "" when the job goes on without `host` (or already did), else why it cannot.
+std::string JobController::reform_without(const std::string& host, const std::string& why) {
+  size_t node = 0;
+  while (node < base_map_.nodes.size() && base_map_.nodes[node].host != host) ++node;
+  if (node == base_map_.nodes.size() || !alive_[node]) return "";  // already gone
+  // A rank's failure just before (its peer went away) does not end an elastic job; a signal
+  // or a failure of another kind does.
+  if (state_ == State::Interrupted || (state_ == State::Failing && !failure_))
+    return "the job is ending";
+  alive_[node] = false;
+  int left = static_cast<int>(std::count(alive_.begin(), alive_.end(), true));
+  if (left < cfg_.nnodes_min)
+    return std::to_string(left) + " node(s) left, --nnodes needs at least " +
+           std::to_string(cfg_.nnodes_min);
+  if (cfg_.max_scale_events >= 0 && scale_events_ >= cfg_.max_scale_events)
+    return "no scale events left (--max-scale-events " + std::to_string(cfg_.max_scale_events) +
+           ")";
+  say("node " + host + ": " + why + "; re-forming the group on the " + std::to_string(left) +
+      " node(s) left");
+  if (state_ == State::Preparing) return "";  // starts without it once the others are ready
+  state_ = State::Reforming;  // a failure seen while it went down was the loss: not a restart
+  failure_.reset();
+  stop_workers(SIGTERM);
+  if (workers_->live() == 0) on_all_stopped();
+  return "";
+}
+
+void JobController::fail_with_node(const std::string& host, const std::string& why) {
   say("node " + host + ": " + why);
   if (!exit_status_) exit_status_ = 1;
   failure_.reset();
@@ -188,7 +236,8 @@ void JobController::on_all_stopped() {
   kill_timer_.disarm();
   switch (state_) {
     case State::Restarting:
-      ++restarts_;
+    case State::Reforming:
+      ++(state_ == State::Restarting ? restarts_ : scale_events_);
       ++generation_;
       sink_.clear_tails();
       start_generation();

@@ -30,7 +30,7 @@ class JobController : public AgentListener {
   int run();
 
  private:
-  enum class State { Preparing, Running, Restarting, Failing, Interrupted, Done };
+  enum class State { Preparing, Running, Restarting, Reforming, Failing, Interrupted, Done };
 
   void start_generation();
   std::vector<WorkerSpec> worker_specs(const GenerationInfo& gen);
@@ -39,6 +39,9 @@ class JobController : public AgentListener {
   void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
   void on_rank_failed(Failure f);
   void on_node_lost(const std::string& host, const std::string& why) override;
+  void on_start_failed(const std::string& host, const std::string& why) override;
+  std::string reform_without(const std::string& host, const std::string& why);
+  void fail_with_node(const std::string& host, const std::string& why);
   void on_stdin_drained() override;
   void on_signal(int sig);
   void stop_workers(int sig);
@@ -53,12 +56,15 @@ class JobController : public AgentListener {
   std::string job_id_;
   EventLoop loop_;
   OutputSink sink_;
-  JobMap map_;
+  const JobMap base_map_;  // every node of the job
+  JobMap map_;             // the current generation's: base_map_ less the lost nodes
+  std::vector<bool> alive_;  // by node of base_map_
   std::unique_ptr<WorkerSet> workers_;
 
   State state_ = State::Preparing;
   int generation_ = 0;
   int restarts_ = 0;
+  int scale_events_ = 0;  // re-formings after lost nodes (--max-scale-events)
   int exited_ok_ = 0;
   int interrupt_signal_ = 0;
   std::optional<Failure> failure_;

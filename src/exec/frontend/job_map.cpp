@@ -96,4 +96,21 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
   return m;
 }
 
+JobMap reform_map(const JobMap& base, const std::vector<bool>& alive) {
+  JobMap m;
+  m.slurm = base.slurm;
+  for (size_t i = 0; i < base.nodes.size(); ++i) {
+    if (!alive.at(i)) continue;
+    NodeMap n;
+    n.host = base.nodes[i].host;
+    n.node_rank = static_cast<int>(m.nodes.size());
+    for (size_t lr = 0; lr < base.nodes[i].ranks.size(); ++lr) {
+      n.ranks.push_back(m.world_size++);
+      m.ranks.push_back(RankLocation{n.node_rank, static_cast<int>(lr)});
+    }
+    m.nodes.push_back(std::move(n));
+  }
+  return m;
+}
+
 }  // namespace pe

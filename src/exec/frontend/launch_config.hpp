@@ -58,6 +58,11 @@ struct LaunchConfig {
   double kill_grace = 5.0;  // seconds between SIGTERM and SIGKILL
   int max_restarts = 0;
 
+  // Elastic membership (--nnodes MIN:MAX): 0 when not elastic.
+  int nnodes_min = 0;
+  int nnodes_max = 0;
+  int max_scale_events = -1;  // -1: no limit
+
   std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id
   int verbosity = 0;
 };

@@ -26,6 +26,15 @@ int fail(const std::string& msg, int status) {
 
 pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
   pe::Allocation alloc = pe::find_allocation(cfg.hosts, cfg.hostfile, env, host);
+  if (cfg.nnodes_min > 0) {  // elastic: at least MIN of the allocation's nodes, at most MAX
+    if (static_cast<int>(alloc.nodes.size()) < cfg.nnodes_min)
+      throw pe::UsageError("--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
+                           std::to_string(cfg.nnodes_max) + " needs at least " +
+                           std::to_string(cfg.nnodes_min) + " nodes; " + alloc.source + " has " +
+                           std::to_string(alloc.nodes.size()));
+    if (static_cast<int>(alloc.nodes.size()) > cfg.nnodes_max)
+      alloc.nodes.resize(static_cast<size_t>(cfg.nnodes_max));
+  }
   if (!alloc.limited)
     return pe::map_single_node(alloc.nodes[0].host,
                                cfg.npernode > 0 && !cfg.np_given ? cfg.npernode : cfg.np);

@@ -1,26 +1,32 @@
 #include "exec/frontend/modex_relay.hpp"
 
+#include <algorithm>
+
 #include "common/log.hpp"
 
 namespace pe {
 
-void ModexRelay::reset() {
+void ModexRelay::reset(std::vector<int> members, std::vector<int> owner) {
+  members_ = std::move(members);
+  owner_ = std::move(owner);
   fences_.clear();
   requests_.clear();
 }
 
 void ModexRelay::on_fence(int node, ctrl::Fence& m) {
-  size_t nnodes = map_.nodes.size();
+  size_t nnodes = members_.size();
+  auto at = std::find(members_.begin(), members_.end(), node);
+  if (at == members_.end()) throw wire::WireError("a fence from a node outside the generation");
+  size_t i = static_cast<size_t>(at - members_.begin());
   auto& st = fences_[{m.nspace, m.seq}];
   if (st.arrived.empty()) {
     st.arrived.assign(nnodes, false);
     st.data.resize(nnodes);
   }
-  if (st.arrived[static_cast<size_t>(node)])
-    throw wire::WireError("fence " + std::to_string(m.seq) + " contributed twice");
-  st.arrived[static_cast<size_t>(node)] = true;
+  if (st.arrived[i]) throw wire::WireError("fence " + std::to_string(m.seq) + " contributed twice");
+  st.arrived[i] = true;
   // Nothing collected: the nodes' contributions are empty.
-  st.data[static_cast<size_t>(node)] = std::move(m.data);
+  st.data[i] = std::move(m.data);
   if (++st.count < static_cast<int>(nnodes)) return;
   ctrl::FenceDone done{m.nspace, m.seq, 0, {}};
   for (auto& d : st.data) done.data += d;
@@ -31,8 +37,9 @@ void ModexRelay::on_fence(int node, ctrl::Fence& m) {
 }
 
 void ModexRelay::on_request(int node, ctrl::DmodexReq& m) {
-  if (m.rank < 0 || m.rank >= map_.world_size) throw wire::WireError("dmodex request for bad rank");
-  int owner = map_.ranks[static_cast<size_t>(m.rank)].node;
+  if (m.rank < 0 || static_cast<size_t>(m.rank) >= owner_.size())
+    throw wire::WireError("dmodex request for bad rank");
+  int owner = owner_[static_cast<size_t>(m.rank)];
   if (tree_.lost(owner)) return tree_.send(node, ctrl::DmodexResp{m.id, -1, ""});
   uint64_t mine = next_id_++;
   requests_[mine] = Route{node, m.id};

@@ -19,12 +19,13 @@ namespace pe {
 
 class ModexRelay {
  public:
-  ModexRelay(const JobMap& map, ctrl::TreeRoot& tree) : map_(map), tree_(tree) {}
+  explicit ModexRelay(ctrl::TreeRoot& tree) : tree_(tree) {}
   void on_fence(int node, ctrl::Fence& m);
   void on_request(int node, ctrl::DmodexReq& m);
   void on_response(ctrl::DmodexResp& m);
-  // A new generation: what was in flight is void.
-  void reset();
+  // A new generation on the nodes `members` (tree indices), whose ranks live on
+  // owner[rank]: what was in flight is void.
+  void reset(std::vector<int> members, std::vector<int> owner);
 
  private:
   struct FenceState {
@@ -36,8 +37,9 @@ class ModexRelay {
     int from_node;
     uint64_t from_id;
   };
-  const JobMap& map_;
   ctrl::TreeRoot& tree_;
+  std::vector<int> members_;  // the generation's nodes
+  std::vector<int> owner_;    // node of each rank
   std::map<std::pair<std::string, uint32_t>, FenceState> fences_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Route> requests_;

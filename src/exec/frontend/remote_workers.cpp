@@ -64,13 +64,14 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       tree_(static_cast<int>(map.nodes.size()), cfg.tree_radix,
             {[this](int node, wire::Frame& f) { dispatch_.dispatch(f, node); },
              [this](int node, const std::string& why) { node_lost(node, why); }}),
-      modex_(map_, tree_),
+      modex_(tree_),
       launcher_(loop, cfg, env, map, host, slurm_,
                 [this](const std::vector<int>& nodes, const std::string& why) {
                   for (int n : nodes)
                     if (!tree_.attached(n) && !tree_.lost(n)) tree_.lose(n, why);
                 }) {
   for (size_t i = 0; i < nodes_.size(); ++i) nodes_[i].host = map_.nodes[i].host;
+  use_map(map_);
   using namespace ctrl;
   dispatch_
       .on<Joined>([this](int n, Joined&) {
@@ -101,10 +102,22 @@ RemoteWorkers::~RemoteWorkers() {
   for (int i = 0; i < tree_.size(); ++i) tree_.lose(i, "");  // the daemons see the close and exit
 }
 
-std::string RemoteWorkers::format_map() const { return format_job_map(map_, {}); }
+std::string RemoteWorkers::format_map() const { return format_job_map(gen_, {}); }
+
+void RemoteWorkers::use_map(const JobMap& map) {
+  remap_ = gen_.world_size > 0;  // the daemons have the job's own map to begin with
+  gen_ = map;
+  members_.clear();
+  for (const auto& n : gen_.nodes)
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i].host == n.host) members_.push_back(static_cast<int>(i));
+  if (members_.size() != gen_.nodes.size()) throw Error("a job map with nodes outside the job");
+  owner_.clear();
+  for (const auto& loc : gen_.ranks) owner_.push_back(members_[static_cast<size_t>(loc.node)]);
+}
 
 std::string RemoteWorkers::host_of_rank(int rank) const {
-  return map_.nodes.at(static_cast<size_t>(map_.ranks.at(static_cast<size_t>(rank)).node)).host;
+  return nodes_[static_cast<size_t>(owner_.at(static_cast<size_t>(rank)))].host;
 }
 
 EnvMap RemoteWorkers::carried_environment() const {
@@ -188,7 +201,7 @@ void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {
 void RemoteWorkers::on_start_failed(int node, ctrl::StartFailed& m) {
   Node& n = nodes_[static_cast<size_t>(node)];
   n.live = static_cast<size_t>(std::max(0, m.started));
-  listener_.on_node_lost(n.host, "cannot start the workers: " + m.message);
+  listener_.on_start_failed(n.host, "cannot start the workers: " + m.message);
 }
 
 void RemoteWorkers::on_stdin_drained(int node) {
@@ -209,12 +222,18 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
   if (why.empty()) return;  // shutting down
   logger("ctrl")->info("node {} ({}) lost: {}", node, nodes_[static_cast<size_t>(node)].host, why);
   listener_.on_node_lost(nodes_[static_cast<size_t>(node)].host, why);
+  check_ready();  // an elastic job starts without it
 }
 
+// Every node has reported, or is lost (an elastic job goes on without it).
 void RemoteWorkers::check_ready() {
   if (prepared_) return;
-  for (auto& n : nodes_)
-    if (!n.ready) return;
+  size_t ready = 0;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (nodes_[i].ready) ++ready;
+    else if (!tree_.lost(static_cast<int>(i))) return;
+  }
+  if (ready == 0) return;
   prepared_ = true;
   ready_timer_.disarm();
   logger("ctrl")->info("all {} daemons ready", nodes_.size());
@@ -222,13 +241,13 @@ void RemoteWorkers::check_ready() {
 }
 
 int RemoteWorkers::valid_rank(int rank) const {
-  if (rank < 0 || rank >= map_.world_size)
+  if (rank < 0 || rank >= gen_.world_size)
     throw wire::WireError("bad rank " + std::to_string(rank));
   return rank;
 }
 
 RemoteWorkers::Node& RemoteWorkers::node_of_rank(int rank) {
-  return nodes_[static_cast<size_t>(map_.ranks.at(static_cast<size_t>(rank)).node)];
+  return nodes_[static_cast<size_t>(owner_.at(static_cast<size_t>(rank)))];
 }
 
 std::string RemoteWorkers::master_addr() {
@@ -236,18 +255,22 @@ std::string RemoteWorkers::master_addr() {
   for (const auto& n : nodes_)
     view.push_back(
         NodeAddresses{n.seen, n.direct ? local_address(n.direct->conn().fd()) : "", n.addrs});
-  return choose_master_addr(map_.ranks.at(0).node, view, addresses_, route_source_address);
+  return choose_master_addr(owner_.at(0), view, addresses_, route_source_address);
 }
 
 int RemoteWorkers::master_port() { return node_of_rank(0).port; }
 
 void RemoteWorkers::start(const GenerationInfo& gen) {
-  modex_.reset();
-  for (int i = 0; i < tree_.size(); ++i) {
+  modex_.reset(members_, owner_);
+  for (auto& n : nodes_) n.live = 0;
+  for (size_t g = 0; g < members_.size(); ++g) {
+    int i = members_[g];
     if (tree_.lost(i))
       throw Error("node " + nodes_[static_cast<size_t>(i)].host + " is not connected");
-    nodes_[static_cast<size_t>(i)].live = map_.nodes[static_cast<size_t>(i)].ranks.size();
+    nodes_[static_cast<size_t>(i)].live = gen_.nodes[g].ranks.size();
   }
+  if (remap_) tree_.broadcast(ctrl::Remap{gen_});
+  remap_ = false;
   tree_.broadcast(ctrl::Start{gen});
 }
 
@@ -260,7 +283,7 @@ size_t RemoteWorkers::live() const {
 }
 
 void RemoteWorkers::stdin_write(int rank, std::string_view data) {
-  int node = map_.ranks.at(static_cast<size_t>(rank)).node;
+  int node = owner_.at(static_cast<size_t>(rank));
   if (tree_.lost(node)) return;
   tree_.send(node, ctrl::Stdin{rank, std::string(data)});
   nodes_[static_cast<size_t>(node)].stdin_inflight += data.size();

@@ -34,6 +34,7 @@ class RemoteWorkers : public WorkerSet {
   void prepare(std::function<void()> ready) override;
   std::string master_addr() override;
   int master_port() override;
+  void use_map(const JobMap& map) override;
   void start(const GenerationInfo& gen) override;
   void signal_all(int sig) override;
   size_t live() const override;
@@ -77,7 +78,13 @@ class RemoteWorkers : public WorkerSet {
   std::string secret_;
   bool slurm_ = false;
   bool stdin_forwarded_ = false;
-  std::vector<Node> nodes_;
+  std::vector<Node> nodes_;  // every node of the job (map_), lost ones too
+  // The current generation: its map (a part of map_ when an elastic job lost nodes), the node
+  // (index into nodes_) of each of its nodes and of each of its ranks, and whether the daemons
+  // still need to be told.
+  JobMap gen_;
+  std::vector<int> members_, owner_;
+  bool remap_ = false;
   ctrl::TreeRoot tree_;
   ModexRelay modex_;
   ctrl::Dispatcher<int> dispatch_;  // frames by the node they came from

@@ -30,6 +30,9 @@ class WorkerSet {
   // MASTER_ADDR and a MASTER_PORT free on rank 0's host, for the next generation.
   virtual std::string master_addr() = 0;
   virtual int master_port() = 0;
+  // Elastic re-forming: the next generations run on `map`, a part of the job's nodes in their
+  // order (reform_map).  Before master_addr() and start().
+  virtual void use_map(const JobMap& map) = 0;
   // Starts every worker of a generation.  Throws Error when they cannot be started.
   virtual void start(const GenerationInfo& gen) = 0;
   virtual void signal_all(int sig) = 0;
@@ -75,6 +78,7 @@ class LocalWorkers : public WorkerSet {
   void prepare(std::function<void()> ready) override { ready(); }
   std::string master_addr() override { return "127.0.0.1"; }
   int master_port() override;
+  void use_map(const JobMap&) override {}  // one node: nothing to re-form
   void start(const GenerationInfo& gen) override;
   void signal_all(int sig) override { agent().signal_all(sig); }
   size_t live() const override { return runner_.live(); }

@@ -47,6 +47,10 @@ class AgentListener {
   virtual void on_node_lost(const std::string& host, const std::string& why) {
     (void)host, (void)why;
   }
+  // Multi-node jobs: a node's daemon could not start its workers (the node itself is fine).
+  virtual void on_start_failed(const std::string& host, const std::string& why) {
+    on_node_lost(host, why);
+  }
 };
 
 class NodeAgent : public pmix::ServerListener {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "common/error.hpp"
 #include "common/net.hpp"
 #include "common/unique_fd.hpp"
 
@@ -102,6 +103,16 @@ void NodeRunner::open(EventLoop& loop, AgentListener& listener, pmix::ModexRoute
   env_ = std::move(env);
   agent_ =
       std::make_unique<NodeAgent>(loop, listener, router, server_nspace, plan_.topology->raw());
+}
+
+void NodeRunner::remap(JobMap map, int node) {
+  size_t mine = job_.map.nodes.at(static_cast<size_t>(job_.node)).ranks.size();
+  if (map.nodes.at(static_cast<size_t>(node)).ranks.size() != mine)
+    throw Error("a new job map gives this node " +
+                std::to_string(map.nodes[static_cast<size_t>(node)].ranks.size()) +
+                " ranks instead of " + std::to_string(mine));
+  job_.map = std::move(map);
+  job_.node = node;
 }
 
 void NodeRunner::start(GenerationInfo gen) {

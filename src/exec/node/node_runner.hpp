@@ -46,6 +46,9 @@ class NodeRunner {
   // workers' environments start from.  Throws Error when the PMIx server cannot start.
   void open(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
             const std::string& server_nspace, EnvMap env);
+  // Elastic re-forming: from the next generation on, the job's map is `map`, where this node
+  // is node `node`.  Throws Error when its number of ranks is not this node's.
+  void remap(JobMap map, int node);
   // Starts every worker of the node for `gen`.  Throws Error when they cannot all be started
   // (those that were are reported as usual).
   void start(GenerationInfo gen);
