@@ -116,6 +116,37 @@ def test_cut_link_ends_the_job_naming_the_host():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
 
 
+def test_elastic_job_reforms_after_a_cut_link():
+    """--nnodes 2:3: host 4 is cut off while its rank runs; the front end notices (keepalive),
+    stops the others and re-forms the group on hosts 1 and 2, which finishes."""
+    env = marker_env()
+    d = tmpdir()
+    body = (f"#!/bin/sh\nif [ $PYTORCH_EXEC_GENERATION = 0 ]; then echo up > {d}/up.$RANK; "
+            "exec sleep 120; fi\necho gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE\n")
+    cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}",
+           "--kill-grace", "1", "--nnodes", "2:3", "-H", hosts("1:1,2:1,4:1"), script(body)]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(os.listdir(d)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        check(len(os.listdir(d)) == 3, "ranks did not start")
+        t0 = time.monotonic()
+        BED.cut(4)
+        out, err = p.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0, f"exit {p.returncode}: {err}")
+    check(re.search(rf"node {BED.nodes[3]}: lost contact with its daemon .*re-forming the group on "
+                    r"the 2 node\(s\) left", err), err)
+    check(sorted(out.splitlines()) == ["gen 1 rank 0 of 2", "gen 1 rank 1 of 2"], out)
+    print(f"  cut link: re-formed group done after {took:.1f} s")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
+
+
 if __name__ == "__main__":
     why = netns.available()
     if why:
@@ -123,4 +154,5 @@ if __name__ == "__main__":
     with netns.NetnsBed(4) as BED:
         main([test_each_host_has_its_address, test_master_addr_faces_the_other_hosts_when_the_front_end_is_node_0,
               test_torch_gloo_allreduce_across_hosts,
-              test_mpi_across_hosts, test_cut_link_ends_the_job_naming_the_host])
+              test_mpi_across_hosts, test_cut_link_ends_the_job_naming_the_host,
+              test_elastic_job_reforms_after_a_cut_link])
