@@ -3,11 +3,14 @@ are stopped and the group re-forms on the nodes left, with a new generation and 
 finishes.  Below MIN the job fails naming the node.  The "nodes" are names given with -H, their
 daemons started by a launch agent on this machine (as in test_multinode.py)."""
 import os
+import random
 import re
-import shutil
+import subprocess
+import time
 
-from harness import assert_no_leftovers, check, main, run, script
-from test_multinode import BIN, agent, build_mpi, job_env
+from harness import (EXEC, assert_no_leftovers, check, main, processes_with_marker, run, script,
+                     wait_until)
+from test_multinode import BIN, agent, build_mpi, daemon_of, job_env
 
 # Generation 0: the first rank of node b kills its own daemon (its parent); every other rank
 # waits to be stopped.  Later generations report who they are, and run $PE_THEN when given.
@@ -72,6 +75,45 @@ def test_node_counts_are_checked_against_the_allocation():
           f"exit {r.returncode}: {r.stderr}")
 
 
+def test_random_losses():
+    """Fault injection: daemons killed at random moments (while the daemons start, while ranks
+    run, while the group re-forms); every job ends by itself with status 0 on the nodes left,
+    and nothing is left running.  PE_ELASTIC_SOAK=N runs N jobs (default 3)."""
+    rng = random.Random(int(os.environ.get("PE_SOAK_SEED", time.time())))
+    runs = int(os.environ.get("PE_ELASTIC_SOAK", "3"))
+    body = script("#!/bin/sh\necho \"gen $PYTORCH_EXEC_GENERATION $RANK $WORLD_SIZE\"\n"
+                  "sleep 0.5\n")
+    hangs = failed = kills = reforms = 0
+    for i in range(runs):
+        env = job_env()
+        marker = env["PE_TEST_MARKER"]
+        p = subprocess.Popen([EXEC, "--kill-grace", "1", "--nnodes", "2:4", "-H", "n0,n1,n2,n3",
+                              "--launch-agent", agent(marker), body], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for victim in rng.sample(["n1", "n2", "n3", "n0"], rng.randint(1, 2)):
+            time.sleep(rng.uniform(0, 0.8))
+            try:
+                os.kill(daemon_of(marker, victim), 9)
+                kills += 1
+            except (AssertionError, ProcessLookupError):
+                pass  # not started yet, or the job is over
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            hangs += 1
+            p.kill()
+            out, err = p.communicate()
+        reforms += err.count("re-forming the group")
+        if p.returncode != 0:
+            failed += 1
+            print(f"  run {i}: exit {p.returncode}: {err[-1500:]}")
+        assert_no_leftovers(marker, timeout=10)
+    print(f"  {runs} jobs, {kills} daemons killed, {reforms} re-formings: "
+          f"{runs - failed - hangs} finished, {failed} failed, {hangs} hung")
+    check(failed == 0 and hangs == 0, f"{failed} failed, {hangs} hung")
+
+
 if __name__ == "__main__":
     main([test_a_lost_node_reforms_the_group, test_mpi_programs_run_in_the_reformed_group,
-          test_below_the_minimum_the_job_fails, test_node_counts_are_checked_against_the_allocation])
+          test_below_the_minimum_the_job_fails, test_node_counts_are_checked_against_the_allocation,
+          test_random_losses])
