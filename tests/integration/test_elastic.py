@@ -53,6 +53,21 @@ def test_mpi_programs_run_in_the_reformed_group():
     assert_no_leftovers(marker, timeout=5)
 
 
+def test_a_spare_takes_the_place_of_a_lost_node():
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    r = run(["--nnodes", "2:2", "--spares", "1", "-H", "a:2,b:2,c:2", "--launch-agent",
+             agent(marker), WORKER], env=env, timeout=90)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
+    check("re-forming the group on 2 node(s), a spare taking its place" in r.stderr,
+          r.stderr[-2000:])
+    rows = sorted(r.stdout.splitlines())
+    want = sorted(f"gen 1 rank {i} of 4 node {n} group {g}/2 restarts 1"
+                  for i, (n, g) in enumerate([("a", 0), ("a", 0), ("c", 1), ("c", 1)]))
+    check(rows == want, f"group with the spare: {rows}")
+    assert_no_leftovers(marker, timeout=5)
+
+
 def test_below_the_minimum_the_job_fails():
     env = job_env()
     marker = env["PE_TEST_MARKER"]
@@ -115,5 +130,6 @@ def test_random_losses():
 
 if __name__ == "__main__":
     main([test_a_lost_node_reforms_the_group, test_mpi_programs_run_in_the_reformed_group,
-          test_below_the_minimum_the_job_fails, test_node_counts_are_checked_against_the_allocation,
+          test_a_spare_takes_the_place_of_a_lost_node, test_below_the_minimum_the_job_fails,
+          test_node_counts_are_checked_against_the_allocation,
           test_random_losses])

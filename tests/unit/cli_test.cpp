@@ -285,6 +285,8 @@ TEST(CliTest, ElasticNodeCounts) {
         << bad;
   EXPECT_EQ(usage_error({"--max-scale-events", "2", "prog"}),
             "--max-scale-events needs --nnodes MIN:MAX");
+  EXPECT_EQ(usage_error({"--spares", "1", "prog"}), "--spares needs --nnodes MIN:MAX");
+  EXPECT_EQ(config({"--nnodes", "2:3", "--spares", "2", "prog"}).spares, 2);
   EXPECT_NE(usage_error({"--nnodes", "2:3", "--max-scale-events", "-1", "prog"})
                 .find("--max-scale-events: expected a non-negative integer"),
             std::string::npos);

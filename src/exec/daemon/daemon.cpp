@@ -178,10 +178,13 @@ void Daemon::on_frame(wire::Frame& f) {
   before_job_.dispatch(f);
 }
 
-// Elastic: the next generation runs on fewer nodes; find this one among them.
+// Elastic: the next generation runs on other nodes; find this one among them.  A node left out
+// (a spare) stays connected and idle until a map names it again.
 void Daemon::on_remap(ctrl::Remap& m) {
+  idle_ = true;
   for (size_t i = 0; i < m.map.nodes.size(); ++i)
     if (m.map.nodes[i].host == opts_.node) {
+      idle_ = false;
       try {
         runner_->remap(std::move(m.map), static_cast<int>(i));
       } catch (const Error& e) {
@@ -189,7 +192,7 @@ void Daemon::on_remap(ctrl::Remap& m) {
       }
       return;
     }
-  throw wire::WireError("a job map without this node (" + opts_.node + ")");
+  logger("agent")->info("not in the next generation: idle (a spare)");
 }
 
 void Daemon::on_stdin(ctrl::Stdin& m) {
@@ -307,7 +310,7 @@ void Daemon::on_job(ctrl::Job& m) {
 }
 
 void Daemon::on_start(ctrl::Start& m) {
-  if (!agent_) return;  // the set-up failed and was reported
+  if (!agent_ || idle_) return;  // the set-up failed and was reported, or a spare
   fence_seq_.clear();
   try {
     runner_->start(m.gen);

@@ -73,6 +73,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   std::vector<Event> signal_events_;
   NodeJob job_;
   bool have_job_ = false;
+  bool idle_ = false;  // a spare: not in the current generation
   std::unique_ptr<NodeRunner> runner_;
   NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
   int status_ = 0;

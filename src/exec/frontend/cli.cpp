@@ -96,6 +96,10 @@ const OptionDef<RawOptions> kOptions[] = {
      "elastic membership: when a node is lost, the group is stopped and re-formed on the nodes "
      "that are left, as long as at least MIN remain (up to MAX nodes of the allocation are used)",
      &RawOptions::nnodes},
+    {"spares", 0, "Elastic", "K",
+     "start K more nodes of the allocation than --nnodes MAX and keep them idle; a spare takes "
+     "a lost node's place at once (default 0)",
+     &RawOptions::spares},
     {"max-scale-events", 0, "Elastic", "N",
      "re-form the group after a lost node at most N times (default: no limit; --max-restarts "
      "counts failures only)",
@@ -229,6 +233,10 @@ void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
   if (raw.max_scale_events) {
     if (!raw.nnodes) throw UsageError("--max-scale-events needs --nnodes MIN:MAX");
     c.max_scale_events = parse_count("--max-scale-events", *raw.max_scale_events, 0);
+  }
+  if (raw.spares) {
+    if (!raw.nnodes) throw UsageError("--spares needs --nnodes MIN:MAX");
+    c.spares = parse_count("--spares", *raw.spares, 0);
   }
   if (!raw.nnodes) return;
   const std::string& v = *raw.nnodes;

@@ -46,6 +46,7 @@ struct RawOptions {
   std::optional<std::string> max_restarts;
   std::optional<std::string> nnodes;
   std::optional<std::string> max_scale_events;
+  std::optional<std::string> spares;
   std::optional<std::string> run_id;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };

@@ -92,8 +92,9 @@ void JobController::start_generation() {
   gen.generation = generation_;
   gen.restart_count = restarts_ + scale_events_;  // torchrun counts membership changes too
   gen.max_restarts = cfg_.max_restarts;
-  if (std::find(alive_.begin(), alive_.end(), false) != alive_.end()) {
-    map_ = reform_map(base_map_, alive_);
+  std::vector<bool> use = in_use();
+  if (std::find(use.begin(), use.end(), false) != use.end()) {
+    map_ = reform_map(base_map_, use);
     workers_->use_map(map_);
   }
   gen.master_addr = workers_->master_addr();
@@ -185,16 +186,31 @@ void JobController::on_start_failed(const std::string& host, const std::string& 
   if (state_ != State::Done) fail_with_node(host, why);
 }
 
+// The nodes of the next generation: every node left, at most --nnodes MAX of them (the others
+// are spares), in their order.
+std::vector<bool> JobController::in_use() const {
+  std::vector<bool> use = alive_;
+  int n = 0;
+  for (size_t i = 0; i < use.size(); ++i)
+    if (use[i] && cfg_.nnodes_max > 0 && ++n > cfg_.nnodes_max) use[i] = false;
+  return use;
+}
+
 // "" when the job goes on without `host` (or already did), else why it cannot.
 std::string JobController::reform_without(const std::string& host, const std::string& why) {
   size_t node = 0;
   while (node < base_map_.nodes.size() && base_map_.nodes[node].host != host) ++node;
   if (node == base_map_.nodes.size() || !alive_[node]) return "";  // already gone
+  bool was_in_use = in_use()[node];
   // A rank's failure just before (its peer went away) does not end an elastic job; a signal
   // or a failure of another kind does.
   if (state_ == State::Interrupted || (state_ == State::Failing && !failure_))
     return "the job is ending";
   alive_[node] = false;
+  if (!was_in_use) {  // a spare: nothing to re-form
+    say("spare node " + host + ": " + why);
+    return "";
+  }
   int left = static_cast<int>(std::count(alive_.begin(), alive_.end(), true));
   if (left < cfg_.nnodes_min)
     return std::to_string(left) + " node(s) left, --nnodes needs at least " +
@@ -202,8 +218,10 @@ std::string JobController::reform_without(const std::string& host, const std::st
   if (cfg_.max_scale_events >= 0 && scale_events_ >= cfg_.max_scale_events)
     return "no scale events left (--max-scale-events " + std::to_string(cfg_.max_scale_events) +
            ")";
-  say("node " + host + ": " + why + "; re-forming the group on the " + std::to_string(left) +
-      " node(s) left");
+  bool spare = cfg_.nnodes_max > 0 && left >= cfg_.nnodes_max;  // one was idle before
+  say("node " + host + ": " + why + "; re-forming the group on " +
+      (spare ? std::to_string(cfg_.nnodes_max) + " node(s), a spare taking its place"
+             : "the " + std::to_string(left) + " node(s) left"));
   if (state_ == State::Preparing) return "";  // starts without it once the others are ready
   state_ = State::Reforming;  // a failure seen while it went down was the loss: not a restart
   failure_.reset();

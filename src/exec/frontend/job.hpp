@@ -41,6 +41,7 @@ class JobController : public AgentListener {
   void on_node_lost(const std::string& host, const std::string& why) override;
   void on_start_failed(const std::string& host, const std::string& why) override;
   std::string reform_without(const std::string& host, const std::string& why);
+  std::vector<bool> in_use() const;
   void fail_with_node(const std::string& host, const std::string& why);
   void on_stdin_drained() override;
   void on_signal(int sig);

@@ -62,6 +62,7 @@ struct LaunchConfig {
   int nnodes_min = 0;
   int nnodes_max = 0;
   int max_scale_events = -1;  // -1: no limit
+  int spares = 0;             // nodes started beyond nnodes_max, idle until one is lost
 
   std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id
   int verbosity = 0;

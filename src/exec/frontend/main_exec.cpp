@@ -32,8 +32,8 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
                            std::to_string(cfg.nnodes_max) + " needs at least " +
                            std::to_string(cfg.nnodes_min) + " nodes; " + alloc.source + " has " +
                            std::to_string(alloc.nodes.size()));
-    if (static_cast<int>(alloc.nodes.size()) > cfg.nnodes_max)
-      alloc.nodes.resize(static_cast<size_t>(cfg.nnodes_max));
+    size_t most = static_cast<size_t>(cfg.nnodes_max) + static_cast<size_t>(cfg.spares);
+    if (alloc.nodes.size() > most) alloc.nodes.resize(most);
   }
   if (!alloc.limited)
     return pe::map_single_node(alloc.nodes[0].host,
