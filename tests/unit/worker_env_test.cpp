@@ -112,7 +112,9 @@ TEST(OmpiEnvTest, SelectsThePmixPathAndKeepsSessionFilesInOurDirectory) {
   EXPECT_EQ(m["OMPI_MCA_pmix"], "^s1,s2,cray,isolated");
   EXPECT_EQ(m["OMPI_MCA_orte_tmpdir_base"], "/tmp/pe.x");
   EXPECT_EQ(m["OMPI_UNIVERSE_SIZE"], "6");
-});
+  EXPECT_EQ(m.count("OMPI_MCA_btl_vader_backing_directory"), 0u);
+  // With a directory in /dev/shm, the shared-memory segments go there (removed at the end).
+  env = pe::pmix::open_mpi_environment({"ns.0", "/tmp/pe.x", 6, "/dev/shm/pe.y"});
   m = std::map<std::string, std::string>(env.begin(), env.end());
   EXPECT_EQ(m["OMPI_MCA_btl_vader_backing_directory"], "/dev/shm/pe.y");
 }

@@ -32,6 +32,7 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
   if (router) {
     pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace, topology);
     guard_.remove_on_death(pmix_->tmpdir());
+    if (!pmix_->shm_dir().empty()) guard_.remove_on_death(pmix_->shm_dir());
   }
 }
 
@@ -54,7 +55,8 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
   if (pmix_ && ns) {
     pmix_->register_namespace(*ns);
     nspace_ = ns->nspace;
-    auto ompi = pmix::open_mpi_environment({nspace_, pmix_->tmpdir(), ns->world_size});
+    auto ompi =
+        pmix::open_mpi_environment({nspace_, pmix_->tmpdir(), ns->world_size, pmix_->shm_dir()});
     for (auto& spec : specs) {
       auto& env = spec.spawn.envp;
       auto has = [&env](const std::string& key) {
