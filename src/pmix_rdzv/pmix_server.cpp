@@ -482,6 +482,31 @@ void PmixServer::deregister_namespace(const std::string& nspace) {
   std::filesystem::remove_all(impl_->tmpdir + "/" + nspace, ec);
 }
 
+void PmixServer::notify_proc_failure(const std::string& nspace, int rank, int exit_code,
+                                     bool aborted) {
+  pmix_proc_t failed;
+  PMIX_LOAD_PROCID(&failed, nspace.c_str(), static_cast<pmix_rank_t>(rank));
+  // PMIx uses the array until it calls back.
+  pmix_info_t* info;
+  PMIX_INFO_CREATE(info, 3);
+  PMIX_INFO_LOAD(&info[0], PMIX_EVENT_AFFECTED_PROC, &failed, PMIX_PROC);
+  PMIX_INFO_LOAD(&info[1], PMIX_EXIT_CODE, &exit_code, PMIX_INT);
+  pmix_data_range_t range = PMIX_RANGE_LOCAL;
+  PMIX_INFO_LOAD(&info[2], PMIX_RANGE, &range, PMIX_DATA_RANGE);
+  auto done = [](pmix_status_t, void* p) {
+    pmix_info_t* i = static_cast<pmix_info_t*>(p);
+    PMIX_INFO_FREE(i, 3);
+  };
+  pmix_status_t code = aborted ? PMIX_ERR_PROC_ABORTED : PMIX_EVENT_PROC_TERMINATED;
+  pmix_status_t st = PMIx_Notify_event(code, &failed, PMIX_RANGE_LOCAL, info, 3, done, info);
+  if (st != PMIX_SUCCESS) {
+    PMIX_INFO_FREE(info, 3);
+    if (st != PMIX_OPERATION_SUCCEEDED) check(st, "PMIx_Notify_event");
+  }
+  logger("pmix")->info("event {} for {}:{} (exit code {}) to the local clients",
+                       PMIx_Error_string(code), nspace, rank, exit_code);
+}
+
 const std::string& PmixServer::tmpdir() const { return impl_->tmpdir; }
 
 const std::string& PmixServer::shm_dir() const { return impl_->shm_dir; }

@@ -76,6 +76,11 @@ class PmixServer {
   // Another node asks for what local client `rank` of `nspace` committed
   // (PMIx_server_dmodex_request); done() runs on the loop thread.
   void dmodex_request(const std::string& nspace, int rank, ModexDone done);
+  // Tells the local clients of `nspace` that registered for it that its rank `rank` failed:
+  // PMIX_ERR_PROC_ABORTED (MPI_Abort, a signal) or PMIX_EVENT_PROC_TERMINATED (a non-zero exit),
+  // the failed process as the source and PMIX_EVENT_AFFECTED_PROC, PMIX_EXIT_CODE.  Returns at
+  // once (PMIx delivers on its own thread).  Throws PmixError if PMIx refuses.
+  void notify_proc_failure(const std::string& nspace, int rank, int exit_code, bool aborted);
   // The server's private temporary directory (removed when the server goes).
   const std::string& tmpdir() const;
   // Its private directory in /dev/shm for the ranks' shared memory (removed when the server

@@ -63,16 +63,22 @@ def test_abort_and_segfault_leave_no_shared_memory():
             check_nothing_left(r.stdout, env, f"{how} {extra}")
 
 
+def read_until_waiting(p, n):
+    """The output of shm_job "hang" until its n ranks wait."""
+    out = ""
+    while out.count(" waiting\n") < n:
+        line = p.stdout.readline()
+        check(line, f"the job ended early: {out}")
+        out += line
+    return out
+
+
 def test_killing_pytorch_exec_leaves_no_shared_memory():
     env = job_env()
     p = start(["-n", "4", os.path.join(BIN, "shm_job"), "hang"], env=env, stdout=subprocess.PIPE,
               stderr=subprocess.DEVNULL, text=True)
-    out = ""
     try:
-        while out.count(" waiting\n") < 4:
-            line = p.stdout.readline()
-            check(line, f"the job ended early: {out}")
-            out += line
+        out = read_until_waiting(p, 4)
         os.kill(p.pid, signal.SIGKILL)
         p.wait(timeout=10)
     finally:
@@ -108,12 +114,8 @@ def test_killing_a_daemon_leaves_no_shared_memory():
     p = start(["-H", "a:4,b:4", "--launch-agent", agent, "-x", "OMPI_MCA_btl=self,vader,tcp",
                "-x", "OMPI_MCA_btl_tcp_if_include=lo", os.path.join(BIN, "shm_job"), "hang"],
               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out = ""
     try:
-        while out.count(" waiting\n") < 8:
-            line = p.stdout.readline()
-            check(line, f"the job ended early: {out}")
-            out += line
+        out = read_until_waiting(p, 8)
         os.kill(daemon_of(marker, "b"), signal.SIGKILL)
         rest, err = p.communicate(timeout=30)
         out += rest

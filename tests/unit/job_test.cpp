@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -14,6 +16,11 @@
 using namespace pe;
 
 namespace {
+
+// What the fake workers were told: failure notices (generation, rank, exit code, aborted), when
+// the last came and when the first signal came.
+std::vector<std::array<int, 4>> g_notices;
+std::chrono::steady_clock::time_point g_notified_at, g_signalled_at;
 
 // Ranks "run" until the loop turns; rank `fail_rank` exits 3 in the generations listed in
 // `fails`, every other rank exits 0.  A signal ends every live rank by that signal.
@@ -36,8 +43,14 @@ class FakeWorkers : public WorkerSet {
     }
   }
   void signal_all(int sig) override {
+    if (g_signalled_at == std::chrono::steady_clock::time_point{})
+      g_signalled_at = std::chrono::steady_clock::now();
     for (int r = 0; r < c_.map.world_size; ++r)
       c_.loop.post([this, r, sig, g = generation_] { exit(r, g, sig); });
+  }
+  void notify_failure(int generation, int rank, int exit_code, bool aborted) override {
+    g_notices.push_back({generation, rank, exit_code, aborted ? 1 : 0});
+    g_notified_at = std::chrono::steady_clock::now();
   }
   size_t live() const override {
     return static_cast<size_t>(std::count(alive_.begin(), alive_.end(), true));
@@ -66,8 +79,12 @@ class FakeWorkers : public WorkerSet {
   std::vector<bool> alive_;
 };
 
-int run_job(int max_restarts, std::vector<int> fails, std::vector<GenerationInfo>* log) {
+int run_job(int max_restarts, std::vector<int> fails, std::vector<GenerationInfo>* log,
+            double failure_window = 0) {
+  g_notices.clear();
+  g_notified_at = g_signalled_at = {};
   LaunchConfig cfg;
+  cfg.failure_window = failure_window;
   cfg.np = 3;
   cfg.program = "/bin/fake";
   cfg.max_restarts = max_restarts;
@@ -102,4 +119,17 @@ TEST(JobTest, WithoutBudgetTheJobFailsWithTheRanksStatus) {
   log.clear();
   EXPECT_EQ(run_job(0, {}, &log), 0);
   EXPECT_EQ(log.size(), 1u);
+}
+
+// Before the others are stopped they are told (a PMIx event on every node), and with
+// --failure-window they get that long.
+TEST(JobTest, TheOthersHearOfAFailureAndGetTheWindow) {
+  std::vector<GenerationInfo> log;
+  EXPECT_EQ(run_job(0, {0}, &log), 3);
+  ASSERT_EQ(g_notices.size(), 1u);
+  EXPECT_EQ(g_notices[0], (std::array<int, 4>{0, 1, 3, 0}));
+  EXPECT_LE(g_notified_at, g_signalled_at);
+  EXPECT_EQ(run_job(1, {0}, &log, 0.3), 0);  // restarts too
+  ASSERT_EQ(g_notices.size(), 1u);
+  EXPECT_GE(g_signalled_at - g_notified_at, std::chrono::milliseconds(300));
 }

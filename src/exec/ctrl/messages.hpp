@@ -37,6 +37,7 @@ enum class Msg : uint16_t {
   Signal = 12,
   Stdin = 13,
   StdinClose = 14,  // front end to daemon
+  ProcFailed = 18,  // front end to daemon
   FenceDone = 15,
   DmodexReq = 16,
   DmodexResp = 17,  // (dmodex: both ways)
@@ -140,6 +141,18 @@ struct StdinClose {
   static constexpr const char* kName = "stdin-close";
   template <class IO>
   void io(IO&) {}
+};
+struct ProcFailed {  // a rank failed: tell the node's ranks (a PMIx event) before they are stopped
+  static constexpr Msg kType = Msg::ProcFailed;
+  static constexpr const char* kName = "proc-failed";
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int32_t exit_code = 0;
+  bool aborted = false;  // MPI_Abort or a signal; else a non-zero exit
+  template <class IO>
+  void io(IO& f) {
+    f.count(generation, 1 << 30), f.count(rank, 1 << 30), f(exit_code), f(aborted);
+  }
 };
 struct FenceDone {  // a fence is complete: everyone's data
   static constexpr Msg kType = Msg::FenceDone;
@@ -287,9 +300,10 @@ struct Routed {
   }
 };
 
-using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Signal, Stdin,
-                               StdinClose, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit,
-                               Abort, Fence, StartFailed, StdinDrained, Port, Lost, Joined, Routed>;
+using AllMessages =
+    std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Signal, Stdin, StdinClose,
+               ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
+               StartFailed, StdinDrained, Port, Lost, Joined, Routed>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

@@ -36,6 +36,7 @@ class RemoteWorkers : public WorkerSet {
   int master_port() override;
   void start(const GenerationInfo& gen) override;
   void signal_all(int sig) override;
+  void notify_failure(int generation, int rank, int exit_code, bool aborted) override;
   size_t live() const override;
   void stdin_write(int rank, std::string_view data) override;
   void stdin_close_all() override;
