@@ -27,6 +27,7 @@ struct OmpiEnvInput {
   std::string nspace;       // the generation's PMIx namespace
   std::string session_dir;  // removed by the launcher at the end: Open MPI's session files go here
   int universe_size = 0;
+  std::string shm_dir;  // the same in /dev/shm for its shared-memory segments ("": none)
 };
 
 // NAME, VALUE pairs; the caller keeps any the user set already.

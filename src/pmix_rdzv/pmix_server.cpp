@@ -92,6 +92,7 @@ struct PmixServer::Impl {
   ServerListener& listener;
   ModexRouter& router;
   std::string tmpdir;
+  std::string shm_dir;  // in /dev/shm; "" when there is none
   // The machine's topology without I/O objects, handed to PMIx so that it does not run a
   // discovery of its own (with PCI probing, tens of milliseconds on some machines).
   hwloc_topology_t topo = nullptr;
@@ -199,6 +200,24 @@ struct PmixServer::Impl {
     PMIX_PDATA_FREE(pd, found.size());
     return PMIX_SUCCESS;
   }
+  // Job control.  PMIx itself keeps the cleanup requests (PMIX_REGISTER_CLEANUP,
+  // PMIX_REGISTER_CLEANUP_DIR with PMIX_CLEANUP_RECURSIVE, PMIX_CLEANUP_IGNORE,
+  // PMIX_CLEANUP_LEAVE_TOPDIR: Open MPI's shared-memory segments and session directory) once a
+  // host has this upcall, and carries them out when the client's connection ends (exit, abort,
+  // a crash, a kill) and when the namespace is deregistered; without it PMIx refuses them.  It
+  // calls here only with other directives (kill, signal, ...): not supported.
+  static pmix_status_t job_control(const pmix_proc_t* p, const pmix_proc_t[], size_t,
+                                   const pmix_info_t dirs[], size_t ndirs, pmix_info_cbfunc_t,
+                                   void*) {
+    std::string keys;
+    for (size_t i = 0; i < ndirs; ++i) keys += std::string(keys.empty() ? "" : ",") + dirs[i].key;
+    auto n = ns(p);
+    int r = rank(p);
+    g_impl->loop.post([n, r, keys] {
+      logger("pmix")->info("upcall job_control from {}:{} ({}): not supported", n, r, keys);
+    });
+    return PMIX_ERR_NOT_SUPPORTED;
+  }
   static pmix_status_t unpublish(const pmix_proc_t*, char** keys, const pmix_info_t[], size_t,
                                  pmix_op_cbfunc_t, void*) {
     std::lock_guard<std::mutex> lock(g_impl->store_mutex);
@@ -206,6 +225,21 @@ struct PmixServer::Impl {
     return PMIX_OPERATION_SUCCEEDED;
   }
 };
+
+namespace {
+
+// A private directory in /dev/shm for the ranks' shared-memory files (Open MPI's vader
+// segments), removed with the server or by the orphan guard; "" without a writable /dev/shm.
+std::string make_shm_dir() {
+  char templ[] = "/dev/shm/pytorch_exec.XXXXXX";
+  if (!::mkdtemp(templ)) {
+    logger("pmix")->debug("no private directory in /dev/shm: {}", std::strerror(errno));
+    return "";
+  }
+  return templ;
+}
+
+}  // namespace
 
 PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
                        const std::string& server_nspace, hwloc_topology_t topology)
@@ -217,6 +251,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) throw SystemError("mkdtemp " + templ, errno);
   impl_->tmpdir = buf.data();
+  impl_->shm_dir = make_shm_dir();
   static pmix_server_module_t module;
   std::memset(&module, 0, sizeof module);
   module.client_connected = Impl::client_connected;
@@ -227,6 +262,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   module.publish = Impl::publish;
   module.lookup = Impl::lookup;
   module.unpublish = Impl::unpublish;
+  module.job_control = Impl::job_control;
   InfoList il;
   il.str(PMIX_SERVER_TMPDIR, impl_->tmpdir);
   il.str(PMIX_SYSTEM_TMPDIR, impl_->tmpdir);
@@ -263,6 +299,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
     g_impl = nullptr;
     if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
     std::filesystem::remove_all(impl_->tmpdir);
+    if (!impl_->shm_dir.empty()) std::filesystem::remove_all(impl_->shm_dir);
     throw PmixError("PMIx_server_init", st);
   }
   logger("pmix")->debug("PMIx server up, tmpdir {}", impl_->tmpdir);
@@ -274,6 +311,7 @@ PmixServer::~PmixServer() {
   if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
   std::error_code ec;
   std::filesystem::remove_all(impl_->tmpdir, ec);
+  if (!impl_->shm_dir.empty()) std::filesystem::remove_all(impl_->shm_dir, ec);
 }
 
 namespace {
@@ -444,7 +482,34 @@ void PmixServer::deregister_namespace(const std::string& nspace) {
   std::filesystem::remove_all(impl_->tmpdir + "/" + nspace, ec);
 }
 
+void PmixServer::notify_proc_failure(const std::string& nspace, int rank, int exit_code,
+                                     bool aborted) {
+  pmix_proc_t failed;
+  PMIX_LOAD_PROCID(&failed, nspace.c_str(), static_cast<pmix_rank_t>(rank));
+  // PMIx uses the array until it calls back.
+  pmix_info_t* info;
+  PMIX_INFO_CREATE(info, 3);
+  PMIX_INFO_LOAD(&info[0], PMIX_EVENT_AFFECTED_PROC, &failed, PMIX_PROC);
+  PMIX_INFO_LOAD(&info[1], PMIX_EXIT_CODE, &exit_code, PMIX_INT);
+  pmix_data_range_t range = PMIX_RANGE_LOCAL;
+  PMIX_INFO_LOAD(&info[2], PMIX_RANGE, &range, PMIX_DATA_RANGE);
+  auto done = [](pmix_status_t, void* p) {
+    pmix_info_t* i = static_cast<pmix_info_t*>(p);
+    PMIX_INFO_FREE(i, 3);
+  };
+  pmix_status_t code = aborted ? PMIX_ERR_PROC_ABORTED : PMIX_EVENT_PROC_TERMINATED;
+  pmix_status_t st = PMIx_Notify_event(code, &failed, PMIX_RANGE_LOCAL, info, 3, done, info);
+  if (st != PMIX_SUCCESS) {
+    PMIX_INFO_FREE(info, 3);
+    if (st != PMIX_OPERATION_SUCCEEDED) check(st, "PMIx_Notify_event");
+  }
+  logger("pmix")->info("event {} for {}:{} (exit code {}) to the local clients",
+                       PMIx_Error_string(code), nspace, rank, exit_code);
+}
+
 const std::string& PmixServer::tmpdir() const { return impl_->tmpdir; }
+
+const std::string& PmixServer::shm_dir() const { return impl_->shm_dir; }
 
 std::vector<std::string> PmixServer::setup_fork(const std::string& nspace, int rank) {
   pmix_proc_t proc;

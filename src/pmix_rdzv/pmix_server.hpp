@@ -1,7 +1,9 @@
 // The PMIx server host of a node agent: one PMIx namespace per job generation, registered with
 // the job-, node- and process-level information MPI libraries read; clients registered and
 // their environment made by PMIx_server_setup_fork; upcalls (fence, direct modex, abort,
-// connect/finalize, publish/lookup) handed to the event loop and answered from there.
+// connect/finalize, publish/lookup, job control) handed to the event loop and answered from
+// there.  Cleanup requests of clients (PMIx_Job_control with PMIX_REGISTER_CLEANUP...) are
+// carried out by PMIx when a client's connection ends and when a namespace is deregistered.
 //
 // Threading: construct, register and call setup_fork on the event-loop thread.  PMIx calls the
 // upcalls on its own progress thread; they only copy their arguments and post() to the loop,
@@ -74,8 +76,16 @@ class PmixServer {
   // Another node asks for what local client `rank` of `nspace` committed
   // (PMIx_server_dmodex_request); done() runs on the loop thread.
   void dmodex_request(const std::string& nspace, int rank, ModexDone done);
+  // Tells the local clients of `nspace` that registered for it that its rank `rank` failed:
+  // PMIX_ERR_PROC_ABORTED (MPI_Abort, a signal) or PMIX_EVENT_PROC_TERMINATED (a non-zero exit),
+  // the failed process as the source and PMIX_EVENT_AFFECTED_PROC, PMIX_EXIT_CODE.  Returns at
+  // once (PMIx delivers on its own thread).  Throws PmixError if PMIx refuses.
+  void notify_proc_failure(const std::string& nspace, int rank, int exit_code, bool aborted);
   // The server's private temporary directory (removed when the server goes).
   const std::string& tmpdir() const;
+  // Its private directory in /dev/shm for the ranks' shared memory (removed when the server
+  // goes); "" when /dev/shm cannot be used.
+  const std::string& shm_dir() const;
 
   // Used by the C upcalls (file-local in pmix_server.cpp).
   struct Impl;

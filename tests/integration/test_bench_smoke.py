@@ -1,6 +1,7 @@
 """The benchmarks still run (one short round each) and print their comparison.
 
-This checks that bench/launch, bench/restart, bench/mpi_launch and bench/allreduce/run work (and
+This checks that bench/launch, bench/restart, bench/mpi_launch, bench/mpi_oversubscribe and
+bench/allreduce/run work (and
 that the allreduces they time give the right sums), not how fast anything is: timings are read by
 people from the benchmarks' own output, never asserted in tests.
 """
@@ -24,6 +25,13 @@ def test_mpi_launch_benchmark_runs():
         skip("no mpicc for bench/mpi_launch")
     out = bench("mpi_launch", "--runs", "1", "--np", "2")
     check("ratio pytorch_exec -n 2 / mpirun -n 2" in out, out)
+
+
+def test_mpi_oversubscribe_benchmark_runs():
+    if not shutil.which("mpicc"):
+        skip("no mpicc for bench/mpi_oversubscribe")
+    out = bench("mpi_oversubscribe", "--runs", "1", "--np", "3", "--iters", "20")
+    check("ratio pytorch_exec -n 3 / mpirun -n 3 --oversubscribe" in out, out)
 
 
 def test_allreduce_benchmark_runs():
@@ -56,4 +64,5 @@ if __name__ == "__main__":
     if not shutil.which("mpirun"):
         skip("mpirun not found (openmpi-bin)")
     main([test_launch_benchmark_runs, test_restart_benchmark_runs, test_mpi_launch_benchmark_runs,
+          test_mpi_oversubscribe_benchmark_runs,
           test_allreduce_benchmark_runs])

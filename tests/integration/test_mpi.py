@@ -82,19 +82,22 @@ def test_plain_pmix_client():
 
 def test_oversubscribed_node_yields_and_pmix_says_so():
     """More ranks than processors on one machine: as mpirun does (and as pytorch_execd does on
-    every node), ranks get OMPI_MCA_mpi_yield_when_idle=1 and PMIx's node-oversubscribed flag;
-    without them MPI ranks spin against each other (an allreduce loop took 30 s instead of 1)."""
+    every node), ranks get OMPI_MCA_mpi_yield_when_idle=1, OMPI_MCA_mpi_oversubscribe=1,
+    OMPI_MCA_rmaps_base_oversubscribe=1 and PMIx's node-oversubscribed flag; without them MPI
+    ranks spin against each other (an allreduce loop took 30 s instead of 1)."""
     over = (os.cpu_count() or 1) + 1
-    for n, want, yield_ in ((over, "yes", "1"), (1, "no", "unset")):
+    for n, want, v in ((over, "yes", "1"), (1, "no", "unset")):
         r = run(["-n", str(n), prog("pmix_client"), "node-info"], env=ENV, timeout=60)
         check(r.returncode == 0, f"-n {n}: exit {r.returncode}: {r.stderr}")
         for i in range(n):
-            line = f"pmix_client rank {i} oversubscribed={want} yield_when_idle={yield_}"
+            line = (f"pmix_client rank {i} oversubscribed={want} yield_when_idle={v} "
+                    f"mpi_oversubscribe={v} rmaps_base_oversubscribe={v}")
             check(line in r.stdout, f"-n {n}: no '{line}' in {r.stdout}")
     # A user's own setting wins.
-    r = run(["-n", str(over), "-x", "OMPI_MCA_mpi_yield_when_idle=0", prog("pmix_client"),
-             "node-info"], env=ENV, timeout=60)
-    check(r.returncode == 0 and "oversubscribed=yes yield_when_idle=0" in r.stdout, r.stdout)
+    r = run(["-n", str(over), "-x", "OMPI_MCA_mpi_yield_when_idle=0", "-x",
+             "OMPI_MCA_mpi_oversubscribe=0", prog("pmix_client"), "node-info"], env=ENV, timeout=60)
+    check(r.returncode == 0 and "oversubscribed=yes yield_when_idle=0 mpi_oversubscribe=0 "
+          "rmaps_base_oversubscribe=1" in r.stdout, r.stdout)
 
 
 def test_clients_that_finalize_and_exit_together_are_not_failures():

@@ -90,6 +90,16 @@ def test_mpi_programs_wire_up_across_nodes():
     r = run(["-H", "a:2,b:2", "--launch-agent", ag, "-v", dm, "dmodex"], env=env, timeout=60)
     check(r.returncode == 0 and r.stdout.count("ok") == 4, f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
     check(re.search(r"@a pmix info: upcall direct_modex \S+:[23]", r.stderr), "no direct modex from node a")
+    # A node with more ranks than processors says so as mpirun does; the other node does not.
+    over = (os.cpu_count() or 1) + 1
+    r = run(["-H", f"a:1,b:{over}", "--launch-agent", ag, dm, "dmodex", "node-info"], env=env,
+            timeout=60)
+    check(r.returncode == 0, f"oversubscribed node: exit {r.returncode}: {r.stderr[-2000:]}")
+    for i in range(over + 1):
+        v = "1" if i else "unset"
+        line = (f"pmix_client rank {i} oversubscribed={'yes' if i else 'no'} yield_when_idle={v} "
+                f"mpi_oversubscribe={v} rmaps_base_oversubscribe={v}")
+        check(line in r.stdout, f"no '{line}' in {r.stdout}")
     env2 = job_env({"ABORT_RANK": "3", "ABORT_CODE": "7"})
     ag2 = agent(env2["PE_TEST_MARKER"], "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo ABORT_RANK=3 ABORT_CODE=7")
     r = run(["-H", "a:2,b:2", "--launch-agent", ag2, os.path.join(BIN, "abort")], env=env2, timeout=60)

@@ -124,6 +124,48 @@ def test_srun_direct_launch():
     check(r.returncode != 0 and "--max-restarts needs pytorch_exec to supervise" in r.stderr, r.stderr)
 
 
+def testbed(args, dirname, extra=None):
+    env = dict(os.environ, PE_SLURM_DIR=dirname, **(extra or {}))
+    return subprocess.run([TESTBED] + args, capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_second_test_bed_beside_the_first():
+    """Another SLURM on the machine: a test bed asked for ports that are taken says which and
+    fails; one left to choose takes free ports, verifies its own daemons and nodes, and its stop
+    ends only what it started (the first test bed's daemons and a running step stay)."""
+    with open(ENV["SLURM_CONF"]) as f:
+        port = int(f.read().split("SlurmctldPort=")[1].split()[0])
+    second = os.path.join(WORK, "second-testbed")
+    r = testbed(["start"], second, {"PE_SLURM_PORT": str(port)})
+    check(r.returncode == 1 and f"port(s) {' '.join(str(port + i) for i in range(5))} already in use"
+          in r.stderr, f"exit {r.returncode}: {r.stderr}")
+    first_pids = set(subprocess.run(["pgrep", "-f", "--", "-f " + ENV["SLURM_CONF"]],
+                                    capture_output=True, text=True).stdout.split())
+    check(len(first_pids) >= 5, f"the first test bed's daemons: {first_pids}")
+    env = dict(os.environ, **ENV)
+    step = subprocess.Popen(["srun", "-N", "4", "-n", "4", "sleep", "60"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        r = testbed(["start"], second)
+        check(r.returncode == 0, f"the second test bed did not start: {r.stderr}")
+        conf2 = r.stdout.strip().split("=", 1)[1]
+        r = sh(["srun", "-N", "4", "-n", "4", "hostname"], dict(os.environ, SLURM_CONF=conf2))
+        check(r.returncode == 0 and len(r.stdout.split()) == 4, f"srun on the second: {r.stderr}")
+        check(step.poll() is None, "the step on the first test bed ended")
+        r = testbed(["stop"], second)
+        check(r.returncode == 0, f"stop: {r.stderr}")
+        check(step.poll() is None, "stopping the second test bed ended the first one's step")
+        alive = {p for p in first_pids if os.path.exists(f"/proc/{p}")}
+        check(first_pids <= alive, f"the first test bed's daemons {first_pids - alive} were stopped")
+        check(testbed(["status"], second).returncode == 1, "the second test bed still says it is up")
+        r = sh(["sinfo", "-h", "-N", "-o", "%t"], env)
+        check(sorted(set(r.stdout.split())) in (["alloc"], ["mix"]), f"the first test bed's nodes: {r.stdout}")
+    finally:
+        step.kill()
+        step.wait()
+        testbed(["stop"], second)
+
+
 if __name__ == "__main__":
     if os.geteuid() != 0:
         skip("the SLURM test bed needs root")
@@ -139,7 +181,8 @@ if __name__ == "__main__":
     try:
         build()
         main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
-              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch])
+              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch,
+              test_a_second_test_bed_beside_the_first])
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
         if not was_up:

@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   }
   printf("pmix_client rank %u of %u ok (local peers %s)\n", me.rank, size, peers);
   /* With "node-info": what the server says of this node (mpirun sets it when ranks outnumber
-   * processors), and the yield setting Open MPI reads from the environment. */
+   * processors), and the yield and oversubscription settings Open MPI reads from the
+   * environment. */
   int node_info = 0;
   for (int i = 1; i < argc; ++i) node_info |= strcmp(argv[i], "node-info") == 0;
   const char* over = "unset";
@@ -72,9 +73,14 @@ int main(int argc, char** argv) {
     PMIX_VALUE_RELEASE(val);
   }
   const char* yield = getenv("OMPI_MCA_mpi_yield_when_idle");
+  const char* mpi_over = getenv("OMPI_MCA_mpi_oversubscribe");
+  const char* rmaps_over = getenv("OMPI_MCA_rmaps_base_oversubscribe");
   if (node_info)
-    printf("pmix_client rank %u oversubscribed=%s yield_when_idle=%s\n", me.rank, over,
-           yield ? yield : "unset");
+    printf(
+        "pmix_client rank %u oversubscribed=%s yield_when_idle=%s mpi_oversubscribe=%s "
+        "rmaps_base_oversubscribe=%s\n",
+        me.rank, over, yield ? yield : "unset", mpi_over ? mpi_over : "unset",
+        rmaps_over ? rmaps_over : "unset");
   CHECK(PMIx_Finalize(NULL, 0), "PMIx_Finalize");
   return 0;
 }

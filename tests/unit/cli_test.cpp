@@ -153,6 +153,10 @@ TEST(CliTest, ParsesFailureHandlingOptions) {
   EXPECT_NE(usage_error({"--kill-grace", "soon", "prog"}).find("--kill-grace"), std::string::npos);
   EXPECT_NE(usage_error({"--kill-grace", "-1", "prog"}).find("--kill-grace"), std::string::npos);
   EXPECT_NE(usage_error({"--kill-grace", "nan", "prog"}).find("--kill-grace"), std::string::npos);
+  EXPECT_DOUBLE_EQ(config({"prog"}).failure_window, 0.0);
+  EXPECT_DOUBLE_EQ(config({"--failure-window", "1.5", "prog"}).failure_window, 1.5);
+  EXPECT_NE(usage_error({"--failure-window", "-2", "prog"}).find("--failure-window"),
+            std::string::npos);
 }
 
 TEST(CliTest, ParsesOutputOptions) {

@@ -160,6 +160,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Signal{SIGTERM});
   round_trip(Stdin{2, std::string("line\n\0x", 8)});
   round_trip(StdinClose{});
+  round_trip(ProcFailed{2, 5, 7, true});
   round_trip(FenceDone{"ns", 4, 0, "all the data"});
   round_trip(DmodexReq{1ull << 40, "ns", 5});
   round_trip(DmodexResp{1ull << 40, -1, "blob"});

@@ -6,6 +6,8 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -15,6 +17,11 @@
 using namespace pe;
 
 namespace {
+
+// What the fake workers were told: failure notices (generation, rank, exit code, aborted), when
+// the last came and when the first signal came.
+std::vector<std::array<int, 4>> g_notices;
+std::chrono::steady_clock::time_point g_notified_at, g_signalled_at;
 
 // Ranks "run" until the loop turns; rank `fail_rank` exits 3 in the generations listed in
 // `fails`, every other rank exits 0.  A signal ends every live rank by that signal.
@@ -46,8 +53,14 @@ class FakeWorkers : public WorkerSet {
     }
   }
   void signal_all(int sig) override {
+    if (g_signalled_at == std::chrono::steady_clock::time_point{})
+      g_signalled_at = std::chrono::steady_clock::now();
     for (int r = 0; r < map_.world_size; ++r)
       c_.loop.post([this, r, sig, g = generation_] { exit(r, g, sig); });
+  }
+  void notify_failure(int generation, int rank, int exit_code, bool aborted) override {
+    g_notices.push_back({generation, rank, exit_code, aborted ? 1 : 0});
+    g_notified_at = std::chrono::steady_clock::now();
   }
   size_t live() const override {
     return static_cast<size_t>(std::count(alive_.begin(), alive_.end(), true));
@@ -77,8 +90,12 @@ class FakeWorkers : public WorkerSet {
   std::vector<bool> alive_;
 };
 
-int run_job(int max_restarts, std::vector<int> fails, std::vector<GenerationInfo>* log) {
+int run_job(int max_restarts, std::vector<int> fails, std::vector<GenerationInfo>* log,
+            double failure_window = 0) {
+  g_notices.clear();
+  g_notified_at = g_signalled_at = {};
   LaunchConfig cfg;
+  cfg.failure_window = failure_window;
   cfg.np = 3;
   cfg.program = "/bin/fake";
   cfg.max_restarts = max_restarts;
@@ -115,82 +132,15 @@ TEST(JobTest, WithoutBudgetTheJobFailsWithTheRanksStatus) {
   EXPECT_EQ(log.size(), 1u);
 }
 
-namespace {
-
-// Three nodes of one rank each; node b's daemon goes away in generation 0.
-int run_elastic(int nnodes_min, int max_scale_events, std::vector<GenerationInfo>* log,
-                std::vector<JobMap>* maps) {
-  LaunchConfig cfg;
-  cfg.program = "/bin/fake";
-  cfg.kill_grace = 1;
-  cfg.stdin_mode = StdinMode::None;
-  cfg.nnodes_min = nnodes_min;
-  cfg.nnodes_max = 3;
-  cfg.max_scale_events = max_scale_events;
-  JobMap base;
-  for (const char* h : {"a", "b", "c"}) {
-    NodeMap n;
-    n.host = h;
-    n.node_rank = static_cast<int>(base.nodes.size());
-    n.ranks = {base.world_size};
-    base.ranks.push_back(RankLocation{n.node_rank, 0});
-    ++base.world_size;
-    base.nodes.push_back(n);
-  }
-  WorkerSetSource src;
-  src.make = [log, maps](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
-    auto w = std::make_unique<FakeWorkers>(c, std::vector<int>{}, log);
-    w->lose_node = "b";
-    w->maps = maps;
-    return w;
-  };
-  JobController job(cfg, {}, base, std::move(src));
-  return job.run();
-}
-
-}  // namespace
-
-TEST(JobTest, AnElasticJobReformsOnTheNodesLeft) {
+// Before the others are stopped they are told (a PMIx event on every node), and with
+// --failure-window they get that long.
+TEST(JobTest, TheOthersHearOfAFailureAndGetTheWindow) {
   std::vector<GenerationInfo> log;
-  std::vector<JobMap> maps;
-  EXPECT_EQ(run_elastic(2, -1, &log, &maps), 0);
-  ASSERT_EQ(log.size(), 2u);
-  EXPECT_EQ(log[1].generation, 1);
-  EXPECT_EQ(log[1].restart_count, 1);  // as torchrun counts it
-  EXPECT_EQ(log[1].max_restarts, 0);   // no restart was used
-  ASSERT_EQ(maps.size(), 2u);
-  EXPECT_EQ(maps[0].world_size, 3);
-  ASSERT_EQ(maps[1].nodes.size(), 2u);
-  EXPECT_EQ(maps[1].world_size, 2);
-  EXPECT_EQ(maps[1].nodes[0].host, "a");
-  EXPECT_EQ(maps[1].nodes[1].host, "c");
-  EXPECT_EQ(maps[1].nodes[1].node_rank, 1);
-  EXPECT_EQ(maps[1].nodes[1].ranks, std::vector<int>{1});
-}
-
-TEST(JobTest, AnElasticJobBelowItsMinimumFails) {
-  std::vector<GenerationInfo> log;
-  std::vector<JobMap> maps;
-  EXPECT_EQ(run_elastic(3, -1, &log, &maps), 1);
-  EXPECT_EQ(log.size(), 1u);
-  log.clear();
-  maps.clear();
-  EXPECT_EQ(run_elastic(2, 0, &log, &maps), 1);  // no scale events allowed
-  EXPECT_EQ(log.size(), 1u);
-}
-
-TEST(JobTest, ReformedMapsKeepTheNodesOrderAndTheirRanks) {
-  JobMap base;
-  base.world_size = 5;
-  base.nodes = {{"a", 0, {0}}, {"b", 1, {1, 2}}, {"c", 2, {3, 4}}};
-  base.ranks = {{0, 0}, {1, 0}, {1, 1}, {2, 0}, {2, 1}};
-  JobMap m = reform_map(base, {false, true, true});
-  EXPECT_EQ(m.world_size, 4);
-  ASSERT_EQ(m.nodes.size(), 2u);
-  EXPECT_EQ(m.nodes[0].host, "b");
-  EXPECT_EQ(m.nodes[0].ranks, (std::vector<int>{0, 1}));
-  EXPECT_EQ(m.nodes[1].ranks, (std::vector<int>{2, 3}));
-  EXPECT_EQ(m.ranks[3].node, 1);
-  EXPECT_EQ(m.ranks[3].local_rank, 1);
-  EXPECT_EQ(reform_map(base, {true, true, true}).world_size, 5);
+  EXPECT_EQ(run_job(0, {0}, &log), 3);
+  ASSERT_EQ(g_notices.size(), 1u);
+  EXPECT_EQ(g_notices[0], (std::array<int, 4>{0, 1, 3, 0}));
+  EXPECT_LE(g_notified_at, g_signalled_at);
+  EXPECT_EQ(run_job(1, {0}, &log, 0.3), 0);  // restarts too
+  ASSERT_EQ(g_notices.size(), 1u);
+  EXPECT_GE(g_signalled_at - g_notified_at, std::chrono::milliseconds(300));
 }

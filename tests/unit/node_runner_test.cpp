@@ -85,13 +85,17 @@ TEST(NodeRunnerTest, SpecsComeFromTheNodeJob) {
   EXPECT_EQ(namespace_for(r.job().map, 0, g).nspace, "pytorch_exec.t.2");
 }
 
-// The regression this runner fixed: single-node jobs did not get the yield setting.
+// The regression this runner fixed: single-node jobs did not get the yield setting.  With it,
+// the oversubscription settings mpirun gives its ranks.
 TEST(NodeRunnerTest, MoreRanksThanProcessorsYield) {
   long ncpu = ::sysconf(_SC_NPROCESSORS_ONLN);
   ASSERT_GT(ncpu, 0);
   for (int n : {1, static_cast<int>(ncpu) + 1}) {
     bool over = n > ncpu;
-    NodeRunner r(job_of(n, {"-c", "echo $RANK:${OMPI_MCA_mpi_yield_when_idle:-unset}"}));
+    NodeRunner r(job_of(n, {"-c",
+                            "echo $RANK:${OMPI_MCA_mpi_yield_when_idle:-unset}:"
+                            "${OMPI_MCA_mpi_oversubscribe:-unset}:"
+                            "${OMPI_MCA_rmaps_base_oversubscribe:-unset}"}));
     EventLoop loop;
     Collect c(loop, n);
     r.open(loop, c, nullptr, "node_runner_test", environment_from(environ));
@@ -104,7 +108,8 @@ TEST(NodeRunnerTest, MoreRanksThanProcessorsYield) {
     loop.run();
     ASSERT_EQ(c.statuses.size(), static_cast<size_t>(n)) << "the workers did not all exit in 30 s";
     std::vector<std::string> want;
-    for (int i = 0; i < n; ++i) want.push_back(std::to_string(i) + (over ? ":1" : ":unset"));
+    for (int i = 0; i < n; ++i)
+      want.push_back(std::to_string(i) + (over ? ":1:1:1" : ":unset:unset:unset"));
     std::sort(want.begin(), want.end());
     EXPECT_EQ(sorted_lines(c.out), want) << n << " ranks on " << ncpu << " processors";
   }

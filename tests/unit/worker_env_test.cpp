@@ -68,12 +68,18 @@ TEST(WorkerEnvTest, KeepsTheUsersThreadCountAndRunId) {
   EXPECT_EQ(env2["OMP_NUM_THREADS"], "2");
 }
 
-TEST(WorkerEnvTest, OversubscribedNodesMakeOpenMpiYield) {
+TEST(WorkerEnvTest, OversubscribedNodesMakeOpenMpiYieldAndSaySo) {
   auto m = pe::map_single_node("h", 2);
   auto g = gen();
   EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_mpi_yield_when_idle"), 0u);
+  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_mpi_oversubscribe"), 0u);
+  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_rmaps_base_oversubscribe"), 0u);
   g.oversubscribed = true;
-  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g)["OMPI_MCA_mpi_yield_when_idle"], "1");
+  auto env = pe::worker_environment({}, {}, m, 0, g);
+  EXPECT_EQ(env["OMPI_MCA_mpi_yield_when_idle"], "1");
+  // As mpirun says it.
+  EXPECT_EQ(env["OMPI_MCA_mpi_oversubscribe"], "1");
+  EXPECT_EQ(env["OMPI_MCA_rmaps_base_oversubscribe"], "1");
   EXPECT_EQ(pe::worker_environment({{"OMPI_MCA_mpi_yield_when_idle", "0"}}, {}, m, 0,
                                    g)["OMPI_MCA_mpi_yield_when_idle"],
             "0");
@@ -106,4 +112,9 @@ TEST(OmpiEnvTest, SelectsThePmixPathAndKeepsSessionFilesInOurDirectory) {
   EXPECT_EQ(m["OMPI_MCA_pmix"], "^s1,s2,cray,isolated");
   EXPECT_EQ(m["OMPI_MCA_orte_tmpdir_base"], "/tmp/pe.x");
   EXPECT_EQ(m["OMPI_UNIVERSE_SIZE"], "6");
+  EXPECT_EQ(m.count("OMPI_MCA_btl_vader_backing_directory"), 0u);
+  // With a directory in /dev/shm, the shared-memory segments go there (removed at the end).
+  env = pe::pmix::open_mpi_environment({"ns.0", "/tmp/pe.x", 6, "/dev/shm/pe.y"});
+  m = std::map<std::string, std::string>(env.begin(), env.end());
+  EXPECT_EQ(m["OMPI_MCA_btl_vader_backing_directory"], "/dev/shm/pe.y");
 }

@@ -42,7 +42,8 @@ enum class Msg : uint16_t {
   FenceDone = 15,
   DmodexReq = 16,
   DmodexResp = 17,
-  Remap = 18,
+  ProcFailed = 18,
+  Remap = 19,
   // Daemon to front end.
   Ready = 30,
   Output = 31,
@@ -154,6 +155,18 @@ struct StdinClose {
   static constexpr const char* kName = "stdin-close";
   template <class IO>
   void io(IO&) {}
+};
+struct ProcFailed {  // a rank failed: tell the node's ranks (a PMIx event) before they are stopped
+  static constexpr Msg kType = Msg::ProcFailed;
+  static constexpr const char* kName = "proc-failed";
+  int32_t generation = 0;
+  int32_t rank = 0;
+  int32_t exit_code = 0;
+  bool aborted = false;  // MPI_Abort or a signal; else a non-zero exit
+  template <class IO>
+  void io(IO& f) {
+    f.count(generation, 1 << 30), f.count(rank, 1 << 30), f(exit_code), f(aborted);
+  }
 };
 struct FenceDone {  // a fence is complete: everyone's data
   static constexpr Msg kType = Msg::FenceDone;
@@ -302,8 +315,9 @@ struct Routed {
 };
 
 using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin,
-                               StdinClose, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit,
-                               Abort, Fence, StartFailed, StdinDrained, Port, Lost, Joined, Routed>;
+                               StdinClose, ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready,
+                               Output, Exit, Abort, Fence, StartFailed, StdinDrained, Port, Lost,
+                               Joined, Routed>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

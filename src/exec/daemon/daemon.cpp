@@ -74,6 +74,9 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
   dispatch_.on<Start>([this](Start& m) { on_start(m); })
       .on<Remap>([this](Remap& m) { on_remap(m); })
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
+      .on<ProcFailed>([this](ProcFailed& m) {
+        agent_->notify_failure(m.generation, m.rank, m.exit_code, m.aborted);
+      })
       .on<Stdin>([this](Stdin& m) { on_stdin(m); })
       .on<StdinClose>([this](StdinClose&) { agent_->stdin_close_all(); })
       .on<FenceDone>([this](FenceDone& m) {

@@ -92,6 +92,10 @@ const OptionDef<RawOptions> kOptions[] = {
     {"kill-grace", 0, "Failure handling", "SECONDS",
      "time between SIGTERM and SIGKILL when stopping processes (default 5)",
      &RawOptions::kill_grace},
+    {"failure-window", 0, "Failure handling", "SECONDS",
+     "when a process fails, tell the others through a PMIx event (PMIX_ERR_PROC_ABORTED or "
+     "PMIX_EVENT_PROC_TERMINATED) and give them SECONDS before stopping them (default 0)",
+     &RawOptions::failure_window},
     {"nnodes", 0, "Elastic", "N|MIN:MAX",
      "elastic membership: when a node is lost, the group is stopped and re-formed on the nodes "
      "that are left, as long as at least MIN remain (up to MAX nodes of the allocation are used)",
@@ -224,6 +228,13 @@ void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
       throw UsageError("--kill-grace: expected a non-negative number of seconds, got '" +
                        *raw.kill_grace + "'");
     c.kill_grace = *g;
+  }
+  if (raw.failure_window) {
+    auto w = parse_seconds(*raw.failure_window);
+    if (!w)
+      throw UsageError("--failure-window: expected a non-negative number of seconds, got '" +
+                       *raw.failure_window + "'");
+    c.failure_window = *w;
   }
   if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
 }

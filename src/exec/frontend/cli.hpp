@@ -43,6 +43,7 @@ struct RawOptions {
   std::optional<std::string> output_filename;
   std::optional<std::string> stdin_target;
   std::optional<std::string> kill_grace;
+  std::optional<std::string> failure_window;
   std::optional<std::string> max_restarts;
   std::optional<std::string> nnodes;
   std::optional<std::string> max_scale_events;

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -71,6 +72,9 @@ int JobController::run() {
     logger("exec")->info("kill grace of {} s is over: SIGKILL", cfg_.kill_grace);
     workers_->signal_all(SIGKILL);
     kill_timer_.arm(kAfterKillTimeout);
+  });
+  window_timer_ = loop_.timer([this] {
+    if (state_ == State::Restarting || state_ == State::Failing) stop_workers(SIGTERM);
   });
   kill_timer_ = loop_.timer([this] {
     say("timed out waiting for " + std::to_string(workers_->live()) +
@@ -167,6 +171,14 @@ void JobController::on_rank_failed(Failure f) {
   } else {
     state_ = State::Failing;
   }
+  // The others hear of it (a PMIx event) and get --failure-window seconds before they stop.
+  const Failure& failed = *failure_;
+  bool aborted = failed.aborted || (failed.exec_errno == 0 && WIFSIGNALED(failed.status));
+  workers_->notify_failure(generation_, failed.rank, failure_exit_code(failed), aborted);
+  if (cfg_.failure_window > 0) {
+    window_timer_.arm(cfg_.failure_window);
+    return;
+  }
   stop_workers(SIGTERM);
 }
 
@@ -244,12 +256,14 @@ void JobController::fail_with_node(const std::string& host, const std::string& w
 }
 
 void JobController::stop_workers(int sig) {
+  window_timer_.disarm();
   workers_->signal_all(sig);
   if (workers_->live() > 0 && !grace_timer_.pending() && !kill_timer_.pending())
     grace_timer_.arm(cfg_.kill_grace);
 }
 
 void JobController::on_all_stopped() {
+  window_timer_.disarm();
   grace_timer_.disarm();
   kill_timer_.disarm();
   switch (state_) {

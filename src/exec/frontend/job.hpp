@@ -72,6 +72,7 @@ class JobController : public AgentListener {
   int exit_status_ = 0;
 
   std::vector<Event> signal_events_;
+  Event window_timer_;  // --failure-window
   Event grace_timer_;
   Event kill_timer_;
 

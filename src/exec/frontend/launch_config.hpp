@@ -55,7 +55,8 @@ struct LaunchConfig {
   int stdin_rank = 0;
 
   // Failure handling.
-  double kill_grace = 5.0;  // seconds between SIGTERM and SIGKILL
+  double kill_grace = 5.0;      // seconds between SIGTERM and SIGKILL
+  double failure_window = 0.0;  // seconds between the failure event and stopping the others
   int max_restarts = 0;
 
   // Elastic membership (--nnodes MIN:MAX): 0 when not elastic.

@@ -276,6 +276,10 @@ void RemoteWorkers::start(const GenerationInfo& gen) {
 
 void RemoteWorkers::signal_all(int sig) { tree_.broadcast(ctrl::Signal{sig}); }
 
+void RemoteWorkers::notify_failure(int generation, int rank, int exit_code, bool aborted) {
+  tree_.broadcast(ctrl::ProcFailed{generation, rank, exit_code, aborted});
+}
+
 size_t RemoteWorkers::live() const {
   size_t total = 0;
   for (const auto& n : nodes_) total += n.live;

@@ -37,6 +37,7 @@ class RemoteWorkers : public WorkerSet {
   void use_map(const JobMap& map) override;
   void start(const GenerationInfo& gen) override;
   void signal_all(int sig) override;
+  void notify_failure(int generation, int rank, int exit_code, bool aborted) override;
   size_t live() const override;
   void stdin_write(int rank, std::string_view data) override;
   void stdin_close_all() override;

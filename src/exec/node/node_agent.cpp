@@ -32,6 +32,7 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
   if (router) {
     pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace, topology);
     guard_.remove_on_death(pmix_->tmpdir());
+    if (!pmix_->shm_dir().empty()) guard_.remove_on_death(pmix_->shm_dir());
   }
 }
 
@@ -54,7 +55,9 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
   if (pmix_ && ns) {
     pmix_->register_namespace(*ns);
     nspace_ = ns->nspace;
-    auto ompi = pmix::open_mpi_environment({nspace_, pmix_->tmpdir(), ns->world_size});
+    nspace_generation_ = generation;
+    auto ompi =
+        pmix::open_mpi_environment({nspace_, pmix_->tmpdir(), ns->world_size, pmix_->shm_dir()});
     for (auto& spec : specs) {
       auto& env = spec.spawn.envp;
       auto has = [&env](const std::string& key) {
@@ -94,6 +97,16 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
 void NodeAgent::dmodex_request(const std::string& nspace, int rank, pmix::ModexDone done) {
   if (!pmix_) return done(-1, "");
   pmix_->dmodex_request(nspace, rank, std::move(done));
+}
+
+void NodeAgent::notify_failure(int generation, int rank, int exit_code, bool aborted) {
+  if (!pmix_ || nspace_.empty() || generation != nspace_generation_) return;
+  logger("agent")->info("generation {} rank {} failed: telling the local ranks", generation, rank);
+  try {
+    pmix_->notify_proc_failure(nspace_, rank, exit_code, aborted);
+  } catch (const Error& e) {
+    logger("agent")->warn("{}", e.what());
+  }
 }
 
 void NodeAgent::signal_all(int sig) {

@@ -72,6 +72,10 @@ class NodeAgent : public pmix::ServerListener {
              const pmix::NamespaceInfo* ns = nullptr);
   // Sends sig to the process group of every live worker.
   void signal_all(int sig);
+  // Rank `rank` of `generation` (on any node) failed: the PMIx server tells this node's ranks
+  // that registered for it (PmixServer::notify_proc_failure).  Nothing without a PMIx server or
+  // when that generation is not the one running here.
+  void notify_failure(int generation, int rank, int exit_code, bool aborted);
   size_t live() const { return workers_.size(); }
 
   // Standard input for `rank` (a worker started with stdin_pipe).  Data for a rank that is not
@@ -104,6 +108,7 @@ class NodeAgent : public pmix::ServerListener {
   size_t stdin_backlog_ = 0;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
+  int nspace_generation_ = -1;
 };
 
 }  // namespace pe

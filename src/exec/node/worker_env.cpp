@@ -46,9 +46,13 @@ EnvMap worker_environment(const EnvMap& base,
   seti("TORCHELASTIC_MAX_RESTARTS", gen.max_restarts);
   set("TORCHELASTIC_RUN_ID", gen.run_id.empty() ? gen.job_id : gen.run_id);
   if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
-  // As mpirun does on an oversubscribed node: MPI waits yield the processor instead of spinning.
-  if (gen.oversubscribed && !env.count("OMPI_MCA_mpi_yield_when_idle"))
-    set("OMPI_MCA_mpi_yield_when_idle", "1");
+  // As mpirun does on an oversubscribed node: MPI waits yield the processor instead of spinning,
+  // and Open MPI is told that the node is oversubscribed.  A user's own setting wins.
+  if (gen.oversubscribed) {
+    for (const char* k : {"OMPI_MCA_mpi_yield_when_idle", "OMPI_MCA_mpi_oversubscribe",
+                          "OMPI_MCA_rmaps_base_oversubscribe"})
+      if (!env.count(k)) set(k, "1");
+  }
 
   // Open MPI's names.
   seti("OMPI_COMM_WORLD_RANK", rank);
