@@ -233,7 +233,7 @@ stop() {
   local pid
   if pid=$(cat "$dir/munged.pid" 2>/dev/null) && [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = munged ]; then
     # Another SLURM on the machine may use the munged it started: then it stays.
-    if pgrep -x 'slurmctld|slurmd|slurmdbd' >/dev/null; then
+    if ps -eo stat=,comm= | awk '$1 !~ /^Z/ && $2 ~ /^(slurmctld|slurmd|slurmdbd)$/ { f = 1 } END { exit !f }'; then
       echo "testbed.sh: munged (pid $pid) left running: another SLURM uses it" >&2
     else
       kill "$pid" 2>/dev/null || true
