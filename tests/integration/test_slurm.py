@@ -136,16 +136,18 @@ def test_a_second_test_bed_beside_the_first():
     with open(ENV["SLURM_CONF"]) as f:
         port = int(f.read().split("SlurmctldPort=")[1].split()[0])
     second = os.path.join(WORK, "second-testbed")
-    r = testbed(["start"], second, {"PE_SLURM_PORT": str(port)})
-    check(r.returncode == 1 and f"port(s) {' '.join(str(port + i) for i in range(5))} already in use"
-          in r.stderr, f"exit {r.returncode}: {r.stderr}")
-    first_pids = set(subprocess.run(["pgrep", "-f", "--", "-f " + ENV["SLURM_CONF"]],
-                                    capture_output=True, text=True).stdout.split())
-    check(len(first_pids) >= 5, f"the first test bed's daemons: {first_pids}")
-    env = dict(os.environ, **ENV)
-    step = subprocess.Popen(["srun", "-N", "4", "-n", "4", "sleep", "60"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    step = None
+    try:  # whatever happens, the second test bed is stopped
+        r = testbed(["start"], second, {"PE_SLURM_PORT": str(port)})
+        check(r.returncode == 1 and
+              f"port(s) {' '.join(str(port + i) for i in range(5))} already in use" in r.stderr,
+              f"exit {r.returncode}: {r.stderr}")
+        first_pids = set(subprocess.run(["pgrep", "-f", "--", "-f " + ENV["SLURM_CONF"]],
+                                        capture_output=True, text=True).stdout.split())
+        check(len(first_pids) >= 5, f"the first test bed's daemons: {first_pids}")
+        env = dict(os.environ, **ENV)
+        step = subprocess.Popen(["srun", "-N", "4", "-n", "4", "sleep", "60"], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         r = testbed(["start"], second)
         check(r.returncode == 0, f"the second test bed did not start: {r.stderr}")
         conf2 = r.stdout.strip().split("=", 1)[1]
@@ -161,8 +163,9 @@ def test_a_second_test_bed_beside_the_first():
         r = sh(["sinfo", "-h", "-N", "-o", "%t"], env)
         check(sorted(set(r.stdout.split())) in (["alloc"], ["mix"]), f"the first test bed's nodes: {r.stdout}")
     finally:
-        step.kill()
-        step.wait()
+        if step:
+            step.kill()
+            step.wait()
         testbed(["stop"], second)
 
 
