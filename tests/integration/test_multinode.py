@@ -12,7 +12,7 @@ import struct
 import subprocess
 import time
 
-from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env,
+from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, control_port, main, marker_env,
                      processes_with_marker, run, script, start, tmpdir, wait_until)
 
 BIN = tmpdir()
@@ -198,21 +198,6 @@ def test_signal_reaches_every_node():
     check(got == ["term-0-a", "term-1-b", "term-2-b"], f"{out} {rest!r} {err}")
     check(p.returncode == 143, f"exit {p.returncode}")
     assert_no_leftovers(env["PE_TEST_MARKER"])
-
-
-def control_port(p):
-    """Reads -v output until the control-plane line; returns (port, lines read)."""
-    seen = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        m = re.search(r"control plane on port (\d+)", line)
-        if m:
-            return int(m.group(1)), seen
-    raise AssertionError(f"no control-plane line: {seen}")
 
 
 def frame(ftype, payload):

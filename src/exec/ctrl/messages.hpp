@@ -113,7 +113,7 @@ struct Start {  // start a generation
   void io(IO& f) {
     f(gen.job_id, 64), f(gen.run_id), f.count(gen.generation, 1 << 30);
     f.count(gen.restart_count, 1 << 30), f(gen.max_restarts), f(gen.master_addr, 256);
-    f.count(gen.master_port, 65535), f(gen.role_name, 256);
+    f.count(gen.master_port, 65535), f(gen.role_name, 256), f(gen.dc_token, 64);
   }
 };
 struct Signal {

@@ -20,6 +20,10 @@ namespace {
 
 constexpr int kKeepaliveSeconds = 10;
 constexpr size_t kMaxHandshakeFrame = 4096;
+// Output queued toward the front end: above the high mark the ranks' pipes are no longer read,
+// until it is down to the low mark.
+constexpr size_t kOutputHighWater = 8u << 20;
+constexpr size_t kOutputLowWater = 1u << 20;
 
 void say(const std::string& node, const std::string& line) {
   std::string s = "pytorch_execd (" + node + "): " + line + "\n";
@@ -315,6 +319,16 @@ void Daemon::on_output(int generation, int rank, Stream s, std::string_view line
     conn_->send(ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2),
                              std::string(lines.substr(0, n))});
     lines.remove_prefix(n);
+  }
+  // Backpressure: while the front end does not take our output, the ranks' pipes are not read
+  // (the ranks block in write, as on a terminal that is not read).
+  if (agent_ && conn_->queued() > kOutputHighWater && !output_paused_) {
+    output_paused_ = true;
+    agent_->pause_output(true);
+    conn_->when_drained(kOutputLowWater, [this] {
+      output_paused_ = false;
+      if (agent_) agent_->pause_output(false);
+    });
   }
 }
 

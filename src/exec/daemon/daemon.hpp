@@ -74,6 +74,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   bool have_job_ = false;
   std::unique_ptr<NodeRunner> runner_;
   NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
+  bool output_paused_ = false;  // the ranks' output is not read: the front end lags behind
   int status_ = 0;
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace

@@ -68,6 +68,9 @@ class NodeAgent : public pmix::ServerListener {
              const pmix::NamespaceInfo* ns = nullptr);
   // Sends sig to the process group of every live worker.
   void signal_all(int sig);
+  // Stops (true) or resumes reading the ranks' stdout and stderr: backpressure when their
+  // destination lags behind; a rank that writes meanwhile blocks once its pipe is full.
+  void pause_output(bool paused);
   size_t live() const { return workers_.size(); }
 
   // Standard input for `rank` (a worker started with stdin_pipe).  Data for a rank that is not
@@ -87,6 +90,7 @@ class NodeAgent : public pmix::ServerListener {
   Worker* find_rank(int rank);
   void on_sigchld();
   void on_readable(Worker& w, Stream s);
+  void watch_output(Worker& w);
   void on_stdin_writable(Worker& w);
   void flush_stdin(Worker& w);
   void drop_stdin(Worker& w);
@@ -98,6 +102,7 @@ class NodeAgent : public pmix::ServerListener {
   Event sigchld_;
   std::map<pid_t, std::unique_ptr<Worker>> workers_;
   size_t stdin_backlog_ = 0;
+  bool output_paused_ = false;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
 };
