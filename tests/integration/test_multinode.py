@@ -90,6 +90,10 @@ def test_mpi_programs_wire_up_across_nodes():
     r = run(["-H", "a:2,b:2", "--launch-agent", ag, "-v", dm, "dmodex"], env=env, timeout=60)
     check(r.returncode == 0 and r.stdout.count("ok") == 4, f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
     check(re.search(r"@a pmix info: upcall direct_modex \S+:[23]", r.stderr), "no direct modex from node a")
+    # Issue 13, item 10: each node contributes 18 MB to a fence (above one frame's 16 MiB); the
+    # node's daemon failed ("a field of 18000222 bytes") and the node was reported lost.
+    r = run(["-H", "a:6,b:6", "--launch-agent", ag, dm, "big", "3000000"], env=env, timeout=120)
+    check(r.returncode == 0 and r.stdout.count("ok") == 12, f"big fence: exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
     env2 = job_env({"ABORT_RANK": "3", "ABORT_CODE": "7"})
     ag2 = agent(env2["PE_TEST_MARKER"], "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo ABORT_RANK=3 ABORT_CODE=7")
     r = run(["-H", "a:2,b:2", "--launch-agent", ag2, os.path.join(BIN, "abort")], env=env2, timeout=60)

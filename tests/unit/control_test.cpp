@@ -162,6 +162,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Stdin{2, std::string("line\n\0x", 8)});
   round_trip(StdinClose{});
   round_trip(FenceDone{"ns", 4, 0, "all the data"});
+  round_trip(FenceDone{"ns", 4, 0, "a piece", true});
   round_trip(DmodexReq{1ull << 40, "ns", 5});
   round_trip(DmodexResp{1ull << 40, -1, "blob"});
   round_trip(Ready{29500, 4000, {"10.0.0.1"}});

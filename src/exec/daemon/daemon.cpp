@@ -79,9 +79,7 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
       .on<Stdin>([this](Stdin& m) { on_stdin(m); })
       .on<StdinClose>([this](StdinClose&) { agent_->stdin_close_all(); })
-      .on<FenceDone>([this](FenceDone& m) {
-        on_reply(fences_, {m.nspace, m.seq}, m.status, std::move(m.data), "fence-done");
-      })
+      .on<FenceDone>([this](FenceDone& m) { on_fence_done(m); })
       .on<DmodexReq>([this](DmodexReq& m) { on_dmodex_request(m); })
       .on<DmodexResp>([this](DmodexResp& m) {
         on_reply(dmodex_, m.id, m.status, std::move(m.data), "dmodex-response");
@@ -298,6 +296,7 @@ void Daemon::on_job(ctrl::Job& m) {
 void Daemon::on_start(ctrl::Start& m) {
   if (!agent_) return;  // the set-up failed and was reported
   fence_seq_.clear();
+  fence_pieces_.clear();
   try {
     runner_->start(m.gen);
   } catch (const Error& e) {
@@ -349,7 +348,21 @@ void Daemon::fence(const std::string& nspace, bool collect, std::string data,
   if (!conn_) return done(-1, "");
   uint32_t seq = fence_seq_[nspace]++;
   fences_[{nspace, seq}] = std::move(done);
-  conn_->send(ctrl::Fence{nspace, seq, collect, std::move(data)});
+  ctrl::for_each_fence_piece(data, [&](std::string piece, bool more) {
+    conn_->send(ctrl::Fence{nspace, seq, collect, std::move(piece), more});
+  });
+}
+
+// The fence's data comes in pieces; the PMIx server gets it whole.
+void Daemon::on_fence_done(ctrl::FenceDone& m) {
+  std::pair<std::string, uint32_t> key{m.nspace, m.seq};
+  if (!fences_.count(key)) throw wire::WireError("fence-done for an unknown request");
+  std::string& got = fence_pieces_[key];
+  got += m.data;
+  if (m.more) return;
+  std::string all = std::move(got);
+  fence_pieces_.erase(key);
+  on_reply(fences_, key, m.status, std::move(all), "fence-done");
 }
 
 void Daemon::direct_modex(const std::string& nspace, int rank, pmix::ModexDone done) {

@@ -45,6 +45,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_start(ctrl::Start& m);
   void on_stdin(ctrl::Stdin& m);
   void on_dmodex_request(ctrl::DmodexReq& m);
+  void on_fence_done(ctrl::FenceDone& m);
   template <class M>
   void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status, std::string data,
                 const char* what);
@@ -79,6 +80,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace
   std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;
+  std::map<std::pair<std::string, uint32_t>, std::string> fence_pieces_;  // received so far
   uint64_t next_dmodex_ = 1;
   std::map<uint64_t, pmix::ModexDone> dmodex_;
 };
