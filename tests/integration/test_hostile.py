@@ -336,6 +336,56 @@ def test_node_names_are_escaped_and_warnings_limited():
     check(n <= 10 and "suppressing the rest" in err, f"{n} warnings for 50 drops")
 
 
+def test_store_handshake_replay_is_refused():
+    # Item 2: a proof recorded from one connection does not open another (fresh nonce).
+    port = free_port()
+    r0 = dc_rank(0, 2, port)
+    s = connect(port + 1, target=r0)
+    nonce_s = recv_exact(s, 32)
+    nonce_c = os.urandom(32)
+    recorded = nonce_c + proof(TOKEN.encode(), b"pdc-store-client", nonce_s, nonce_c, b"")
+    send(s, recorded)
+    check(len(recv_exact(s, 32)) == 32, "the legitimate proof was refused")
+    r = connect(port + 1, target=r0)
+    recv_exact(r, 32)
+    send(r, recorded)
+    check(closed_soon(r) and r.recv(1) == b"", "a replayed proof was accepted")
+    finish([r0, dc_rank(1, 2, port)], 2)
+
+
+def test_control_port_during_collectives():
+    # Hundreds of idle connections, garbage and slow partial frames against the launcher's
+    # control port while a DataChannel job runs its conformance checks across two nodes.
+    env = marker_env()
+    agent = f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={env['PE_TEST_MARKER']} PE_NODE={{host}}"
+    p = start(["-v", "-H", "a:2,b:2", "--launch-agent", agent, DC_CHECK, "conformance", "7"], env=env,
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    conns, peak = [], 0
+    try:
+        port, _ = control_port(p)
+        for i in range(300):
+            try:
+                c = connect(port)
+            except OSError:
+                continue
+            conns.append(c)
+            if i % 10 == 0:
+                send(c, os.urandom(100))
+            elif i % 10 == 1:
+                send(c, b"PEX1"[: i % 4 + 1])  # a partial frame header, never finished
+            if p.poll() is None:
+                peak = max(peak, observe(p.pid)[1])
+        out, err = p.communicate(timeout=240)
+    finally:
+        for c in conns:
+            c.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0 and out.startswith("ok"), f"exit {p.returncode}: {out} {err[-2000:]}")
+    check(peak < 150, f"the front end held {peak} descriptors for 300 connections")
+
+
 def daemons(marker):
     out = []
     for pid in processes_with_marker(marker):
@@ -388,6 +438,7 @@ if __name__ == "__main__":
         skip(f"{DC_CHECK} is not built")
     main([test_store_wrapped_length_does_not_kill_rank0, test_store_lengths_and_memory_are_bounded,
           test_bootstrap_rejects_a_record_without_colon, test_token_keeps_strangers_out,
-          test_idle_and_forged_hellos_do_not_stall_set_up, test_control_plane_backs_off_when_out_of_descriptors,
+          test_idle_and_forged_hellos_do_not_stall_set_up, test_store_handshake_replay_is_refused,
+          test_control_port_during_collectives, test_control_plane_backs_off_when_out_of_descriptors,
           test_node_names_are_escaped_and_warnings_limited,
           test_daemon_output_is_bounded_while_the_front_end_is_not_read, test_figures])
