@@ -7,22 +7,64 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <random>
 
 #include "common/error.hpp"
 #include "common/unique_fd.hpp"
 
 namespace pe {
 
+namespace {
+
+// Whether addr:port (and nothing else) can be bound now; no SO_REUSEADDR, so that a port still
+// in use by a closing connection counts as taken.
+bool bindable(const struct sockaddr_in& addr, int port) {
+  struct sockaddr_in sa = addr;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  return fd.valid() && ::bind(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) == 0;
+}
+
+}  // namespace
+
+std::pair<int, int> ephemeral_port_range() {
+  int lo = 32768, hi = 60999;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    int a = 0, b = 0;
+    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && a <= b && b < 65536) lo = a, hi = b;
+    std::fclose(f);
+  }
+  return {lo, hi};
+}
+
+int port_outside_ephemeral(uint32_t n) {
+  // [kLowestPort, lo-2] and [hi+1, 65534]: p and p+1 both outside the range.
+  constexpr int kLowestPort = 10000;
+  auto [lo, hi] = ephemeral_port_range();
+  int below = std::max(0, lo - 1 - kLowestPort), above = std::max(0, 65534 - hi);
+  if (below + above == 0) return kLowestPort;  // the whole range is ephemeral
+  int i = static_cast<int>(n % static_cast<uint32_t>(below + above));
+  return i < below ? kLowestPort + i : hi + 1 + (i - below);
+}
+
 int find_free_port(const std::string& addr) {
   struct sockaddr_in sa {};
   sa.sin_family = AF_INET;
   if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
     throw Error("not an IPv4 address: '" + addr + "'");
+  std::random_device rd;
+  for (int tries = 0; tries < kPortTries; ++tries) {
+    int p = port_outside_ephemeral(rd());
+    if (bindable(sa, p) && bindable(sa, p + 1)) return p;
+  }
+  // Everything tried is taken: let the kernel choose (inside the ephemeral range).
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   PE_CHECK_ERRNO(fd.valid(), "socket");
   PE_CHECK_ERRNO(::bind(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) == 0,
@@ -201,6 +243,14 @@ std::string route_source_address(const std::string& dest) {
   if (!fd.valid() || ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0)
     return "";
   return local_address(fd.get());
+}
+
+void raise_fd_limit() {
+  struct rlimit l {};
+  if (::getrlimit(RLIMIT_NOFILE, &l) == 0 && l.rlim_cur < l.rlim_max) {
+    l.rlim_cur = l.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &l);
+  }
 }
 
 }  // namespace pe

@@ -1,22 +1,35 @@
 // Small socket helpers.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/unique_fd.hpp"
 
 namespace pe {
 
-// A TCP port that is free on `addr` right now (bind to port 0, read it back, close).  The
-// program that is given the port binds it a moment later, as torchrun's workers do.
+// A TCP port p for MASTER_PORT: p and p+1 (DataChannel's store) are free on `addr` right now,
+// and both lie outside the kernel's ephemeral range, so that no outgoing connection takes them
+// before the program binds them a moment later (as torchrun's workers do).  Random candidates
+// are tried; if kPortTries are all taken, any free port.
+inline constexpr int kPortTries = 64;
 int find_free_port(const std::string& addr);
+// The kernel's ephemeral port range (net.ipv4.ip_local_port_range).
+std::pair<int, int> ephemeral_port_range();
+// The n-th port (modulo their number) of those below and above the ephemeral range, from 10000
+// on, such that p+1 is outside it too.
+int port_outside_ephemeral(uint32_t n);
 
 std::string local_hostname();
 
 // A listening TCP socket on addr:port (port 0: any), non-blocking, close-on-exec.  Throws
 // SystemError.  The port actually bound is returned in *bound_port.
 UniqueFd listen_tcp(const std::string& addr, int port, int* bound_port);
+// Raises this process's soft limit on open descriptors to its hard limit (at start: a listener
+// that runs out of descriptors cannot accept).
+void raise_fd_limit();
 // Accepts one connection (non-blocking, close-on-exec); an invalid fd when none is pending.
 UniqueFd accept_tcp(int listen_fd, std::string* peer_addr);
 // Connects to host:port within `timeout` seconds (host: an IPv4 address or a name).  Returns

@@ -85,4 +85,23 @@ std::string join(const std::vector<std::string>& v, const std::string& sep) {
   return out;
 }
 
+std::string printable(const std::string& s, size_t max) {
+  static const char* digits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      out += "\\x";
+      out += digits[c >> 4];
+      out += digits[c & 15];
+    }
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+
 }  // namespace pe

@@ -22,5 +22,8 @@ std::optional<double> parse_seconds(const std::string& s);
 
 // A valid environment variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool is_env_name(const std::string& s);
+// Untrusted text made safe for a terminal or a log line: non-printable bytes (escape sequences,
+// newlines) as \xNN, a backslash as \\, cut after `max` bytes with "...".
+std::string printable(const std::string& s, size_t max = 128);
 
 }  // namespace pe

@@ -100,11 +100,13 @@ World bootstrap_env(int tcp_port, double timeout) {
   World w;
   w.rank = rank;
   w.size = size;
+  // Rank 0's store listens on MASTER_ADDR only (when that is an address of this host).
   std::shared_ptr<TcpStoreServer> server;
   int bound = port;
-  if (rank == 0) server = serve_tcp_store(port, &bound);
-  std::shared_ptr<Store> store =
-      connect_tcp_store(rank == 0 ? "127.0.0.1" : master, bound, timeout, server);
+  if (rank == 0) server = serve_tcp_store(port, master, &bound);
+  std::string host = master;
+  if (server) host = store_host(*server) == "0.0.0.0" ? "127.0.0.1" : store_host(*server);
+  std::shared_ptr<Store> store = connect_tcp_store(host, bound, timeout, server);
   int gen = next_generation();
   std::string g = "g" + std::to_string(gen);
   if (rank == 0) store->set(g + "/session", hex(random64()));
@@ -114,12 +116,13 @@ World bootstrap_env(int tcp_port, double timeout) {
   w.allgather = [=](const std::string& key, const std::string& mine) {
     return store_allgather(*store, g + "/" + key, rank, size, mine, timeout);
   };
-  std::string addr =
-      tcp_port > 0 ? local_address_toward(master) + ":" + std::to_string(tcp_port) : "";
+  std::string addr = tcp_port > 0 ? facing_address() + ":" + std::to_string(tcp_port) : "";
   auto all = w.allgather("who", join({node_name(), addr, my_domain()}));
-  for (auto& a : all) {
-    auto f = split(a);
-    if (f.size() != 3) throw Error("bootstrap: malformed record in the store");
+  for (size_t r = 0; r < all.size(); ++r) {
+    auto f = split(all[r]);
+    if (f.size() != 3)
+      throw Error("bootstrap: rank " + std::to_string(r) + "'s record under '" + g +
+                  "/who' is malformed");
     w.nodes.push_back(f[0]);
     w.addrs.push_back(f[1]);
     w.domains.push_back(std::atoi(f[2].c_str()));
@@ -210,8 +213,7 @@ World bootstrap_pmix(int tcp_port, double timeout) {
   World w;
   w.rank = static_cast<int>(me.rank);
   w.size = static_cast<int>(pmix_job_size(me));
-  std::string master = env_or("MASTER_ADDR", "");
-  std::string ip = local_address_toward(master.empty() ? host_name() : master);
+  std::string ip = facing_address();
   int gen = next_generation();
   std::string prefix = "pytorch_dc." + std::to_string(gen) + ".";
   int size = w.size;
@@ -262,11 +264,23 @@ std::vector<std::string> store_allgather(Store& store, const std::string& key, i
     }
     store.set(key + "/all", all);
   }
-  std::string all = store.get(key + "/all", timeout);
+  return parse_gathered(store.get(key + "/all", timeout), key + "/all", size);
+}
+
+std::vector<std::string> parse_gathered(const std::string& all, const std::string& key, int size) {
   std::vector<std::string> out;
+  const std::string bad = "store: the record under '" + key + "' is malformed";
   for (size_t pos = 0; pos < all.size();) {
     size_t colon = all.find(':', pos);
-    size_t len = std::strtoull(all.c_str() + pos, nullptr, 10);
+    if (colon == std::string::npos || colon == pos || colon - pos > 10 ||
+        out.size() >= static_cast<size_t>(size))
+      throw Error(bad);
+    size_t len = 0;
+    for (size_t i = pos; i < colon; ++i) {
+      if (all[i] < '0' || all[i] > '9') throw Error(bad);
+      len = len * 10 + static_cast<size_t>(all[i] - '0');
+    }
+    if (len > all.size() - colon - 1) throw Error(bad);
     out.push_back(all.substr(colon + 1, len));
     pos = colon + 1 + len;
   }
@@ -274,6 +288,8 @@ std::vector<std::string> store_allgather(Store& store, const std::string& key, i
     throw Error("store: allgather of '" + key + "' is incomplete");
   return out;
 }
+
+std::string facing_address() { return local_address_toward(env_or("MASTER_ADDR", host_name())); }
 
 World bootstrap_process(int tcp_port, double timeout) {
   std::string how = env_or("PYTORCH_DC_BOOTSTRAP", "");

@@ -49,6 +49,13 @@ World bootstrap_thread(int rank, int size, std::vector<std::string> nodes,
 std::vector<std::string> store_allgather(Store& store, const std::string& key, int rank, int size,
                                          const std::string& mine, double timeout);
 
+// The records of an allgather as rank 0 joins them ("<length>:<bytes>" each), `size` of them;
+// Error naming `key` when `all` is malformed.
+std::vector<std::string> parse_gathered(const std::string& all, const std::string& key, int size);
+// This host's address that faces MASTER_ADDR (or its own host name): where its tcp transport
+// listens and what it publishes.
+std::string facing_address();
+
 // 64 random bits (a group's session number).
 uint64_t random64();
 // Numbers the groups this process bootstraps: 0, 1, ... (unique keys within a process).

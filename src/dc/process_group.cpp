@@ -140,7 +140,8 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const Options& opts) {
   Settings s = resolve_settings(opts);
   std::unique_ptr<Listener> l;
-  if (s.uses(TransportKind::Tcp)) l = std::make_unique<Listener>();  // its address is published
+  // Its address is published; it listens on the interface facing MASTER_ADDR only.
+  if (s.uses(TransportKind::Tcp)) l = std::make_unique<Listener>(0, facing_address());
   World w = bootstrap_process(l ? l->port() : 0, s.timeout);
   return std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));
 }
@@ -165,7 +166,7 @@ std::vector<std::shared_ptr<ProcessGroup>> ProcessGroup::threads(int n, const Op
     th.emplace_back([&, i] {
       try {
         std::unique_ptr<Listener> l;
-        if (s.uses(TransportKind::Tcp)) l = std::make_unique<Listener>();
+        if (s.uses(TransportKind::Tcp)) l = std::make_unique<Listener>(0, "127.0.0.1");
         World w = bootstrap_thread(i, n, names, store, session, key, l ? l->port() : 0, s.timeout);
         out[static_cast<size_t>(i)] =
             std::make_shared<ProcessGroup>(make_impl(std::move(w), s, l.get()));

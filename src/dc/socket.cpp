@@ -29,30 +29,56 @@ AddrInfo resolve(const std::string& host, int port, int socktype) {
 
 }  // namespace
 
-Listener::Listener(int port) {
-  fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+namespace {
+
+// A listening socket on sa; -1 with errno set on failure.
+int listen_on(const struct sockaddr_in& sa, bool reuse) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   int one = 1;
-  if (fd_ >= 0 && port != 0) ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd >= 0 && reuse) ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  if (fd >= 0 && (::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0 ||
+                  ::listen(fd, 1024) != 0)) {
+    int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+Listener::Listener(int port, const std::string& addr) {
   struct sockaddr_in sa {};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(static_cast<uint16_t>(port));
-  if (fd_ < 0 || ::bind(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) != 0 ||
-      ::listen(fd_, 1024) != 0) {
-    int e = errno;
-    if (fd_ >= 0) ::close(fd_);
-    throw Error("cannot listen on TCP port " +
-                (port ? std::to_string(port) : std::string("(any)")) + ": " + std::strerror(e));
+  if (!addr.empty()) {
+    AddrInfo res = resolve(addr, port, SOCK_STREAM);
+    if (res) sa = *reinterpret_cast<const struct sockaddr_in*>(res->ai_addr);
   }
+  fd_ = listen_on(sa, port != 0);
+  if (fd_ < 0 && errno == EADDRNOTAVAIL) {  // not an address of this host
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    fd_ = listen_on(sa, port != 0);
+  }
+  if (fd_ < 0)
+    throw Error("cannot listen on TCP port " +
+                (port ? std::to_string(port) : std::string("(any)")) + ": " + std::strerror(errno));
   socklen_t len = sizeof sa;
   ::getsockname(fd_, reinterpret_cast<sockaddr*>(&sa), &len);
   port_ = ntohs(sa.sin_port);
+  char buf[INET_ADDRSTRLEN] = "0.0.0.0";
+  ::inet_ntop(AF_INET, &sa.sin_addr, buf, sizeof buf);
+  host_ = buf;
 }
 
 Listener::~Listener() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-Listener::Listener(Listener&& o) noexcept : fd_(o.fd_), port_(o.port_) { o.fd_ = -1; }
+Listener::Listener(Listener&& o) noexcept : fd_(o.fd_), port_(o.port_), host_(o.host_) {
+  o.fd_ = -1;
+}
 
 int Listener::release() {
   int fd = fd_;

@@ -12,18 +12,21 @@ namespace pytorch_exec::dc {
 
 class Listener {
  public:
-  // Binds `port` (0: any free port) on every address.  Throws Error.
-  explicit Listener(int port = 0);
+  // Binds `port` (0: any free port) on `addr` (a host name or address; "" or an address that is
+  // not this host's: every address).  Throws Error.
+  explicit Listener(int port = 0, const std::string& addr = "");
   ~Listener();
   Listener(Listener&& o) noexcept;
   Listener& operator=(Listener&&) = delete;
   Listener(const Listener&) = delete;
   int port() const { return port_; }
-  int release();  // hands the socket over
+  const std::string& host() const { return host_; }  // the bound address, "0.0.0.0": every one
+  int release();                                     // hands the socket over
 
  private:
   int fd_ = -1;
   int port_ = 0;
+  std::string host_;
 };
 
 // Connects to host:port with TCP_NODELAY, retrying while the other side does not listen yet;

@@ -5,6 +5,7 @@ Each test is a script run by `make check` (automake's test driver): exit 0 passe
 """
 import atexit
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -125,6 +126,21 @@ def script(body, suffix=".sh"):
         f.write(body)
     os.chmod(path, 0o755)
     return path
+
+
+def control_port(p):
+    """Reads pytorch_exec -v's stderr until the control-plane line; returns (port, lines read)."""
+    seen = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = p.stderr.readline()
+        if not line:
+            break
+        seen.append(line)
+        m = re.search(r"control plane on port (\d+)", line)
+        if m:
+            return int(m.group(1)), seen
+    raise AssertionError(f"no control-plane line: {seen}")
 
 
 def main(tests):

@@ -87,7 +87,10 @@ def peer_death(env_extra):
     for k in list(base):
         if k.startswith("PMIX_"):
             del base[k]
-    base.update(WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTORCH_DC_BOOTSTRAP="env")
+    # A token of its own: without one, the ranks of another run that picked the same free port
+    # (free_port() closes it before use) could join this job's store (once seen: rank 0 hung).
+    base.update(WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTORCH_DC_BOOTSTRAP="env",
+                PYTORCH_DC_TOKEN=os.urandom(8).hex())
     procs = []
     for r in range(4):
         e = dict(base, RANK=str(r), PYTORCH_DC_NODE=f"n{r // 2}")

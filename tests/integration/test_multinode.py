@@ -12,7 +12,7 @@ import struct
 import subprocess
 import time
 
-from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env,
+from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, control_port, main, marker_env,
                      processes_with_marker, run, script, start, tmpdir, wait_until)
 
 BIN = tmpdir()
@@ -100,6 +100,10 @@ def test_mpi_programs_wire_up_across_nodes():
         line = (f"pmix_client rank {i} oversubscribed={'yes' if i else 'no'} yield_when_idle={v} "
                 f"mpi_oversubscribe={v} rmaps_base_oversubscribe={v}")
         check(line in r.stdout, f"no '{line}' in {r.stdout}")
+    # Issue 13, item 10: each node contributes 18 MB to a fence (above one frame's 16 MiB); the
+    # node's daemon failed ("a field of 18000222 bytes") and the node was reported lost.
+    r = run(["-H", "a:6,b:6", "--launch-agent", ag, dm, "big", "3000000"], env=env, timeout=120)
+    check(r.returncode == 0 and r.stdout.count("ok") == 12, f"big fence: exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
     env2 = job_env({"ABORT_RANK": "3", "ABORT_CODE": "7"})
     ag2 = agent(env2["PE_TEST_MARKER"], "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo ABORT_RANK=3 ABORT_CODE=7")
     r = run(["-H", "a:2,b:2", "--launch-agent", ag2, os.path.join(BIN, "abort")], env=env2, timeout=60)
@@ -208,21 +212,6 @@ def test_signal_reaches_every_node():
     check(got == ["term-0-a", "term-1-b", "term-2-b"], f"{out} {rest!r} {err}")
     check(p.returncode == 143, f"exit {p.returncode}")
     assert_no_leftovers(env["PE_TEST_MARKER"])
-
-
-def control_port(p):
-    """Reads -v output until the control-plane line; returns (port, lines read)."""
-    seen = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        line = p.stderr.readline()
-        if not line:
-            break
-        seen.append(line)
-        m = re.search(r"control plane on port (\d+)", line)
-        if m:
-            return int(m.group(1)), seen
-    raise AssertionError(f"no control-plane line: {seen}")
 
 
 def frame(ftype, payload):

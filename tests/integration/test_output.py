@@ -116,6 +116,36 @@ def test_output_dir_that_cannot_be_created():
     check(r.stderr.startswith("pytorch_exec: ") and "cannot create" in r.stderr, r.stderr)
 
 
+def test_output_files_refuse_links_and_others_directories():
+    # Issue 13, item 8: --output-filename followed a symbolic link planted as a rank's file or
+    # directory, and wrote into a directory of another user.
+    base = tmpdir()
+    victim = os.path.join(base, "victim")
+    with open(victim, "w") as f:
+        f.write("precious\n")
+    d = os.path.join(base, "out")
+    os.makedirs(os.path.join(d, "rank.0"))
+    os.symlink(victim, os.path.join(d, "rank.0", "stdout"))
+    r = run(["-n", "1", "--output-filename", d, "sh", "-c", "echo overwritten"])
+    check(r.returncode != 0 and "is a symbolic link" in r.stderr, f"{r.returncode} {r.stderr}")
+    os.makedirs(os.path.join(base, "victim_dir"))
+    d = os.path.join(base, "out2")
+    os.makedirs(d)
+    os.symlink(os.path.join(base, "victim_dir"), os.path.join(d, "rank.0"))
+    r = run(["-n", "1", "--output-filename", d, "sh", "-c", "echo overwritten"])
+    check(r.returncode != 0 and "is a symbolic link" in r.stderr, f"{r.returncode} {r.stderr}")
+    with open(victim) as f:
+        check(f.read() == "precious\n", "the link's target was overwritten")
+    check(os.listdir(os.path.join(base, "victim_dir")) == [], "wrote through a linked directory")
+    if os.geteuid() == 0:
+        d = os.path.join(base, "foreign")
+        os.makedirs(d)
+        os.chown(d, 65534, 65534)
+        r = run(["-n", "1", "--output-filename", d, "true"])
+        check(r.returncode != 0 and "belongs to another user" in r.stderr, f"{r.returncode} {r.stderr}")
+
+
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
-          test_output_files, test_output_dir_that_cannot_be_created])
+          test_output_files, test_output_dir_that_cannot_be_created,
+          test_output_files_refuse_links_and_others_directories])

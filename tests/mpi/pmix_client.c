@@ -3,7 +3,9 @@
  * error and exits non-zero.
  * With the argument "dmodex" the fence does not collect data, so the values of ranks on other
  * nodes travel by direct modex (the host's direct_modex upcall), and the ranks may be spread
- * over several nodes. */
+ * over several nodes.
+ * With the arguments "big BYTES" each rank also puts BYTES bytes, and checks every peer's after
+ * the fence (a fence larger than one control-plane frame). */
 #include <pmix.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,7 @@
 
 int main(int argc, char** argv) {
   int dmodex = argc > 1 && strcmp(argv[1], "dmodex") == 0;
+  size_t big = argc > 2 && strcmp(argv[1], "big") == 0 ? strtoul(argv[2], NULL, 10) : 0;
   pmix_proc_t me, wild, peer;
   pmix_value_t *val = NULL, v;
   CHECK(PMIx_Init(&me, NULL, 0), "PMIx_Init");
@@ -35,7 +38,8 @@ int main(int argc, char** argv) {
   unsigned local_rank = val->data.uint16;
   PMIX_VALUE_RELEASE(val);
   const char* env_rank = getenv("RANK");
-  if (!env_rank || (unsigned)atoi(env_rank) != me.rank || (!dmodex && local_rank != me.rank)) {
+  if (!env_rank || (unsigned)atoi(env_rank) != me.rank ||
+      (!dmodex && !big && local_rank != me.rank)) {
     fprintf(stderr, "pmix_client: PMIx rank %u / local rank %u disagree with RANK=%s\n", me.rank,
             local_rank, env_rank ? env_rank : "(unset)");
     return 3;
@@ -45,6 +49,16 @@ int main(int argc, char** argv) {
   PMIX_VALUE_LOAD(&v, mine, PMIX_STRING);
   CHECK(PMIx_Put(PMIX_GLOBAL, "pe.test.key", &v), "PMIx_Put");
   PMIX_VALUE_DESTRUCT(&v);
+  if (big) {
+    pmix_byte_object_t bo;
+    bo.size = big;
+    bo.bytes = malloc(big);
+    memset(bo.bytes, 'a' + me.rank % 26, big);
+    PMIX_VALUE_LOAD(&v, &bo, PMIX_BYTE_OBJECT);
+    CHECK(PMIx_Put(PMIX_GLOBAL, "pe.test.big", &v), "PMIx_Put(big)");
+    PMIX_VALUE_DESTRUCT(&v);
+    free(bo.bytes);
+  }
   CHECK(PMIx_Commit(), "PMIx_Commit");
   pmix_info_t collect;
   bool yes = true;
@@ -60,6 +74,15 @@ int main(int argc, char** argv) {
       return 4;
     }
     PMIX_VALUE_RELEASE(val);
+    if (big) {
+      CHECK(PMIx_Get(&peer, "pe.test.big", NULL, 0, &val), "PMIx_Get(peer big)");
+      if (val->type != PMIX_BYTE_OBJECT || val->data.bo.size != big ||
+          val->data.bo.bytes[big - 1] != (char)('a' + r % 26)) {
+        fprintf(stderr, "pmix_client: rank %u got a wrong big value from rank %u\n", me.rank, r);
+        return 4;
+      }
+      PMIX_VALUE_RELEASE(val);
+    }
   }
   printf("pmix_client rank %u of %u ok (local peers %s)\n", me.rank, size, peers);
   /* With "node-info": what the server says of this node (mpirun sets it when ranks outnumber

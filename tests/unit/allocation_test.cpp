@@ -121,6 +121,24 @@ TEST(SlurmTest, ReadsTheAllocationFromTheEnvironment) {
       std::string::npos);
 }
 
+TEST(PortTest, MasterPortsAreOutsideTheEphemeralRangeAndFreeWithTheNext) {
+  // Issue 13, item 9: a port the kernel hands out for outgoing connections (the ephemeral range)
+  // may be taken by any connection between the check and its use.
+  auto [lo, hi] = pe::ephemeral_port_range();
+  for (int i = 0; i < 20; ++i) {
+    int p = pe::find_free_port("127.0.0.1");
+    EXPECT_TRUE(p < lo - 1 || p > hi) << p;
+    EXPECT_LT(p, 65535) << p;                 // p+1 (DataChannel's store) exists
+    pe::listen_tcp("127.0.0.1", p, nullptr);  // both are free
+    pe::listen_tcp("127.0.0.1", p + 1, nullptr);
+  }
+  for (const char* step : {"0", "1", "2", "3", "17"}) {
+    int p = pe::step_master_port("4711", step);
+    EXPECT_TRUE(p < lo - 1 || p > hi) << p;
+    EXPECT_GE(p, 1024) << p;
+  }
+}
+
 TEST(DirectLaunchTest, OnlyTasksOfNumberedStepsAreDirectLaunches) {
   for (const char* id : {"0", "1", "17", "4294967279"}) EXPECT_TRUE(pe::is_task_step_id(id)) << id;
   // interactive (salloc with use_interactive_step), batch, extern, pending, old batch; nonsense

@@ -93,7 +93,9 @@ TEST(ControlTest, GenerationAndExitRoundTrip) {
   g.max_restarts = 5;
   g.master_addr = "10.0.0.1";
   g.master_port = 29500;
+  g.dc_token = std::string(32, 'f');
   auto h = ctrl::decode<ctrl::Start>(ctrl::encode(ctrl::Start{g})).gen;
+  EXPECT_EQ(h.dc_token, g.dc_token);
   EXPECT_EQ(h.generation, 2);
   EXPECT_EQ(h.master_addr, "10.0.0.1");
   EXPECT_EQ(h.master_port, 29500);
@@ -162,6 +164,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(StdinClose{});
   round_trip(ProcFailed{2, 5, 7, true});
   round_trip(FenceDone{"ns", 4, 0, "all the data"});
+  round_trip(FenceDone{"ns", 4, 0, "a piece", true});
   round_trip(DmodexReq{1ull << 40, "ns", 5});
   round_trip(DmodexResp{1ull << 40, -1, "blob"});
   round_trip(Ready{29500, 4000, {"10.0.0.1"}});

@@ -98,6 +98,11 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
   u.unfinalized = true;
   EXPECT_TRUE(pe::is_failure(0, 0, true));
   EXPECT_EQ(pe::failure_exit_code(u), 1);
+  EXPECT_EQ(pe::describe_failure(u),
+            "rank 1 (pid 8 on n) exited with status 0 without calling MPI_Finalize (it had "
+            "connected to the PMIx server)");
+  u.status = 9;  // killed: the signal says it all, MPI or not
+  EXPECT_EQ(pe::describe_failure(u), "rank 1 (pid 8 on n) killed by signal 9 (Killed)");
   std::string report = pe::failure_report(f, {"Traceback", "Boom"});
   EXPECT_NE(report.find("last lines of rank 1's stderr:\n    Traceback\n    Boom\n"),
             std::string::npos);

@@ -85,6 +85,16 @@ TEST(WorkerEnvTest, OversubscribedNodesMakeOpenMpiYieldAndSaySo) {
             "0");
 }
 
+TEST(WorkerEnvTest, GivesTheGenerationsDataChannelToken) {
+  auto m = pe::map_single_node("h", 2);
+  auto g = gen();
+  EXPECT_EQ(pe::worker_environment({{"PYTORCH_DC_TOKEN", "mine"}}, {}, m, 0, g)["PYTORCH_DC_TOKEN"],
+            "mine");  // none from the launcher (srun direct launch): the user's stays
+  g.dc_token = "0123abcd";
+  EXPECT_EQ(pe::worker_environment({{"PYTORCH_DC_TOKEN", "mine"}}, {}, m, 1, g)["PYTORCH_DC_TOKEN"],
+            "0123abcd");
+}
+
 TEST(WorkerEnvTest, ExportsOverrideTheBaseButNotOurNames) {
   auto m = pe::map_single_node("h", 2);
   auto env = pe::worker_environment({{"A", "base"}, {"RANK", "77"}},

@@ -17,9 +17,7 @@
 namespace pytorch_exec::dc::tcp {
 namespace {
 
-constexpr uint32_t kMagic = 0x31636470;  // "pdc1"
 constexpr int kMaxIov = 8;
-const std::string kSetUp = "tcp: connection set-up with ";
 // Before sleeping in poll(), a waiting rank retries nonblocking I/O for this long: a reply that
 // is microseconds away is picked up without a wake-up (small-message latency).  Not on an
 // oversubscribed node (busy_polling()).
@@ -28,12 +26,6 @@ constexpr auto kSpin = std::chrono::microseconds(30);
 // then sleeps in poll(): a yield hands the processor to the rank it waits for without the cost
 // of a wake-up.
 constexpr auto kYield = std::chrono::milliseconds(2);
-
-struct Hello {
-  uint32_t magic;
-  uint32_t rank;
-  uint64_t session;
-};
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -211,73 +203,7 @@ class TcpTransport : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
-                                        const std::vector<std::string>& addrs, uint64_t session,
-                                        const Deadline& d) {
-  std::vector<int> fds(static_cast<size_t>(size), -1);
-  int lfd = -1;
-  auto cleanup = [&] {
-    for (int& fd : fds)
-      if (fd >= 0) ::close(fd), fd = -1;
-    if (lfd >= 0) ::close(lfd);
-  };
-  try {
-    const Hello mine{kMagic, static_cast<uint32_t>(rank), session};
-    for (int j = 0; j < rank; ++j) {
-      std::string who = "rank " + std::to_string(j) + " at " + addrs[j];
-      std::string host;
-      int port = 0;
-      split_address(addrs[j], host, port, "tcp");
-      fds[j] = connect_until(host, port, d, d.describe());
-      io_exact(fds[j], const_cast<Hello*>(&mine), sizeof mine, true, d, who, kSetUp + who);
-      Hello h{};
-      io_exact(fds[j], &h, sizeof h, false, d, who, kSetUp + who);
-      if (h.magic != kMagic || h.session != session || h.rank != static_cast<uint32_t>(j))
-        throw Error("tcp: " + who + " is not a member of this group (stale address?)");
-    }
-    lfd = listener.release();
-    for (int accepted = 0; accepted < size - 1 - rank;) {
-      struct pollfd pf {
-        lfd, POLLIN, 0
-      };
-      if (::poll(&pf, 1, d.millis_left()) == 0) {
-        if (d.passed()) {
-          d.expire(std::to_string(size - 1 - rank - accepted) + " higher ranks to connect");
-        }
-        continue;
-      }
-      int fd = ::accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) continue;
-      Hello h{};
-      try {
-        io_exact(fd, &h, sizeof h, false, Deadline::after(5, d.describe()), "a connecting rank",
-                 kSetUp + "a connecting rank");
-      } catch (const Error&) {
-        ::close(fd);
-        continue;
-      }
-      int r = static_cast<int>(h.rank);
-      if (h.magic != kMagic || h.session != session || r <= rank || r >= size || fds[r] >= 0) {
-        ::close(fd);  // a stranger or a stale connection: ignore it
-        continue;
-      }
-      io_exact(fd, const_cast<Hello*>(&mine), sizeof mine, true, d, "rank " + std::to_string(r),
-               kSetUp + "rank " + std::to_string(r));
-      fds[r] = fd;
-      ++accepted;
-    }
-    ::close(lfd);
-    lfd = -1;
-  } catch (...) {
-    cleanup();
-    throw;
-  }
-  for (int fd : fds) {
-    if (fd < 0) continue;
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // accepted ones
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  }
+std::unique_ptr<Transport> make_transport(int rank, std::vector<int> fds) {
   return std::make_unique<TcpTransport>(rank, std::move(fds));
 }
 

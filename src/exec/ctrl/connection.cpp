@@ -8,10 +8,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "common/auth.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "common/strings.hpp"
 
 namespace pe::ctrl {
 
@@ -55,6 +57,13 @@ bool Connection::flush() {
 void Connection::on_writable() {
   if (!flush()) return;
   if (out_.empty()) write_ev_ = Event();
+  if (drained_ && out_bytes_ <= drained_low_) std::exchange(drained_, nullptr)();
+}
+
+void Connection::when_drained(size_t low, std::function<void()> fn) {
+  drained_low_ = low;
+  drained_ = std::move(fn);
+  if (out_bytes_ <= low) std::exchange(drained_, nullptr)();
 }
 
 void Connection::on_readable() {
@@ -110,6 +119,16 @@ namespace {
 constexpr double kHandshakeTimeout = 10.0;
 constexpr uint32_t kHandshakeMaxPayload = 4096;
 constexpr int kKeepaliveSeconds = 10;
+// After accept() failed for lack of descriptors or memory, the listener (level-triggered) is
+// not watched for this long: the backlog stays full meanwhile, and retrying at once would spin.
+constexpr double kAcceptPause = 0.1;
+// Connections one source address may have in the handshake at once; more are closed at once.
+constexpr size_t kMaxPendingPerSource = 64;
+// Warnings about dropped connections: at most kWarnings per kWarnWindow seconds.
+constexpr int kWarnings = 10;
+constexpr double kWarnWindow = 10.0;
+
+std::string source_of(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
 }  // namespace
 
 ConnLink::~ConnLink() {
@@ -136,7 +155,18 @@ void Acceptor::on_accept() {
   for (;;) {
     std::string peer;
     UniqueFd fd = accept_tcp(fd_.get(), &peer);
-    if (!fd.valid()) return;
+    if (!fd.valid()) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        pause_accepting(std::strerror(errno));
+      return;
+    }
+    std::string source = source_of(peer);
+    if (std::count_if(pending_.begin(), pending_.end(), [&](const auto& q) {
+          return !q->done && source_of(q->conn->peer()) == source;
+        }) >= static_cast<long>(kMaxPendingPerSource)) {
+      warn("refused a connection from " + peer + ": too many handshakes from " + source);
+      continue;
+    }
     tune_control_socket(fd.get(), kKeepaliveSeconds);
     auto p = std::make_unique<Pending>();
     Pending* pp = p.get();
@@ -151,9 +181,38 @@ void Acceptor::on_accept() {
   }
 }
 
+void Acceptor::pause_accepting(const std::string& why) {
+  warn("cannot accept connections (" + why + "); pausing for " +
+       std::to_string(static_cast<int>(kAcceptPause * 1000)) + " ms");
+  accept_ev_ = Event();
+  resume_ = loop_.timer(
+      [this] { accept_ev_ = loop_.watch_readable(fd_.get(), [this] { on_accept(); }); });
+  resume_.arm(kAcceptPause);
+}
+
+// Untrusted text (a node name from a hello) is escaped, and the warnings are rate-limited.
+void Acceptor::warn(const std::string& what) {
+  auto now = std::chrono::steady_clock::now();
+  if (now - window_ >= std::chrono::duration<double>(kWarnWindow)) {
+    if (suppressed_ > 0)
+      logger("ctrl")->warn("control plane: {} more warnings about connections were suppressed",
+                           suppressed_);
+    window_ = now;
+    warned_ = suppressed_ = 0;
+  }
+  if (warned_++ < kWarnings) {
+    logger("ctrl")->warn("control plane: {}", printable(what, 512));
+  } else if (suppressed_++ == 0) {
+    logger("ctrl")->warn(
+        "control plane: more than {} warnings about connections in {} s; "
+        "suppressing the rest",
+        kWarnings, kWarnWindow);
+  }
+}
+
 void Acceptor::drop(Pending* p, const std::string& why) {
   if (p->done) return;
-  logger("ctrl")->warn("control plane: dropped connection from {}: {}", p->conn->peer(), why);
+  warn("dropped connection from " + p->conn->peer() + ": " + why);
   p->conn->close();
   forget(p);
 }

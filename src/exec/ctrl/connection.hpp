@@ -6,6 +6,7 @@
 // Threading: a Connection is used on its event loop's thread only.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -51,6 +52,8 @@ class Connection : public Link {
   const std::string& peer() const { return peer_; }
   int fd() const { return fd_.get(); }
   size_t queued() const { return out_bytes_; }
+  // Calls `fn` once, as soon as what is queued is at most `low` bytes (output backpressure).
+  void when_drained(size_t low, std::function<void()> fn);
 
  private:
   void on_readable();
@@ -66,6 +69,8 @@ class Connection : public Link {
   std::deque<std::string> out_;
   size_t out_off_ = 0;
   size_t out_bytes_ = 0;
+  size_t drained_low_ = 0;
+  std::function<void()> drained_;
   FrameFn on_frame_;
   ClosedFn on_closed_;
   bool in_callback_ = false;
@@ -109,6 +114,8 @@ class Acceptor {
   void on_frame(Pending* p, wire::Frame& f);
   void drop(Pending* p, const std::string& why);
   void forget(Pending* p);
+  void pause_accepting(const std::string& why);
+  void warn(const std::string& what);
 
   EventLoop& loop_;
   const std::string& secret_;
@@ -116,8 +123,10 @@ class Acceptor {
   AcceptedFn accepted_;
   UniqueFd fd_;
   int port_ = 0;
-  Event accept_ev_;
+  Event accept_ev_, resume_;
   std::vector<std::unique_ptr<Pending>> pending_;
+  std::chrono::steady_clock::time_point window_{};  // of the warnings' rate limit
+  int warned_ = 0, suppressed_ = 0;
 };
 
 }  // namespace pe::ctrl

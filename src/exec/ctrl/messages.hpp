@@ -10,6 +10,7 @@
 // Threading: pure functions and values; no shared state.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -26,6 +27,21 @@
 #include "exec/node/worker_exit.hpp"
 
 namespace pe::ctrl {
+
+// Fence data travels in pieces of at most this many bytes (Fence, FenceDone with `more`), so
+// that a fence is not limited by one frame; a whole fence is limited to kMaxFenceBytes.
+inline constexpr uint32_t kFencePiece = 8u << 20;
+inline constexpr size_t kMaxFenceBytes = size_t{1} << 30;
+// Calls send(piece, more) for each piece of `data`, at least once.
+template <class Fn>
+void for_each_fence_piece(const std::string& data, Fn send) {
+  size_t off = 0;
+  do {
+    size_t n = std::min<size_t>(kFencePiece, data.size() - off);
+    send(data.substr(off, n), off + n < data.size());
+    off += n;
+  } while (off < data.size());
+}
 
 enum class Msg : uint16_t {
   // Handshake (auth.hpp).
@@ -119,7 +135,7 @@ struct Start {  // start a generation
   void io(IO& f) {
     f(gen.job_id, 64), f(gen.run_id), f.count(gen.generation, 1 << 30);
     f.count(gen.restart_count, 1 << 30), f(gen.max_restarts), f(gen.master_addr, 256);
-    f.count(gen.master_port, 65535), f(gen.role_name, 256);
+    f.count(gen.master_port, 65535), f(gen.role_name, 256), f(gen.dc_token, 64);
   }
 };
 struct Remap {  // elastic: the nodes of the next generation (a node finds itself by its name)
@@ -174,10 +190,11 @@ struct FenceDone {  // a fence is complete: everyone's data
   std::string nspace;
   uint32_t seq = 0;
   int32_t status = 0;
-  std::string data;
+  std::string data;   // one piece of at most kFencePiece bytes
+  bool more = false;  // more pieces follow (a fence larger than one frame)
   template <class IO>
   void io(IO& f) {
-    f(nspace, 256), f(seq), f(status), f(data, wire::kMaxPayload);
+    f(nspace, 256), f(seq), f(status), f(data, kFencePiece), f(more);
   }
 };
 struct DmodexReq {  // one rank's committed data, asked for by a rank on another node
@@ -252,10 +269,11 @@ struct Fence {  // this node's contribution to a fence
   std::string nspace;
   uint32_t seq = 0;
   bool collect = false;
-  std::string data;
+  std::string data;   // one piece of at most kFencePiece bytes
+  bool more = false;  // more pieces follow
   template <class IO>
   void io(IO& f) {
-    f(nspace, 256), f(seq), f(collect), f(data, wire::kMaxPayload);
+    f(nspace, 256), f(seq), f(collect), f(data, kFencePiece), f(more);
   }
 };
 struct StartFailed {

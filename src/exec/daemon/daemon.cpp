@@ -20,6 +20,10 @@ namespace {
 
 constexpr int kKeepaliveSeconds = 10;
 constexpr size_t kMaxHandshakeFrame = 4096;
+// Output queued toward the front end: above the high mark the ranks' pipes are no longer read,
+// until it is down to the low mark.
+constexpr size_t kOutputHighWater = 8u << 20;
+constexpr size_t kOutputLowWater = 1u << 20;
 
 void say(const std::string& node, const std::string& line) {
   std::string s = "pytorch_execd (" + node + "): " + line + "\n";
@@ -79,9 +83,7 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
       })
       .on<Stdin>([this](Stdin& m) { on_stdin(m); })
       .on<StdinClose>([this](StdinClose&) { agent_->stdin_close_all(); })
-      .on<FenceDone>([this](FenceDone& m) {
-        on_reply(fences_, {m.nspace, m.seq}, m.status, std::move(m.data), "fence-done");
-      })
+      .on<FenceDone>([this](FenceDone& m) { on_fence_done(m); })
       .on<DmodexReq>([this](DmodexReq& m) { on_dmodex_request(m); })
       .on<DmodexResp>([this](DmodexResp& m) {
         on_reply(dmodex_, m.id, m.status, std::move(m.data), "dmodex-response");
@@ -315,6 +317,7 @@ void Daemon::on_job(ctrl::Job& m) {
 void Daemon::on_start(ctrl::Start& m) {
   if (!agent_ || idle_) return;  // the set-up failed and was reported, or a spare
   fence_seq_.clear();
+  fence_pieces_.clear();
   try {
     runner_->start(m.gen);
   } catch (const Error& e) {
@@ -337,6 +340,16 @@ void Daemon::on_output(int generation, int rank, Stream s, std::string_view line
                              std::string(lines.substr(0, n))});
     lines.remove_prefix(n);
   }
+  // Backpressure: while the front end does not take our output, the ranks' pipes are not read
+  // (the ranks block in write, as on a terminal that is not read).
+  if (agent_ && conn_->queued() > kOutputHighWater && !output_paused_) {
+    output_paused_ = true;
+    agent_->pause_output(true);
+    conn_->when_drained(kOutputLowWater, [this] {
+      output_paused_ = false;
+      if (agent_) agent_->pause_output(false);
+    });
+  }
 }
 
 void Daemon::on_exit(const WorkerExit& e) {
@@ -356,7 +369,21 @@ void Daemon::fence(const std::string& nspace, bool collect, std::string data,
   if (!conn_) return done(-1, "");
   uint32_t seq = fence_seq_[nspace]++;
   fences_[{nspace, seq}] = std::move(done);
-  conn_->send(ctrl::Fence{nspace, seq, collect, std::move(data)});
+  ctrl::for_each_fence_piece(data, [&](std::string piece, bool more) {
+    conn_->send(ctrl::Fence{nspace, seq, collect, std::move(piece), more});
+  });
+}
+
+// The fence's data comes in pieces; the PMIx server gets it whole.
+void Daemon::on_fence_done(ctrl::FenceDone& m) {
+  std::pair<std::string, uint32_t> key{m.nspace, m.seq};
+  if (!fences_.count(key)) throw wire::WireError("fence-done for an unknown request");
+  std::string& got = fence_pieces_[key];
+  got += m.data;
+  if (m.more) return;
+  std::string all = std::move(got);
+  fence_pieces_.erase(key);
+  on_reply(fences_, key, m.status, std::move(all), "fence-done");
 }
 
 void Daemon::direct_modex(const std::string& nspace, int rank, pmix::ModexDone done) {

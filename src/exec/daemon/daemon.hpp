@@ -46,6 +46,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_stdin(ctrl::Stdin& m);
   void on_remap(ctrl::Remap& m);
   void on_dmodex_request(ctrl::DmodexReq& m);
+  void on_fence_done(ctrl::FenceDone& m);
   template <class M>
   void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status, std::string data,
                 const char* what);
@@ -76,10 +77,12 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   bool idle_ = false;  // a spare: not in the current generation
   std::unique_ptr<NodeRunner> runner_;
   NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
+  bool output_paused_ = false;  // the ranks' output is not read: the front end lags behind
   int status_ = 0;
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace
   std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;
+  std::map<std::pair<std::string, uint32_t>, std::string> fence_pieces_;  // received so far
   uint64_t next_dmodex_ = 1;
   std::map<uint64_t, pmix::ModexDone> dmodex_;
 };

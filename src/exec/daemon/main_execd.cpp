@@ -87,6 +87,7 @@ int main(int argc, char** argv) {
   try {
     const char* spec = std::getenv("PYTORCH_EXEC_LOG");
     pe::init_logging(0, spec ? spec : "", pe::local_hostname());
+    pe::raise_fd_limit();
     std::optional<pe::DaemonOptions> o = parse(argc, argv);
     if (!o) return 0;
     node = o->node;

@@ -81,7 +81,7 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::timestamp_output},
     {"output-filename", 0, "Output", "DIR[:nocopy]",
      "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr; "
-     ":nocopy writes the files only",
+     ":nocopy writes the files only; symbolic links and other users' directories are refused",
      &RawOptions::output_filename},
     {"stdin", 0, "Output", "none|all|RANK",
      "where standard input goes: no process, every process, or one rank (default 0)",

@@ -6,6 +6,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/net.hpp"
 #include "common/strings.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/cli.hpp"
@@ -88,7 +89,8 @@ int step_master_port(const std::string& job_id, const std::string& step_id) {
   // FNV-1a over "job.step": spreads consecutive steps over the range.
   uint32_t h = 2166136261u;
   for (char c : job_id + "." + step_id) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
-  return 20000 + static_cast<int>(h % 40000u);
+  // Outside the ephemeral range: no outgoing connection on the node takes it by chance.
+  return port_outside_ephemeral(h);
 }
 
 void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity& id) {

@@ -47,8 +47,9 @@ StepIdentity step_identity(const EnvMap& env);
 // The job map of the step as far as this task needs it (its own node in full).
 JobMap step_map(const StepIdentity& id);
 
-// MASTER_PORT of a step: the same on every task, derived from the job and step ids, in
-// [20000, 60000).
+// MASTER_PORT of a step: the same on every task, derived from the job and step ids, outside the
+// kernel's ephemeral range (port_outside_ephemeral).  Not checked: the tasks cannot agree on
+// another one without talking to each other.
 int step_master_port(const std::string& job_id, const std::string& step_id);
 
 // Rejects options that contradict the step (-n other than its size, -H, --hostfile, ...), builds

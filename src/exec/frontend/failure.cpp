@@ -1,5 +1,7 @@
 #include "exec/frontend/failure.hpp"
 
+#include <sys/wait.h>
+
 #include <cerrno>
 #include <cstring>
 
@@ -30,7 +32,8 @@ std::string describe_failure(const Failure& f) {
     return who + " called MPI_Abort/PMIx_Abort with status " + std::to_string(f.status) +
            // Open MPI 4.1 sends "N/A" when MPI_Abort has no message.
            (f.abort_message.empty() || f.abort_message == "N/A" ? "" : ": " + f.abort_message);
-  if (f.unfinalized)
+  // Only for a rank that initialized PMIx and exited by itself: a signal is the whole story.
+  if (f.unfinalized && !WIFSIGNALED(f.status))
     return who + " " + describe_wait_status(f.status) +
            " without calling MPI_Finalize (it had connected to the PMIx server)";
   return who + " " + describe_wait_status(f.status);

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "common/auth.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
@@ -25,6 +26,8 @@ namespace {
 constexpr size_t kStdinBacklogLimit = 4u << 20;
 constexpr double kAfterKillTimeout = 10.0;  // seconds to wait for SIGKILLed workers to be reaped
 constexpr size_t kTailLines = 10;
+// The DataChannel job token of each generation: this many random bytes, in hex.
+constexpr size_t kDcTokenBytes = 16;
 
 std::string random_job_id() {
   unsigned char b[6];
@@ -103,6 +106,7 @@ void JobController::start_generation() {
   }
   gen.master_addr = workers_->master_addr();
   gen.master_port = workers_->master_port();
+  gen.dc_token = auth::to_hex(auth::random_bytes(kDcTokenBytes));
   state_ = State::Running;
   exited_ok_ = 0;
   failure_.reset();

@@ -24,16 +24,38 @@ void ModexRelay::on_fence(int node, ctrl::Fence& m) {
     st.data.resize(nnodes);
   }
   if (st.arrived[i]) throw wire::WireError("fence " + std::to_string(m.seq) + " contributed twice");
+  // A node's contribution comes in pieces; past the limit only the size is counted.
+  st.bytes += m.data.size();
+  if (st.bytes <= ctrl::kMaxFenceBytes)
+    st.data[i] += m.data;
+  else
+    st.data.assign(nnodes, std::string());
+  if (m.more) return;
   st.arrived[i] = true;
-  // Nothing collected: the nodes' contributions are empty.
-  st.data[i] = std::move(m.data);
   if (++st.count < static_cast<int>(nnodes)) return;
-  ctrl::FenceDone done{m.nspace, m.seq, 0, {}};
-  for (auto& d : st.data) done.data += d;
-  logger("ctrl")->debug("fence {} #{} complete: {} bytes from {} nodes", m.nspace, m.seq,
-                        done.data.size(), nnodes);
-  tree_.broadcast(done);
+  finish_fence(m.nspace, m.seq, st);
   fences_.erase({m.nspace, m.seq});
+}
+
+// Every node's data back to every node, in pieces; a fence over the limit fails on every node
+// with its own message (not as a lost node).
+void ModexRelay::finish_fence(const std::string& nspace, uint32_t seq, FenceState& st) {
+  if (st.bytes > ctrl::kMaxFenceBytes) {
+    logger("ctrl")->error(
+        "fence {} #{}: the nodes' data ({} bytes) exceeds the {} MiB a fence across nodes can "
+        "carry",
+        nspace, seq, st.bytes, ctrl::kMaxFenceBytes >> 20);
+    tree_.broadcast(ctrl::FenceDone{nspace, seq, -1, {}, false});
+    return;
+  }
+  std::string all;
+  all.reserve(st.bytes);
+  for (auto& d : st.data) all += d, d = std::string();
+  logger("ctrl")->debug("fence {} #{} complete: {} bytes from {} nodes", nspace, seq, all.size(),
+                        st.data.size());
+  ctrl::for_each_fence_piece(all, [&](std::string piece, bool more) {
+    tree_.broadcast(ctrl::FenceDone{nspace, seq, 0, std::move(piece), more});
+  });
 }
 
 void ModexRelay::on_request(int node, ctrl::DmodexReq& m) {

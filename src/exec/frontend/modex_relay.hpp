@@ -1,5 +1,6 @@
 // PMIx traffic between the nodes of a multi-node job, as the front end relays it: a fence is
-// complete when every node has contributed (the data of all goes back to every node), and a
+// complete when every node has contributed (the data of all goes back to every node, both ways
+// in pieces of ctrl::kFencePiece, up to ctrl::kMaxFenceBytes in all), and a
 // direct-modex request goes to the node of the rank it asks about, its answer back to the asker.
 //
 // Threading: everything runs on the event-loop thread.
@@ -32,7 +33,9 @@ class ModexRelay {
     std::vector<bool> arrived;
     int count = 0;
     std::vector<std::string> data;  // per node
+    size_t bytes = 0;               // of all nodes' pieces so far
   };
+  void finish_fence(const std::string& nspace, uint32_t seq, FenceState& st);
   struct Route {
     int from_node;
     uint64_t from_id;

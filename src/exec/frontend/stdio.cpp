@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -62,22 +63,42 @@ std::vector<std::string> last_lines(std::string_view text, size_t max_lines) {
 OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
     : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd), tails_(static_cast<size_t>(nranks)) {}
 
+namespace {
+
+void make_dir(const std::string& d) {
+  if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST)
+    throw SystemError("--output-filename: cannot create " + d, errno);
+}
+
+// The directories the files go into: created, or existing ones of this user that are not
+// symbolic links (someone else's directory, or a link, could send the output anywhere).
+void make_own_dir(const std::string& d) {
+  make_dir(d);
+  struct stat st {};
+  if (::lstat(d.c_str(), &st) != 0) throw SystemError("--output-filename: " + d, errno);
+  if (S_ISLNK(st.st_mode))
+    throw Error("--output-filename: " + d + " is a symbolic link; refusing to write through it");
+  if (!S_ISDIR(st.st_mode)) throw Error("--output-filename: " + d + " is not a directory");
+  if (st.st_uid != ::geteuid())
+    throw Error("--output-filename: " + d + " belongs to another user; refusing to write into it");
+}
+
+}  // namespace
+
 void OutputSink::open_files() {
   if (opts_.dir.empty()) return;
-  auto mkdir_p = [](const std::string& d) {
-    if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST)
-      throw SystemError("--output-filename: cannot create " + d, errno);
-  };
   std::string dir = opts_.dir;
   for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
-    mkdir_p(dir.substr(0, pos));
-  mkdir_p(dir);
+    make_dir(dir.substr(0, pos));
+  make_own_dir(dir);
   for (size_t r = 0; r < tails_.size(); ++r) {
     std::string rd = dir + "/rank." + std::to_string(r);
-    mkdir_p(rd);
+    make_own_dir(rd);
     for (const char* name : {"stdout", "stderr"}) {
       std::string path = rd + "/" + name;
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (fd < 0 && errno == ELOOP)
+        throw Error("--output-filename: " + path + " is a symbolic link; refusing to follow it");
       if (fd < 0) throw SystemError("--output-filename: cannot open " + path, errno);
       (name[3] == 'o' ? files_out_ : files_err_).emplace_back(fd);
     }

@@ -21,6 +21,7 @@ struct NodeAgent::Worker {
   ChildProcess proc;
   LineBuffer out_buf, err_buf;
   Event out_ev, err_ev, in_ev;
+  bool out_open = true, err_open = true;  // until EOF on the pipe
   std::string in_pending;
   bool in_closing = false;
 };
@@ -84,11 +85,7 @@ void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
     w->generation = generation;
     w->proc = spawn_child(spec.spawn);
     guard_.watch(w->proc.pid);
-    Worker* wp = w.get();
-    w->out_ev =
-        loop_.watch_readable(w->proc.stdout_r.get(), [this, wp] { on_readable(*wp, Stream::Out); });
-    w->err_ev =
-        loop_.watch_readable(w->proc.stderr_r.get(), [this, wp] { on_readable(*wp, Stream::Err); });
+    watch_output(*w);
     log->debug("generation {} rank {} started as pid {}", generation, w->rank, w->proc.pid);
     workers_.emplace(w->proc.pid, std::move(w));
   }
@@ -116,6 +113,28 @@ void NodeAgent::signal_all(int sig) {
   }
 }
 
+void NodeAgent::watch_output(Worker& w) {
+  Worker* wp = &w;
+  bool out = w.out_open && !output_paused_, err = w.err_open && !output_paused_;
+  if (!out)
+    w.out_ev = Event();
+  else if (!w.out_ev)
+    w.out_ev =
+        loop_.watch_readable(w.proc.stdout_r.get(), [this, wp] { on_readable(*wp, Stream::Out); });
+  if (!err)
+    w.err_ev = Event();
+  else if (!w.err_ev)
+    w.err_ev =
+        loop_.watch_readable(w.proc.stderr_r.get(), [this, wp] { on_readable(*wp, Stream::Err); });
+}
+
+void NodeAgent::pause_output(bool paused) {
+  if (paused == output_paused_) return;
+  output_paused_ = paused;
+  logger("agent")->debug("{} reading the ranks' output", paused ? "pausing" : "resuming");
+  for (auto& [pid, w] : workers_) watch_output(*w);
+}
+
 void NodeAgent::on_readable(Worker& w, Stream s) {
   char buf[65536];
   int fd = (s == Stream::Out ? w.proc.stdout_r : w.proc.stderr_r).get();
@@ -128,6 +147,7 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
   }
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   // EOF (or an error): the stream is done even if the process is not.
+  (s == Stream::Out ? w.out_open : w.err_open) = false;
   (s == Stream::Out ? w.out_ev : w.err_ev) = Event();
 }
 

@@ -76,6 +76,9 @@ class NodeAgent : public pmix::ServerListener {
   // that registered for it (PmixServer::notify_proc_failure).  Nothing without a PMIx server or
   // when that generation is not the one running here.
   void notify_failure(int generation, int rank, int exit_code, bool aborted);
+  // Stops (true) or resumes reading the ranks' stdout and stderr: backpressure when their
+  // destination lags behind; a rank that writes meanwhile blocks once its pipe is full.
+  void pause_output(bool paused);
   size_t live() const { return workers_.size(); }
 
   // Standard input for `rank` (a worker started with stdin_pipe).  Data for a rank that is not
@@ -95,6 +98,7 @@ class NodeAgent : public pmix::ServerListener {
   Worker* find_rank(int rank);
   void on_sigchld();
   void on_readable(Worker& w, Stream s);
+  void watch_output(Worker& w);
   void on_stdin_writable(Worker& w);
   void flush_stdin(Worker& w);
   void drop_stdin(Worker& w);
@@ -106,6 +110,7 @@ class NodeAgent : public pmix::ServerListener {
   Event sigchld_;
   std::map<pid_t, std::unique_ptr<Worker>> workers_;
   size_t stdin_backlog_ = 0;
+  bool output_paused_ = false;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
   int nspace_generation_ = -1;

@@ -66,6 +66,9 @@ EnvMap worker_environment(const EnvMap& base,
   seti(PYTORCH_EXEC_ENV_GENERATION, gen.generation);
   seti(PYTORCH_EXEC_ENV_NODEID, node.node_rank);
   seti(PYTORCH_EXEC_ENV_DOMAIN, where.domain);
+  // The DataChannel's job token (its store and transport admit only ranks that know it); the
+  // environment, not argv, so that other users cannot read it.
+  if (!gen.dc_token.empty()) set("PYTORCH_DC_TOKEN", gen.dc_token);
   auto join = [](const auto& v) {
     std::string s;
     for (const auto& x : v) {

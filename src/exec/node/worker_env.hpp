@@ -24,6 +24,7 @@ struct GenerationInfo {
   std::string master_addr;
   int master_port = 0;
   std::string role_name = "default";
+  std::string dc_token;         // PYTORCH_DC_TOKEN: a fresh secret per generation (hex), "": none
   bool oversubscribed = false;  // more ranks on the node than processors
 };
 

@@ -1,0 +1,444 @@
+"""Hostile peers: a stranger on the same network against a running job.
+
+The DataChannel's store (rank 0, MASTER_PORT+1) and tcp transport during set-up, and the
+launcher's control port, get garbage, oversized and wrapped lengths, slow partial frames, idle
+connections, forged hellos and replays.  Each time the job still finishes with the right result,
+nothing crashes, and the target's memory and descriptors stay bounded (read from /proc).  The
+figures (connections, bytes, peak RSS and descriptors) are printed.
+"""
+import hashlib
+import hmac
+import os
+import resource
+import socket
+import struct
+import subprocess
+import time
+
+from harness import (EXEC, check, control_port, main, marker_env, processes_with_marker, run, script, skip,
+                     start, tmpdir, wait_until)
+
+BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
+DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
+FIGURES = {"connections": 0, "bytes": 0, "peak_rss_kb": 0, "peak_fds": 0}
+# The ranks' token (PYTORCH_DC_TOKEN): the attacks below know it, as an insider without one would
+# know the empty one; it keeps jobs of concurrent test runs apart.
+TOKEN = os.urandom(8).hex()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def status_kb(pid, field):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def fds(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def cpu_seconds(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def observe(pid):
+    """Records the target's resident memory and descriptors; returns them."""
+    rss, n = status_kb(pid, "VmRSS"), fds(pid)
+    FIGURES["peak_rss_kb"] = max(FIGURES["peak_rss_kb"], rss)
+    FIGURES["peak_fds"] = max(FIGURES["peak_fds"], n)
+    return rss, n
+
+
+def connect(port, timeout=5, target=None):
+    """Connects, retrying while `target` (a process) runs but does not listen yet."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            FIGURES["connections"] += 1
+            return s
+        except OSError:
+            if target and target.poll() is not None:
+                raise AssertionError(f"the target exited ({target.returncode}): {target.stderr.read()[-2000:]}")
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def send(s, data):
+    FIGURES["bytes"] += len(data)
+    s.sendall(data)
+
+
+def proof(key, *parts):
+    msg = b"".join(struct.pack("<I", len(p)) + p for p in parts)
+    return hmac.new(key, msg, hashlib.sha256).digest()
+
+
+def recv_exact(s, n):
+    out = b""
+    while len(out) < n:
+        b = s.recv(n - len(out))
+        if not b:
+            break
+        out += b
+    return out
+
+
+def store_client(port, token=TOKEN.encode(), target=None):
+    """A store connection that proves `token` (the protocol of src/dc/store.cpp)."""
+    s = connect(port, target=target)
+    nonce_s = recv_exact(s, 32)
+    nonce_c = os.urandom(32)
+    send(s, nonce_c + proof(token, b"pdc-store-client", nonce_s, nonce_c, b""))
+    answer = recv_exact(s, 32)
+    if answer and answer != proof(token, b"pdc-store-server", nonce_s, nonce_c, b""):
+        raise AssertionError("the store's proof is wrong")
+    return s, answer
+
+
+def closed_soon(s, timeout=5):
+    s.settimeout(timeout)
+    try:
+        while True:
+            if not s.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except socket.timeout:
+        return False
+
+
+def dc_rank(rank, size, port, extra=None):
+    e = marker_env()
+    for k in list(e):
+        if k.startswith("PMIX_") or k == "PYTORCH_DC_TOKEN":
+            del e[k]
+    e["PYTORCH_DC_TOKEN"] = TOKEN
+    e.update(extra or {})
+    e.update(RANK=str(rank), WORLD_SIZE=str(size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+             PYTORCH_DC_BOOTSTRAP="env", PYTORCH_DC_TRANSPORT="tcp", PYTORCH_DC_TIMEOUT="30")
+    return subprocess.Popen([DC_CHECK, "info"], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(procs, size):
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=60)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for r, (rc, out, err) in enumerate(outs):
+        check(rc == 0 and f"rank {r} size {size}" in out, f"rank {r}: exit {rc}: {out}{err[-2000:]}")
+
+
+def test_store_wrapped_length_does_not_kill_rank0():
+    # Issue 13, item 1: 'S', key length 0, value length 0xFFFFFFFD wrapped a 32-bit sum.
+    port = free_port()
+    r0 = dc_rank(0, 2, port)
+    s, _ = store_client(port + 1, target=r0)
+    send(s, b"S" + struct.pack("<II", 0, 0xFFFFFFFD))
+    check(closed_soon(s), "the store kept a connection with a wrapped length")
+    raw = connect(port + 1)  # the same without proving anything
+    send(raw, b"S" + struct.pack("<II", 0, 0xFFFFFFFD) + b"\0" * 64)
+    check(closed_soon(raw), "the store kept an unproven connection")
+    time.sleep(0.2)
+    check(r0.poll() is None, f"rank 0 died: {r0.returncode}")
+    observe(r0.pid)
+    finish([r0, dc_rank(1, 2, port)], 2)
+
+
+def test_store_lengths_and_memory_are_bounded():
+    # Item 3: a 4 GiB key and 64 MiB of data; slow partial frames; many idle connections.
+    port = free_port()
+    r0 = dc_rank(0, 2, port)
+    s, _ = store_client(port + 1, target=r0)
+    rss0, fds0 = observe(r0.pid)
+    send(s, b"S" + struct.pack("<I", 0xFFFFFFF0))
+    try:
+        for _ in range(64):
+            send(s, b"x" * (1 << 20))
+    except OSError:
+        pass
+    idle = [connect(port + 1) for _ in range(200)]
+    slow, _ = store_client(port + 1, target=r0)
+    for b in b"G\x05\x00\x00":
+        send(slow, bytes([b]))
+        time.sleep(0.05)
+    rss1, fds1 = observe(r0.pid)
+    check(rss1 - rss0 < 32 << 10, f"rank 0 grew from {rss0} kB to {rss1} kB")
+    check(fds1 - fds0 < 100, f"rank 0 holds {fds1 - fds0} more descriptors for 200 idle connections")
+    for c in idle:
+        c.close()
+    finish([r0, dc_rank(1, 2, port)], 2)
+
+
+def test_bootstrap_rejects_a_record_without_colon():
+    # Item 3: an injected g0/who/all = "x" made rank 1 allocate until bad_alloc.
+    # Three ranks, rank 2 never starts: rank 0 waits for it and does not overwrite the record.
+    port = free_port()
+    r0 = dc_rank(0, 3, port)
+    s, _ = store_client(port + 1, target=r0)
+    key = b"g0/who/all"
+    send(s, b"S" + struct.pack("<I", len(key)) + key + struct.pack("<I", 1) + b"x")
+    time.sleep(0.2)
+    r1 = dc_rank(1, 3, port)
+    try:
+        out, err = r1.communicate(timeout=30)
+    finally:
+        r0.kill()
+        r0.wait()
+    check(r1.returncode == 1 and "the record under 'g0/who/all' is malformed" in err,
+          f"rank 1: {r1.returncode} {err[-2000:]}")
+
+
+def test_token_keeps_strangers_out():
+    # Item 2: with PYTORCH_DC_TOKEN a stranger can neither read nor write the store, nor join.
+    port = free_port()
+    tok = {"PYTORCH_DC_TOKEN": "s3cret"}
+    r0 = dc_rank(0, 2, port, tok)
+    s, answer = store_client(port + 1, b"guess")
+    check(answer == b"", f"a wrong token got an answer: {answer!r}")
+    s, answer = store_client(port + 1, b"", target=r0)
+    check(answer == b"", "no token got an answer")
+    s, answer = store_client(port + 1, b"s3cret")
+    check(len(answer) == 32, "the right token was refused")
+    bad = dc_rank(1, 2, port, {"PYTORCH_DC_TOKEN": "other"})
+    out, err = bad.communicate(timeout=40)
+    check(bad.returncode == 1 and "PYTORCH_DC_TOKEN" in err, f"a rank with another token: {err[-2000:]}")
+    finish([r0, dc_rank(1, 2, port, tok)], 2)
+    # Under pytorch_exec every generation's ranks share a fresh token, in the environment.
+    r = run(["-n", "2", "sh", "-c", "echo $PYTORCH_DC_TOKEN"], env=marker_env(), timeout=60)
+    toks = r.stdout.split()
+    check(r.returncode == 0 and len(toks) == 2 and toks[0] == toks[1] and len(toks[0]) == 32,
+          f"tokens: {r.stdout!r} {r.stderr[-1000:]}")
+
+
+def rank0_transport_port(store_port, r0):
+    """Reads rank 0's tcp address from the store, as a stranger would without a token."""
+    s, _ = store_client(store_port, target=r0)
+    key = b"g0/who/0"
+    send(s, b"G" + struct.pack("<I", len(key)) + key)
+    n = struct.unpack("<I", recv_exact(s, 4))[0]
+    return int(recv_exact(s, n).decode().split("\n")[1].rsplit(":", 1)[1])
+
+
+def test_idle_and_forged_hellos_do_not_stall_set_up():
+    # Item 4: six idle connections to rank 0's transport made rank 1 time out; also forged and
+    # replayed hellos.
+    port = free_port()
+    r0 = dc_rank(0, 3, port)
+    tport = rank0_transport_port(port + 1, r0)
+    idle = [connect(tport) for _ in range(50)]  # waiting in the backlog until set-up
+    forged = connect(tport, timeout=30)
+    t0 = time.monotonic()
+    others = [dc_rank(1, 3, port), dc_rank(2, 3, port)]
+    check(len(recv_exact(forged, 32)) == 32, "no challenge")
+    send(forged, struct.pack("<II", 0x32636470, 1) + os.urandom(64))
+    check(closed_soon(forged), "a forged hello was kept")
+    finish([r0] + others, 3)
+    check(time.monotonic() - t0 < 15, f"set-up took {time.monotonic() - t0:.1f} s")
+    for c in idle:
+        c.close()
+
+
+def few_descriptors():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+
+class TwoNodeJob:
+    """pytorch_exec -v -H a:1,b:1 (daemons on this machine) running a script that waits for a
+    file; `attack(port, wait_for_workers)` runs against its control port, then the job ends."""
+
+    def __init__(self, **kw):
+        self.env = marker_env()
+        self.d = tmpdir()
+        d = self.d
+        body = (f"#!/bin/sh\ntouch {d}/up-$RANK\nwhile [ ! -e {d}/go ]; do sleep 0.05; done\n"
+                "echo done-$RANK\n")
+        agent = f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={self.env['PE_TEST_MARKER']} PE_NODE={{host}}"
+        self.p = start(["-v", "-H", "a:1,b:1", "--launch-agent", agent, script(body)], env=self.env,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+    def workers_up(self):
+        return wait_until(lambda: all(os.path.exists(f"{self.d}/up-{r}") for r in (0, 1)), 30)
+
+    def run(self, attack):
+        p = self.p
+        try:
+            attack(control_port(p)[0])
+            open(f"{self.d}/go", "w").close()
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        check(p.returncode == 0 and sorted(out.split()) == ["done-0", "done-1"],
+              f"exit {p.returncode}: {out} {err[-2000:]}")
+        return err
+
+
+def few_descriptors():
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+
+def test_control_plane_backs_off_when_out_of_descriptors():
+    # Item 5: accept4 failing with EMFILE made the level-triggered listener spin at 100% CPU.
+    job = TwoNodeJob(preexec_fn=few_descriptors)
+
+    def attack(port):
+        check(job.workers_up(), "no workers")
+        conns = [connect(port) for _ in range(80)]
+        time.sleep(0.5)
+        c0 = cpu_seconds(job.p.pid)
+        time.sleep(2)
+        used = cpu_seconds(job.p.pid) - c0
+        observe(job.p.pid)
+        check(used < 0.5, f"the front end used {used:.2f} s of CPU in 2 s while out of descriptors")
+        for c in conns:
+            c.close()
+
+    job.run(attack)
+
+
+def test_node_names_are_escaped_and_warnings_limited():
+    # Item 7: a hello's node name reached the terminal raw, one warning per dropped connection.
+    name = b"evil\x1b[2J\nforged line"
+
+    def attack(port):
+        for _ in range(50):
+            s = connect(port)
+            s.recv(4096)
+            payload = struct.pack("<I", len(name)) + name + struct.pack("<I", 32) + os.urandom(32) \
+                + struct.pack("<I", 32) + os.urandom(32)
+            send(s, b"PEX1" + struct.pack("<HHI", 2, 0, len(payload)) + payload)
+            closed_soon(s)
+            s.close()
+
+    err = TwoNodeJob().run(attack)
+    check("\x1b" not in err and "\nforged line" not in err, f"raw node name on stderr: {err[-1000:]!r}")
+    check("evil\\x1b[2J\\x0aforged line" in err, f"no escaped name: {err[-1000:]!r}")
+    n = err.count("authentication failed")
+    check(n <= 10 and "suppressing the rest" in err, f"{n} warnings for 50 drops")
+
+
+def test_store_handshake_replay_is_refused():
+    # Item 2: a proof recorded from one connection does not open another (fresh nonce).
+    port = free_port()
+    r0 = dc_rank(0, 2, port)
+    s = connect(port + 1, target=r0)
+    nonce_s = recv_exact(s, 32)
+    nonce_c = os.urandom(32)
+    recorded = nonce_c + proof(TOKEN.encode(), b"pdc-store-client", nonce_s, nonce_c, b"")
+    send(s, recorded)
+    check(len(recv_exact(s, 32)) == 32, "the legitimate proof was refused")
+    r = connect(port + 1, target=r0)
+    recv_exact(r, 32)
+    send(r, recorded)
+    check(closed_soon(r) and r.recv(1) == b"", "a replayed proof was accepted")
+    finish([r0, dc_rank(1, 2, port)], 2)
+
+
+def test_control_port_during_collectives():
+    # Hundreds of idle connections, garbage and slow partial frames against the launcher's
+    # control port while a DataChannel job runs its conformance checks across two nodes.
+    env = marker_env()
+    agent = f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={env['PE_TEST_MARKER']} PE_NODE={{host}}"
+    p = start(["-v", "-H", "a:2,b:2", "--launch-agent", agent, DC_CHECK, "conformance", "7"], env=env,
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    conns, peak = [], 0
+    try:
+        port, _ = control_port(p)
+        for i in range(300):
+            try:
+                c = connect(port)
+            except OSError:
+                continue
+            conns.append(c)
+            if i % 10 == 0:
+                send(c, os.urandom(100))
+            elif i % 10 == 1:
+                send(c, b"PEX1"[: i % 4 + 1])  # a partial frame header, never finished
+            if p.poll() is None:
+                peak = max(peak, observe(p.pid)[1])
+        out, err = p.communicate(timeout=240)
+    finally:
+        for c in conns:
+            c.close()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0 and out.startswith("ok"), f"exit {p.returncode}: {out} {err[-2000:]}")
+    check(peak < 150, f"the front end held {peak} descriptors for 300 connections")
+
+
+def daemons(marker):
+    out = []
+    for pid in processes_with_marker(marker):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "pytorch_execd":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_daemon_output_is_bounded_while_the_front_end_is_not_read():
+    # Item 6: a rank writing 200 MB while pytorch_exec's stdout was not read grew its daemon to
+    # 214 MB.  Now the daemon stops reading the rank's pipe while its queue is full.
+    env = marker_env()
+    marker = env["PE_TEST_MARKER"]
+    agent = f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={marker} PE_NODE={{host}}"
+    body = "#!/bin/sh\n[ $RANK = 1 ] && yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 100000000\nexit 0\n"
+    p = start(["-H", "a:1,b:1", "--launch-agent", agent, script(body)], env=env, stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE)
+    peak = 0
+    try:
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            for pid in daemons(marker):
+                try:
+                    peak = max(peak, status_kb(pid, "VmRSS"))
+                except OSError:
+                    pass
+            time.sleep(0.1)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    FIGURES["peak_rss_kb"] = max(FIGURES["peak_rss_kb"], peak)
+    check(p.returncode == 0 and len(out) in (100000000, 100000001), f"exit {p.returncode}, {len(out)} bytes: {err[-1000:]}")
+    print(f"daemon peak RSS {peak} kB", flush=True)
+    check(peak < 64 << 10, f"a daemon grew to {peak} kB while its output was not read")
+
+
+def test_figures():
+    print(f"hostile suite: {FIGURES['connections']} connections, {FIGURES['bytes']} bytes sent, "
+          f"peak RSS {FIGURES['peak_rss_kb']} kB, peak descriptors {FIGURES['peak_fds']}", flush=True)
+
+
+if __name__ == "__main__":
+    if not os.path.exists(DC_CHECK):
+        skip(f"{DC_CHECK} is not built")
+    main([test_store_wrapped_length_does_not_kill_rank0, test_store_lengths_and_memory_are_bounded,
+          test_bootstrap_rejects_a_record_without_colon, test_token_keeps_strangers_out,
+          test_idle_and_forged_hellos_do_not_stall_set_up, test_store_handshake_replay_is_refused,
+          test_control_port_during_collectives, test_control_plane_backs_off_when_out_of_descriptors,
+          test_node_names_are_escaped_and_warnings_limited,
+          test_daemon_output_is_bounded_while_the_front_end_is_not_read, test_figures])
