@@ -1,41 +1,25 @@
 #include "common/auth.hpp"
 
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-#include <openssl/hmac.h>
-#include <openssl/rand.h>
-
 #include "common/error.hpp"
+#include "common/hmac.hpp"
 
 namespace pe::auth {
 namespace {
 
 std::string hmac(const std::string& secret, const std::string& label, const std::string& a,
                  const std::string& b, const std::string& node_id) {
-  // Length-prefix every part so that no two different inputs concatenate to the same message.
-  std::string msg;
-  for (const std::string* part : {&label, &a, &b, &node_id}) {
-    uint32_t n = static_cast<uint32_t>(part->size());
-    msg.append(reinterpret_cast<const char*>(&n), sizeof n);
-    msg += *part;
-  }
-  unsigned char out[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  if (!HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-            reinterpret_cast<const unsigned char*>(msg.data()), msg.size(), out, &len))
-    throw Error("HMAC-SHA256 failed");
-  return std::string(reinterpret_cast<char*>(out), len);
+  std::string h = crypto::hmac_parts(secret, {&label, &a, &b, &node_id});
+  if (h.empty()) throw Error("HMAC-SHA256 failed");
+  return h;
 }
 
 }  // namespace
 
 std::string random_bytes(size_t n) {
-  std::string s(n, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(s.data()), static_cast<int>(n)) != 1)
-    throw Error("no random bytes available for the job secret");
+  std::string s = crypto::random_bytes(n);
+  if (s.size() != n) throw Error("no random bytes available for the job secret");
   return s;
 }
-
 std::string new_secret() { return random_bytes(kSecretBytes); }
 
 std::string to_hex(const std::string& bytes) {
@@ -76,8 +60,7 @@ std::string frontend_proof(const std::string& secret, const std::string& nonce_f
 }
 
 bool proof_matches(const std::string& expected, const std::string& received) {
-  return expected.size() == received.size() &&
-         CRYPTO_memcmp(expected.data(), received.data(), expected.size()) == 0;
+  return crypto::equal_constant_time(expected, received);
 }
 
 }  // namespace pe::auth
