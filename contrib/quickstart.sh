@@ -3,6 +3,9 @@
 #   contrib/quickstart.sh demo    install what is missing, build, run a 4-rank torch gloo job
 #   contrib/quickstart.sh check   install what is missing, build, run `make check`
 # Packages come from apt (Debian 12); as root they are installed directly, otherwise with sudo.
+# torch comes from the Python package index: the newest release, in a virtualenv outside the
+# source tree ($PYTORCH_EXEC_VENV, default /var/cache/pytorch_exec/venv-torch), created once and
+# reused (the Linux wheel is the CUDA build: a few GB; it runs on CPU).
 # The build is in ./build (VPATH); re-running only rebuilds what changed.
 set -euo pipefail
 
@@ -19,7 +22,7 @@ packages=(
   build-essential pkg-config autoconf automake libtool autoconf-archive
   libevent-dev libhwloc-dev hwloc-nox libpmix-dev libpmix-bin
   libboost-program-options-dev libspdlog-dev libfmt-dev libgtest-dev libssl-dev
-  libopenmpi-dev openmpi-bin python3 python3-torch python3-mpi4py procps
+  libopenmpi-dev openmpi-bin python3 python3-venv python3-mpi4py procps
   clang libclang-rt-14-dev iproute2
   munge slurm-wlm slurmd slurmctld slurm-client
 )
@@ -38,6 +41,21 @@ install_missing() {
   echo "quickstart: installing ${missing[*]}"
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+
+venv=${PYTORCH_EXEC_VENV:-/var/cache/pytorch_exec/venv-torch}
+torch_python=$venv/bin/python
+
+# The virtualenv with torch, when it is missing or has no torch.
+setup_venv() {
+  case "$(realpath -m "$venv")/" in
+    "$top"/*) echo "quickstart: PYTORCH_EXEC_VENV=$venv is inside the source tree; choose another place" >&2; exit 2 ;;
+  esac
+  "$torch_python" -c 'import torch, numpy' 2>/dev/null && return 0
+  echo "quickstart: installing the newest torch into $venv (a few GB, once)"
+  mkdir -p "$(dirname "$venv")"
+  [ -x "$torch_python" ] || /usr/bin/python3 -m venv "$venv"
+  "$torch_python" -m pip install -q --progress-bar off torch numpy
 }
 
 build() {
@@ -63,10 +81,12 @@ summary() {
 }
 
 install_missing
+setup_venv
+export PE_TORCH_PYTHON=$torch_python
 build
 case "$mode" in
   demo)
-    ./src/exec/pytorch_exec -n 4 --tag-output /usr/bin/python3 ../examples/hello_allreduce.py
+    ./src/exec/pytorch_exec -n 4 --tag-output "$torch_python" ../examples/hello_allreduce.py
     ;;
   check)
     find . -name '*.trs' -delete
