@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's two quick-start commands.
-#   contrib/quickstart.sh demo    install what is missing, build, run a 4-rank torch gloo job
+#   contrib/quickstart.sh demo    install what is missing, build, run 4-rank torch jobs (gloo, dc)
 #   contrib/quickstart.sh check   install what is missing, build, run `make check`
 # Packages come from apt (Debian 12); as root they are installed directly, otherwise with sudo.
 # torch comes from the Python package index: the newest release, in a virtualenv outside the
@@ -62,7 +62,8 @@ build() {
   [ -x configure ] && [ configure -nt configure.ac ] || autoreconf -fi
   mkdir -p build
   cd build
-  [ -f Makefile ] || ../configure
+  # configured for the virtualenv's torch (the dc backend); again when it was not
+  grep -qF -- "--with-torch=$torch_python" config.status 2>/dev/null || ../configure --with-torch="$torch_python"
   make -j"$jobs"
 }
 
@@ -87,6 +88,7 @@ build
 case "$mode" in
   demo)
     ./src/exec/pytorch_exec -n 4 --tag-output "$torch_python" ../examples/hello_allreduce.py
+    PYTHONPATH=$PWD/python ./src/exec/pytorch_exec -n 4 --tag-output "$torch_python" ../examples/ddp_dc.py
     ;;
   check)
     find . -name '*.trs' -delete
