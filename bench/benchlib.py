@@ -22,6 +22,17 @@ def pytorch_exec():
     sys.exit("bench: cannot find pytorch_exec; build it or set PYTORCH_EXEC")
 
 
+def torch_python():
+    """The Python with torch: PE_TORCH_PYTHON, else the quick start's virtualenv
+    (PYTORCH_EXEC_VENV, default /var/cache/pytorch_exec/venv-torch); None when it has no torch."""
+    venv = os.environ.get("PYTORCH_EXEC_VENV") or "/var/cache/pytorch_exec/venv-torch"
+    py = os.environ.get("PE_TORCH_PYTHON") or os.path.join(venv, "bin", "python")
+    if not os.access(py, os.X_OK):
+        return None
+    ok = subprocess.run([py, "-c", "import torch.distributed.run"], capture_output=True).returncode == 0
+    return py if ok else None
+
+
 def mpirun_env():
     env = dict(os.environ)
     if os.geteuid() == 0:

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The README's two quick-start commands.
-#   contrib/quickstart.sh demo    install what is missing, build, run a 4-rank torch gloo job
+#   contrib/quickstart.sh demo    install what is missing, build, run 4-rank torch jobs (gloo, dc)
 #   contrib/quickstart.sh check   install what is missing, build, run `make check`
 # Packages come from apt (Debian 12); as root they are installed directly, otherwise with sudo.
+# torch comes from the Python package index: the newest release, in a virtualenv outside the
+# source tree ($PYTORCH_EXEC_VENV, default /var/cache/pytorch_exec/venv-torch), created once and
+# reused (the Linux wheel is the CUDA build: a few GB; it runs on CPU).
 # The build is in ./build (VPATH); re-running only rebuilds what changed.
 set -euo pipefail
 
@@ -19,7 +22,7 @@ packages=(
   build-essential pkg-config autoconf automake libtool autoconf-archive
   libevent-dev libhwloc-dev hwloc-nox libpmix-dev libpmix-bin
   libboost-program-options-dev libspdlog-dev libfmt-dev libgtest-dev libssl-dev
-  libopenmpi-dev openmpi-bin python3 python3-torch python3-mpi4py procps
+  libopenmpi-dev openmpi-bin python3 python3-venv python3-mpi4py procps
   clang libclang-rt-14-dev iproute2
   munge slurm-wlm slurmd slurmctld slurm-client
 )
@@ -40,11 +43,27 @@ install_missing() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 }
 
+venv=${PYTORCH_EXEC_VENV:-/var/cache/pytorch_exec/venv-torch}
+torch_python=$venv/bin/python
+
+# The virtualenv with torch, when it is missing or has no torch.
+setup_venv() {
+  case "$(realpath -m "$venv")/" in
+    "$top"/*) echo "quickstart: PYTORCH_EXEC_VENV=$venv is inside the source tree; choose another place" >&2; exit 2 ;;
+  esac
+  "$torch_python" -c 'import torch, numpy' 2>/dev/null && return 0
+  echo "quickstart: installing the newest torch into $venv (a few GB, once)"
+  mkdir -p "$(dirname "$venv")"
+  [ -x "$torch_python" ] || /usr/bin/python3 -m venv "$venv"
+  "$torch_python" -m pip install -q --progress-bar off torch numpy
+}
+
 build() {
   [ -x configure ] && [ configure -nt configure.ac ] || autoreconf -fi
   mkdir -p build
   cd build
-  [ -f Makefile ] || ../configure
+  # configured for the virtualenv's torch (the dc backend); again when it was not
+  grep -qF -- "--with-torch=$torch_python" config.status 2>/dev/null || ../configure --with-torch="$torch_python"
   make -j"$jobs"
 }
 
@@ -63,10 +82,13 @@ summary() {
 }
 
 install_missing
+setup_venv
+export PE_TORCH_PYTHON=$torch_python
 build
 case "$mode" in
   demo)
-    ./src/exec/pytorch_exec -n 4 --tag-output /usr/bin/python3 ../examples/hello_allreduce.py
+    ./src/exec/pytorch_exec -n 4 --tag-output "$torch_python" ../examples/hello_allreduce.py
+    PYTHONPATH=$PWD/python ./src/exec/pytorch_exec -n 4 --tag-output "$torch_python" ../examples/ddp_dc.py
     ;;
   check)
     find . -name '*.trs' -delete

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Demo worker: report who this rank is, then a small torch.distributed gloo allreduce.
 
-Run it with:  pytorch_exec -n 4 /usr/bin/python3 examples/hello_allreduce.py
+Run it with:  pytorch_exec -n 4 python3 examples/hello_allreduce.py   (a python3 with torch)
 init_process_group("gloo") needs no arguments: pytorch_exec sets RANK, WORLD_SIZE,
 MASTER_ADDR and MASTER_PORT (the env:// method).
 """

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -61,6 +62,24 @@ struct Options {
   int bf16_wire = -1;
 };
 
+// A key-value exchange that the caller provides for the bootstrap (e.g. torch's c10d::Store):
+// init(rank, size, exchange) finds the other ranks through it instead of PMIx or env://.  `set`
+// stores a value; `get` waits until the key exists and returns its value, throwing (anything) after
+// `timeout` seconds.  Keys are unique within one init(); the ranks of one group share a namespace.
+struct Exchange {
+  std::function<void(const std::string& key, const std::string& value)> set;
+  std::function<std::string(const std::string& key, double timeout)> get;
+  // Optional: adds `delta` to the counter `key` and returns the new value.  With it, several
+  // init()s through one exchange (a group destroyed and made again) each use keys of their own.
+  std::function<int64_t(const std::string& key, int64_t delta)> add;
+  // This rank's node: empty = PYTORCH_DC_NODE, else PYTORCH_EXEC_NODEID with PYTORCH_EXEC_JOBID,
+  // else this machine's identity (host name and boot id).  Ranks with the same node share memory.
+  std::string node;
+  // A host the other ranks reach (MASTER_ADDR, the store's host): this rank publishes its address
+  // toward it.  Empty: MASTER_ADDR, else this host's name.
+  std::string toward;
+};
+
 class ProcessGroup {
  public:
   // Bootstrap: from PMIx when the process is a PMIx client (under pytorch_exec, srun --mpi=pmix
@@ -72,6 +91,10 @@ class ProcessGroup {
   // node of rank i (default: all on one node).
   static std::vector<std::shared_ptr<ProcessGroup>> threads(int n, const Options& opts = {},
                                                             std::vector<int> nodes = {});
+
+  // Rank `rank` of `size`, bootstrapped through `exchange` (kv_bootstrap.cpp).
+  static std::shared_ptr<ProcessGroup> init(int rank, int size, const Exchange& exchange,
+                                            const Options& opts = {});
 
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
@@ -102,6 +125,15 @@ class ProcessGroup {
   void barrier(double timeout = -1);
   void send(const void* buf, size_t bytes, int peer, double timeout = -1);
   void recv(void* buf, size_t bytes, int peer, double timeout = -1);
+  // Personalized exchanges (exchange.cpp), in bytes.  alltoall: send_bytes[r] bytes go to rank r,
+  // taken in order from `in`; recv_bytes[r] come from rank r, placed in order into `out` (both
+  // size() entries, this rank's block copied locally).  gather: every rank's `bytes` land at
+  // out + r*bytes on `root` (out: size()*bytes there, ignored elsewhere).  scatter: the reverse,
+  // from `in` on root.
+  void alltoall(const void* in, const size_t* send_bytes, void* out, const size_t* recv_bytes,
+                double timeout = -1);
+  void gather(const void* in, void* out, size_t bytes, int root, double timeout = -1);
+  void scatter(const void* in, void* out, size_t bytes, int root, double timeout = -1);
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);

@@ -26,9 +26,9 @@ CallHeader make_header(Kind k, uint64_t count, DType t, Op op, uint64_t seq, int
 }
 
 std::string describe(const CallHeader& h) {
-  static const char* kinds[] = {"allreduce", "reduce_scatter", "allgather", "broadcast",
-                                "barrier",   "send",           "split"};
-  if (h.magic != CallHeader{}.magic || h.kind > static_cast<uint8_t>(Kind::Split) ||
+  static const char* kinds[] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "barrier",
+                                "send",      "split",          "alltoall",  "gather",    "scatter"};
+  if (h.magic != CallHeader{}.magic || h.kind > static_cast<uint8_t>(Kind::Scatter) ||
       h.dtype > static_cast<uint8_t>(DType::U8) || h.op > static_cast<uint8_t>(Op::Avg))
     return "something that is not a collective call (unmatched send/recv?)";
   std::string s =
@@ -36,6 +36,9 @@ std::string describe(const CallHeader& h) {
   auto k = static_cast<Kind>(h.kind);
   if (k == Kind::Barrier) return std::string("barrier #") + std::to_string(h.seq);
   if (k == Kind::Send || k == Kind::Split) return s + (k == Kind::Send ? " bytes" : "");
+  if (k == Kind::Alltoall) return s + " bytes";
+  if (k == Kind::Gather || k == Kind::Scatter)
+    return s + " bytes " + (k == Kind::Gather ? "to" : "from") + " root " + std::to_string(h.root);
   s += std::string(" ") + dtype_name(static_cast<DType>(h.dtype));
   if (k == Kind::Allreduce || k == Kind::ReduceScatter)
     s += std::string(" (") + op_name(static_cast<Op>(h.op)) + ")";

@@ -15,7 +15,18 @@
 
 namespace pytorch_exec::dc {
 
-enum class Kind : uint8_t { Allreduce, ReduceScatter, Allgather, Broadcast, Barrier, Send, Split };
+enum class Kind : uint8_t {
+  Allreduce,
+  ReduceScatter,
+  Allgather,
+  Broadcast,
+  Barrier,
+  Send,
+  Split,
+  Alltoall,
+  Gather,
+  Scatter
+};
 
 struct CallHeader {
   uint32_t magic = 0x68636470;  // "pdch"

@@ -4,6 +4,7 @@
 // options it uses (the algorithms never see the Impl).  Threads: the one that uses the group.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "dc/hierarchical.hpp"
 #include "dc/settings.hpp"
 #include "dc/shm/engine.hpp"
+#include "dc/socket.hpp"
 #include "pytorch_exec/dc.hpp"
 
 namespace pytorch_exec::dc {
@@ -53,8 +55,14 @@ struct ProcessGroup::Impl {
   void guarded(const Deadline& d, F&& f);
   Deadline deadline(double timeout, const std::string& what) const;
   double seconds(double timeout) const { return timeout < 0 ? s.timeout : timeout; }
+  // guarded() for code outside process_group.cpp.
+  void run_guarded(const Deadline& d, const std::function<void()>& f);
   // The allreduce of the group, in place, by level and size (collectives.cpp).
   void allreduce(void* buf, size_t count, DType t, Op op, const Deadline& d);
 };
+
+// A group of the ranks of `w` (process_group.cpp); `listener`: this rank's tcp listener, whose
+// address `w` published.
+std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listener* listener);
 
 }  // namespace pytorch_exec::dc

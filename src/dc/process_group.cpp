@@ -41,6 +41,10 @@ void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
   }
 }
 
+void ProcessGroup::Impl::run_guarded(const Deadline& d, const std::function<void()>& f) {
+  guarded(d, f);
+}
+
 Deadline ProcessGroup::Impl::deadline(double timeout, const std::string& what) const {
   return Deadline::after(seconds(timeout), what);
 }
@@ -104,6 +108,8 @@ std::vector<int> number_nodes(const std::vector<std::string>& names) {
   return out;
 }
 
+}  // namespace
+
 std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listener* listener) {
   auto d = Deadline::after(s.timeout, "process group set-up (rank " + std::to_string(w.rank) + ")");
   auto g = std::make_unique<ProcessGroup::Impl>();
@@ -134,8 +140,6 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   });
   return g;
 }
-
-}  // namespace
 
 std::shared_ptr<ProcessGroup> ProcessGroup::init(const Options& opts) {
   Settings s = resolve_settings(opts);

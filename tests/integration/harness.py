@@ -17,6 +17,10 @@ import uuid
 EXEC = os.environ.get("PYTORCH_EXEC", "pytorch_exec")
 SRCDIR = os.environ.get("PE_SRCDIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 SYSTEM_PYTHON = "/usr/bin/python3"
+# The Python with torch for the torch tests: PE_TORCH_PYTHON (configure --with-torch), else the
+# quick start's virtualenv (PYTORCH_EXEC_VENV, default /var/cache/pytorch_exec/venv-torch).
+TORCH_VENV = os.environ.get("PYTORCH_EXEC_VENV") or "/var/cache/pytorch_exec/venv-torch"
+TORCH_PYTHON = os.environ.get("PE_TORCH_PYTHON") or os.path.join(TORCH_VENV, "bin", "python")
 SKIP = 77
 
 
@@ -34,11 +38,21 @@ def skip(reason):
     sys.exit(SKIP)
 
 
-def need_torch():
-    r = subprocess.run([SYSTEM_PYTHON, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
+def torch_missing():
+    """Why TORCH_PYTHON cannot run the torch tests, or None when it can."""
+    if not os.access(TORCH_PYTHON, os.X_OK):
+        return f"no torch: {TORCH_PYTHON} does not exist (./contrib/quickstart.sh creates it)"
+    r = subprocess.run([TORCH_PYTHON, "-c", "import torch.distributed as d; assert d.is_gloo_available()"],
                        capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
-        skip(f"{SYSTEM_PYTHON} has no torch with gloo ({r.stderr.strip().splitlines()[-1:]})")
+        return f"{TORCH_PYTHON} has no torch with gloo ({r.stderr.strip().splitlines()[-1:]})"
+    return None
+
+
+def need_torch():
+    reason = torch_missing()
+    if reason:
+        skip(reason)
 
 
 def marker_env(extra=None):

@@ -12,8 +12,9 @@ import struct
 import subprocess
 import time
 
-from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, control_port, main, marker_env,
-                     processes_with_marker, run, script, start, tmpdir, wait_until)
+from harness import (SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, control_port, main,
+                     marker_env, processes_with_marker, run, script, start, tmpdir, torch_missing,
+                     wait_until)
 
 BIN = tmpdir()
 MPI_SRC = os.path.join(SRCDIR, "tests", "mpi")
@@ -51,8 +52,12 @@ def test_environment_on_unequal_nodes():
 
 
 def test_torch_gloo_allreduce_across_nodes():
+    reason = torch_missing()
+    if reason:
+        print(f"skip test_torch_gloo_allreduce_across_nodes: {reason}")
+        return
     env = job_env()
-    r = run(["-H", "a:1,b:3", "--launch-agent", agent(env["PE_TEST_MARKER"]), SYSTEM_PYTHON,
+    r = run(["-H", "a:1,b:3", "--launch-agent", agent(env["PE_TEST_MARKER"]), TORCH_PYTHON,
              os.path.join(SRCDIR, "examples", "hello_allreduce.py")], env=env, timeout=120)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
     check("allreduce over 4 ranks: [6.0, 10.0, 14.0, 18.0] (correct)" in r.stdout, r.stdout)

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 import netns
-from harness import (EXEC, SRCDIR, SYSTEM_PYTHON, TestFailure, assert_no_leftovers, check, main,
+from harness import (EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
                      marker_env, need_torch, script, skip, tmpdir)
 
 BED = None
@@ -69,7 +69,7 @@ def test_master_addr_faces_the_other_hosts_when_the_front_end_is_node_0():
 def test_torch_gloo_allreduce_across_hosts():
     need_torch()
     env = marker_env()
-    r = pe(["-H", hosts("1:1,2:2,3:1,4:2"), "-x", "GLOO_SOCKET_IFNAME=pe0", SYSTEM_PYTHON,
+    r = pe(["-H", hosts("1:1,2:2,3:1,4:2"), "-x", "GLOO_SOCKET_IFNAME=pe0", TORCH_PYTHON,
             os.path.join(SRCDIR, "examples", "hello_allreduce.py")], env, timeout=180)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
     check("allreduce over 6 ranks: [15.0, 21.0, 27.0, 33.0] (correct)" in r.stdout, r.stdout)

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 
-from harness import (EXEC, SRCDIR, SYSTEM_PYTHON, TestFailure, assert_no_leftovers, check, main,
+from harness import (EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
                      marker_env, need_torch, skip)
 
 TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
@@ -92,7 +92,7 @@ def test_salloc_torch_and_failure_names_the_node():
     need_torch()
     env = marker_env()
     env.update(ENV)
-    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, SYSTEM_PYTHON, os.path.join(WORK, "torch_check.py")],
+    r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, TORCH_PYTHON, os.path.join(WORK, "torch_check.py")],
            env, timeout=180)
     check(r.returncode == 0 and r.stdout.count(" ok ") == 8, f"exit {r.returncode}: {r.stdout} {r.stderr}")
     r = sh(["salloc", "-N", "4", "--ntasks-per-node=2", EXEC, "--kill-grace", "1", "sh", "-c",
@@ -106,7 +106,7 @@ def test_srun_direct_launch():
     env = marker_env(OMPI_TCP)
     env.update(ENV)
     need_torch()
-    r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, SYSTEM_PYTHON, os.path.join(WORK, "torch_check.py")],
+    r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, TORCH_PYTHON, os.path.join(WORK, "torch_check.py")],
            env, timeout=180)
     check(r.returncode == 0 and r.stdout.count(" ok ") == 8, f"exit {r.returncode}: {r.stdout} {r.stderr}")
     masters = {l.split()[-1] for l in r.stdout.splitlines()}

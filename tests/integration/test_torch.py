@@ -1,11 +1,11 @@
 """A real torch.distributed gloo job through env://, and a group restart under torch."""
 import os
 
-from harness import SRCDIR, SYSTEM_PYTHON, check, main, need_torch, run, script
+from harness import SRCDIR, TORCH_PYTHON, check, main, need_torch, run, script
 
 EXAMPLE = os.path.join(SRCDIR, "examples", "hello_allreduce.py")
 
-FLAKY = script("""#!/usr/bin/python3
+FLAKY = script("""#!/usr/bin/env python3
 import os, sys
 import torch, torch.distributed as dist
 dist.init_process_group("gloo")
@@ -20,7 +20,7 @@ dist.destroy_process_group()
 
 
 def test_gloo_allreduce_four_ranks():
-    r = run(["-n", "4", SYSTEM_PYTHON, EXAMPLE], timeout=240)
+    r = run(["-n", "4", TORCH_PYTHON, EXAMPLE], timeout=240)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
     for i in range(4):
         check(f"rank {i} of 4 (local rank {i} of 4)" in r.stdout, f"rank {i} missing:\n{r.stdout}")
@@ -28,7 +28,7 @@ def test_gloo_allreduce_four_ranks():
 
 
 def test_gloo_wires_up_again_after_a_restart():
-    r = run(["-n", "2", "--max-restarts", "1", SYSTEM_PYTHON, FLAKY], timeout=240)
+    r = run(["-n", "2", "--max-restarts", "1", TORCH_PYTHON, FLAKY], timeout=240)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
     for i in range(2):
         check(f"rank {i} restart 1 sum [3.0, 3.0, 3.0]" in r.stdout, r.stdout)

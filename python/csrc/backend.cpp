@@ -1,0 +1,448 @@
+// DcBackend: the c10d::Backend over a DataChannel ProcessGroup (see backend.hpp).  Each
+// collective checks its arguments where it is called (errors raise at once), then queues a task
+// that stages the tensors as flat contiguous buffers (copies only where a tensor is not
+// contiguous, or an int8/bool tensor is reduced in a wider type), calls the DataChannel, and
+// copies the results back.
+#include "backend.hpp"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+
+namespace pytorch_dc {
+namespace {
+
+[[noreturn]] void bad(const char* what, const std::string& why) {
+  throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": " + why);
+}
+
+// The host of the TCPStore under `store`, which every rank reaches; "" for other stores.
+std::string store_host(const c10::intrusive_ptr<c10d::Store>& store) {
+  c10d::Store* s = store.get();
+  while (auto* p = dynamic_cast<c10d::PrefixStore*>(s)) s = p->getUnderlyingStore().get();
+  auto* tcp = dynamic_cast<c10d::TCPStore*>(s);
+  return tcp ? tcp->getHost() : "";
+}
+
+dc::Exchange exchange_over(const c10::intrusive_ptr<c10d::Store>& store) {
+  dc::Exchange x;
+  x.set = [store](const std::string& k, const std::string& v) {
+    store->set(k, std::vector<uint8_t>(v.begin(), v.end()));
+  };
+  x.get = [store](const std::string& k, double timeout) {
+    store->wait({k}, std::chrono::milliseconds(static_cast<int64_t>(timeout * 1000)));
+    auto v = store->get(k);
+    return std::string(v.begin(), v.end());
+  };
+  x.add = [store](const std::string& k, int64_t delta) { return store->add(k, delta); };
+  x.toward = store_host(store);
+  return x;
+}
+
+void same_shape(const at::Tensor& a, const at::Tensor& b, const char* what) {
+  if (a.numel() != b.numel() || a.scalar_type() != b.scalar_type())
+    bad(what, "tensors of different sizes or dtypes (" + std::to_string(a.numel()) + " " +
+                  c10::toString(a.scalar_type()) + " and " + std::to_string(b.numel()) + " " +
+                  c10::toString(b.scalar_type()) + ")");
+}
+
+// The flat concatenation of `ts`, in dtype `wire`.
+at::Tensor concat(const std::vector<at::Tensor>& ts, at::ScalarType wire) {
+  std::vector<at::Tensor> f;
+  for (auto& t : ts) f.push_back(t.reshape({-1}));
+  return at::cat(f).to(wire).contiguous();
+}
+
+// Copies consecutive pieces of `buf` into `ts`.
+void split_into(const at::Tensor& buf, const std::vector<at::Tensor>& ts) {
+  int64_t off = 0;
+  for (auto& t : ts) {
+    if (t.numel()) t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
+    off += t.numel();
+  }
+}
+
+// Bytes per row (first dimension) of `t`; 0 for an empty tensor.
+size_t row_bytes(const at::Tensor& t) {
+  return t.dim() == 0 || t.size(0) == 0 ? bytes_of(t)
+                                        : bytes_of(t) / static_cast<size_t>(t.size(0));
+}
+
+std::vector<size_t> split_bytes(const at::Tensor& t, const std::vector<int64_t>& splits, int n,
+                                const char* what) {
+  std::vector<size_t> out(static_cast<size_t>(n));
+  int64_t rows = t.dim() ? t.size(0) : 1, sum = 0;
+  for (int r = 0; r < n; ++r) {
+    int64_t k = splits.empty() ? rows / n : splits.at(static_cast<size_t>(r));
+    out[static_cast<size_t>(r)] = static_cast<size_t>(k) * row_bytes(t);
+    sum += k;
+  }
+  if ((!splits.empty() && splits.size() != static_cast<size_t>(n)) || sum != rows)
+    bad(what, "the splits do not add up to the tensor's " + std::to_string(rows) + " rows");
+  return out;
+}
+
+}  // namespace
+
+DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                     std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size), timeout_s_(static_cast<double>(timeout.count()) / 1000) {
+  dc::Options o;
+  o.timeout = timeout_s_ > 0 ? timeout_s_ : 0;
+  try {
+    pg_ = dc::ProcessGroup::init(rank, size, exchange_over(store), o);
+  } catch (const std::exception& e) {
+    throw std::runtime_error("pytorch_dc: init of rank " + std::to_string(rank) + " of " +
+                             std::to_string(size) + " failed: " + e.what());
+  }
+  thread_ = std::thread([this] { loop(); });
+}
+
+DcBackend::~DcBackend() { shutdown(); }
+
+void DcBackend::shutdown() {
+  {
+    std::lock_guard<std::mutex> l(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> DcBackend::getBackendOptions() {
+  return c10::make_intrusive<Options>(
+      "dc", std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000)));
+}
+
+c10::intrusive_ptr<c10d::Backend> DcBackend::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                   const std::vector<int>& ranks,
+                                                   const c10::intrusive_ptr<Options>& opts) {
+  auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) return nullptr;
+  auto timeout = opts ? opts->timeout : getBackendOptions()->timeout;
+  return c10::make_intrusive<DcBackend>(store, static_cast<int>(me - ranks.begin()),
+                                        static_cast<int>(ranks.size()), timeout);
+}
+
+std::string DcBackend::describe() const {
+  return "dc rank " + std::to_string(pg_->rank()) + " of " + std::to_string(pg_->size()) + ", " +
+         std::to_string(pg_->nodes()) + " node(s), " + pg_->intra_transport() + "/" +
+         pg_->inter_transport();
+}
+
+double DcBackend::seconds(std::chrono::milliseconds t) const {
+  return t.count() < 0 ? -1 : static_cast<double>(t.count()) / 1000;
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char* name,
+                                                  std::vector<at::Tensor> outputs,
+                                                  std::function<void()> run) {
+  auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs));
+  {
+    std::lock_guard<std::mutex> l(m_);
+    if (stop_) bad(name, "the process group was shut down");
+    queue_.push_back(Task{work, name, std::move(run)});
+  }
+  cv_.notify_one();
+  return work;
+}
+
+void DcBackend::loop() {
+  for (;;) {
+    Task t;
+    {
+      std::unique_lock<std::mutex> l(m_);
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      t = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    try {
+      t.run();
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(std::runtime_error(
+          std::string("pytorch_dc: ") + t.name + " failed on rank " + std::to_string(getRank()) +
+          " of " + std::to_string(getSize()) + ": " + e.what()));
+    }
+    t.work->complete(error);
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
+                                                        std::chrono::milliseconds timeout) {
+  Reduction r = reduction_for(t, op, "allreduce");
+  auto pg = pg_;
+  double s = seconds(timeout);
+  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, [=] {
+    at::Tensor w = flat(t).to(r.wire);
+    pg->allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
+    copy_back(t, w);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                    const c10d::AllreduceOptions& opts) {
+  return allreduce_one(single(tensors, "allreduce"), opts.reduceOp, opts.timeout);
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_coalesced(
+    std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) {
+  if (tensors.empty()) bad("allreduce_coalesced", "no tensors");
+  Reduction r = reduction_for(tensors[0], opts.reduceOp, "allreduce_coalesced");
+  for (auto& t : tensors)
+    if (t.scalar_type() != tensors[0].scalar_type() || !t.device().is_cpu())
+      bad("allreduce_coalesced", "tensors of different dtypes or devices");
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  std::vector<at::Tensor> ts = tensors;
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", ts, [=] {
+    at::Tensor buf = concat(ts, r.wire);
+    pg->allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), r.dtype, r.op, s);
+    split_into(buf, ts);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                 const c10d::ReduceOptions& opts) {
+  const at::Tensor& t = single(tensors, "reduce");
+  Reduction r = reduction_for(t, opts.reduceOp, "reduce");
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  bool root = static_cast<int>(opts.rootRank) == getRank();
+  return enqueue(c10d::OpType::REDUCE, "reduce", {t}, [=] {
+    at::Tensor w = flat(t).to(r.wire);
+    at::Tensor out = root ? w : at::empty_like(w);  // the result matters on the root only
+    pg->allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
+    if (root) copy_back(t, w);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                    const c10d::BroadcastOptions& opts) {
+  const at::Tensor& t = single(tensors, "broadcast");
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  int root = static_cast<int>(opts.rootRank);
+  return enqueue(c10d::OpType::BROADCAST, "broadcast", {t}, [=] {
+    at::Tensor w = flat(t);
+    pg->broadcast(w.data_ptr(), bytes_of(w), dc::DType::U8, root, s);
+    copy_back(t, w);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs,
+                                                    const c10d::AllgatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "allgather");
+  if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize()))
+    bad("allgather", "expected one output list of " + std::to_string(getSize()) + " tensors");
+  for (auto& o : outputs[0]) same_shape(in, o, "allgather");
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  std::vector<at::Tensor> outs = outputs[0];
+  return enqueue(c10d::OpType::ALLGATHER, "allgather", outs, [=] {
+    at::Tensor i = flat(in);
+    at::Tensor buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
+    pg->allgather(i.data_ptr(), buf.data_ptr(), bytes_of(i), dc::DType::U8, s);
+    split_into(buf, outs);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                          const c10d::AllgatherOptions& opts) {
+  std::vector<at::Tensor> outs{output}, ins{input};
+  return allgather_into_tensor_coalesced(outs, ins, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::AllgatherOptions& opts) {
+  if (outputs.size() != inputs.size()) bad("allgather_into_tensor", "unequal numbers of tensors");
+  for (size_t k = 0; k < inputs.size(); ++k)
+    if (outputs[k].numel() != inputs[k].numel() * getSize() ||
+        outputs[k].scalar_type() != inputs[k].scalar_type())
+      bad("allgather_into_tensor", "the output must hold world size times the input");
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  std::vector<at::Tensor> outs = outputs, ins = inputs;
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outs, [=] {
+    for (size_t k = 0; k < ins.size(); ++k) {
+      at::Tensor i = flat(ins[k]), o = flat(outs[k]);
+      pg->allgather(i.data_ptr(), o.data_ptr(), bytes_of(i), dc::DType::U8, s);
+      copy_back(outs[k], o);
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                 std::vector<at::Tensor>& inputs,
+                                                 const c10d::GatherOptions& opts) {
+  const at::Tensor& in = single(inputs, "gather");
+  int root = static_cast<int>(opts.rootRank);
+  bool is_root = root == getRank();
+  std::vector<at::Tensor> outs;
+  if (is_root) {
+    if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize()))
+      bad("gather", "expected one output list of " + std::to_string(getSize()) + " tensors");
+    for (auto& o : outputs[0]) same_shape(in, o, "gather");
+    outs = outputs[0];
+  }
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  return enqueue(c10d::OpType::GATHER, "gather", outs, [=] {
+    at::Tensor i = flat(in), buf;
+    if (is_root) buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
+    pg->gather(i.data_ptr(), is_root ? buf.data_ptr() : nullptr, bytes_of(i), root, s);
+    if (is_root) split_into(buf, outs);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                  std::vector<std::vector<at::Tensor>>& inputs,
+                                                  const c10d::ScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "scatter");
+  int root = static_cast<int>(opts.rootRank);
+  bool is_root = root == getRank();
+  std::vector<at::Tensor> ins;
+  if (is_root) {
+    if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize()))
+      bad("scatter", "expected one input list of " + std::to_string(getSize()) + " tensors");
+    for (auto& i : inputs[0]) same_shape(out, i, "scatter");
+    ins = inputs[0];
+  }
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  return enqueue(c10d::OpType::SCATTER, "scatter", {out}, [=] {
+    at::Tensor o = flat(out), buf;
+    if (is_root) buf = concat(ins, out.scalar_type());
+    pg->scatter(is_root ? buf.data_ptr() : nullptr, o.data_ptr(), bytes_of(o), root, s);
+    copy_back(out, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
+    std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  const at::Tensor& out = single(outputs, "reduce_scatter");
+  if (inputs.size() != 1 || inputs[0].size() != static_cast<size_t>(getSize()))
+    bad("reduce_scatter", "expected one input list of " + std::to_string(getSize()) + " tensors");
+  for (auto& i : inputs[0]) same_shape(out, i, "reduce_scatter");
+  Reduction r = reduction_for(out, opts.reduceOp, "reduce_scatter");
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  std::vector<at::Tensor> ins = inputs[0];
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out}, [=] {
+    at::Tensor buf = concat(ins, r.wire);
+    at::Tensor o = at::empty({out.numel()}, buf.options());
+    pg->reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype, r.op,
+                       s);
+    if (out.numel()) out.copy_(o.view(out.sizes()));
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  std::vector<at::Tensor> outs{output}, ins{input};
+  return reduce_scatter_tensor_coalesced(outs, ins, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+    const c10d::ReduceScatterOptions& opts) {
+  if (outputs.size() != inputs.size() || inputs.empty())
+    bad("reduce_scatter_tensor", "unequal numbers of tensors");
+  std::vector<Reduction> rs;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (inputs[k].numel() != outputs[k].numel() * getSize() ||
+        outputs[k].scalar_type() != inputs[k].scalar_type())
+      bad("reduce_scatter_tensor", "the input must hold world size times the output");
+    rs.push_back(reduction_for(inputs[k], opts.reduceOp, "reduce_scatter_tensor"));
+  }
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  std::vector<at::Tensor> outs = outputs, ins = inputs;
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outs, [=] {
+    for (size_t k = 0; k < ins.size(); ++k) {
+      at::Tensor i = flat(ins[k]).to(rs[k].wire);
+      at::Tensor o = at::empty({outs[k].numel()}, i.options());
+      pg->reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), rs[k].dtype,
+                         rs[k].op, s);
+      if (o.numel()) outs[k].copy_(o.view(outs[k].sizes()));
+    }
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                        std::vector<int64_t>& output_splits,
+                                                        std::vector<int64_t>& input_splits,
+                                                        const c10d::AllToAllOptions& opts) {
+  if (output.scalar_type() != input.scalar_type()) bad("alltoall_base", "different dtypes");
+  auto sb = split_bytes(input, input_splits, getSize(), "alltoall_base");
+  auto rb = split_bytes(output, output_splits, getSize(), "alltoall_base");
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  at::Tensor in = input, out = output;
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "alltoall_base", {out}, [=] {
+    at::Tensor i = flat(in), o = flat(out);
+    pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+    copy_back(out, o);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                   std::vector<at::Tensor>& inputs,
+                                                   const c10d::AllToAllOptions& opts) {
+  size_t n = static_cast<size_t>(getSize());
+  if (outputs.size() != n || inputs.size() != n)
+    bad("alltoall", "expected " + std::to_string(n) + " input and output tensors");
+  std::vector<size_t> sb, rb;
+  for (size_t r = 0; r < n; ++r) {
+    if (inputs[r].scalar_type() != outputs[0].scalar_type() ||
+        outputs[r].scalar_type() != outputs[0].scalar_type())
+      bad("alltoall", "tensors of different dtypes");
+    sb.push_back(bytes_of(inputs[r]));
+    rb.push_back(bytes_of(outputs[r]));
+  }
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  std::vector<at::Tensor> ins = inputs, outs = outputs;
+  return enqueue(c10d::OpType::ALLTOALL, "alltoall", outs, [=] {
+    at::Tensor i = concat(ins, ins[0].scalar_type());
+    at::Tensor o = concat(outs, outs[0].scalar_type());
+    pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+    split_into(o, outs);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::barrier(const c10d::BarrierOptions& opts) {
+  auto pg = pg_;
+  double s = seconds(opts.timeout);
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [=] { pg->barrier(s); });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::send(std::vector<at::Tensor>& tensors, int dst,
+                                               int /*tag*/) {
+  const at::Tensor& t = single(tensors, "send");
+  auto pg = pg_;
+  return enqueue(c10d::OpType::SEND, "send", {t}, [=] {
+    at::Tensor w = flat(t);
+    pg->send(w.data_ptr(), bytes_of(w), dst);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::recv(std::vector<at::Tensor>& tensors, int src,
+                                               int /*tag*/) {
+  const at::Tensor& t = single(tensors, "recv");
+  auto pg = pg_;
+  return enqueue(c10d::OpType::RECV, "recv", {t}, [=] {
+    at::Tensor w = flat(t);
+    pg->recv(w.data_ptr(), bytes_of(w), src);
+    copy_back(t, w);
+  });
+}
+
+}  // namespace pytorch_dc

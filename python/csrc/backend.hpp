@@ -1,0 +1,143 @@
+// The "dc" backend of torch.distributed: a c10d::Backend over a DataChannel ProcessGroup.
+//
+// The group is bootstrapped through the c10d::Store that init_process_group (or new_group) hands
+// the backend, under that store's prefix: ProcessGroup::init(rank, size, Exchange).  Every
+// collective is queued to the backend's own thread, which runs them one after the other in the
+// order they were issued (the DataChannel is used by one thread); the returned Work completes, and
+// its Future is marked with the output tensors, when the thread is done with it.  Errors (a dead
+// peer, mismatched calls, a timeout) complete the Work with an exception naming the collective and
+// this rank; after one, the group raises on every call.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pytorch_exec/dc.hpp"
+
+namespace pytorch_dc {
+
+namespace dc = pytorch_exec::dc;
+
+// One queued operation: completes with its output tensors (the Future's value) or an error.
+class DcWork : public c10d::Work {
+ public:
+  DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs);
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  void complete(std::exception_ptr error);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+class DcBackend : public c10d::Backend {
+ public:
+  DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+            std::chrono::milliseconds timeout);
+  ~DcBackend() override;
+
+  const std::string getBackendName() const override { return "dc"; }
+  // The DataChannel's transports ("shm/tcp") and layout, for users and tests.
+  std::string describe() const;
+  void shutdown() override;
+  // dist.split_group: a new group of `ranks` (this group's ranks, sorted), bootstrapped through
+  // `store`; nullptr where this rank is not among them.
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store,
+                                          const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+
+ private:
+  struct Task {
+    c10::intrusive_ptr<DcWork> work;
+    const char* name;
+    std::function<void()> run;
+  };
+  // Queues `run` for the backend's thread; the Work completes with `outputs`.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<void()> run);
+  void loop();
+  double seconds(std::chrono::milliseconds t) const;
+  c10::intrusive_ptr<c10d::Work> allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
+                                               std::chrono::milliseconds timeout);
+
+  std::shared_ptr<dc::ProcessGroup> pg_;
+  double timeout_s_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Task> queue_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// The tensor helpers of backend.cpp (tensors.cpp).
+struct Reduction {
+  dc::DType dtype;
+  dc::Op op;
+  at::ScalarType wire;  // the tensor type the DataChannel reduces (int8 goes as int32)
+};
+// The DataChannel's dtype and op for a reduction of `t` by `op`; throws naming `what`.
+Reduction reduction_for(const at::Tensor& t, const c10d::ReduceOp& op, const char* what);
+// Bytes of a tensor, and `t` as one contiguous flat tensor (a copy when it is not contiguous).
+size_t bytes_of(const at::Tensor& t);
+at::Tensor flat(const at::Tensor& t);
+// Copies `src` (flat) back into `dst` where they are not the same memory.
+void copy_back(const at::Tensor& dst, const at::Tensor& src);
+// The one tensor of a per-device list; throws naming `what` when there are several or none.
+const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* what);
+
+}  // namespace pytorch_dc

@@ -1,0 +1,106 @@
+// DcWork, and the tensor helpers of the backend: which DataChannel dtype and op a torch
+// reduction maps to, and flat contiguous views of tensors.
+#include <ATen/core/ivalue.h>
+
+#include "backend.hpp"
+
+namespace pytorch_dc {
+
+DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs)
+    : c10d::Work(rank, type, title),
+      outputs_(std::move(outputs)),
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
+
+void DcWork::complete(std::exception_ptr error) {
+  // The future first: once wait() returns, its value must be there.
+  if (error)
+    future_->setError(error);
+  else
+    future_->markCompleted(c10::IValue(outputs_));
+  finish(error);
+}
+
+namespace {
+
+dc::DType dtype_of(at::ScalarType s, const char* what) {
+  switch (s) {
+    case at::kFloat:
+      return dc::DType::F32;
+    case at::kDouble:
+      return dc::DType::F64;
+    case at::kHalf:
+      return dc::DType::F16;
+    case at::kBFloat16:
+      return dc::DType::BF16;
+    case at::kInt:
+      return dc::DType::I32;
+    case at::kLong:
+      return dc::DType::I64;
+    case at::kByte:
+      return dc::DType::U8;
+    default:
+      throw std::invalid_argument(
+          std::string("pytorch_dc: ") + what + ": dtype " + c10::toString(s) +
+          " cannot be reduced (float32, float64, float16, bfloat16, int32, int64, uint8, int8, "
+          "bool can)");
+  }
+}
+
+dc::Op op_of(const c10d::ReduceOp& op, const char* what) {
+  switch (op.op_) {
+    case c10d::ReduceOp::SUM:
+      return dc::Op::Sum;
+    case c10d::ReduceOp::PRODUCT:
+      return dc::Op::Prod;
+    case c10d::ReduceOp::MIN:
+      return dc::Op::Min;
+    case c10d::ReduceOp::MAX:
+      return dc::Op::Max;
+    case c10d::ReduceOp::AVG:
+      return dc::Op::Avg;
+    default:
+      throw std::invalid_argument(std::string("pytorch_dc: ") + what +
+                                  ": this ReduceOp is not supported (SUM, PRODUCT, MIN, MAX and "
+                                  "AVG are)");
+  }
+}
+
+}  // namespace
+
+Reduction reduction_for(const at::Tensor& t, const c10d::ReduceOp& op, const char* what) {
+  if (!t.device().is_cpu())
+    throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": tensor on " +
+                                t.device().str() + "; the dc backend takes CPU tensors");
+  dc::Op o = op_of(op, what);
+  if (t.scalar_type() == at::kBool) {  // or (sum, max) and and (product, min) over 0/1 bytes
+    if (o == dc::Op::Avg)
+      throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": AVG of bool tensors");
+    bool any = o == dc::Op::Sum || o == dc::Op::Max;
+    return {dc::DType::U8, any ? dc::Op::Max : dc::Op::Min, at::kByte};
+  }
+  if (t.scalar_type() == at::kChar) return {dc::DType::I32, o, at::kInt};
+  return {dtype_of(t.scalar_type(), what), o, t.scalar_type()};
+}
+
+size_t bytes_of(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+at::Tensor flat(const at::Tensor& t) { return t.contiguous().view({-1}); }
+
+void copy_back(const at::Tensor& dst, const at::Tensor& src) {
+  if (dst.numel() == 0 || dst.data_ptr() == src.data_ptr()) return;
+  dst.copy_(src.view(dst.sizes()));
+}
+
+const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* what) {
+  if (ts.size() != 1)
+    throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": expected one tensor, got " +
+                                std::to_string(ts.size()));
+  if (!ts[0].device().is_cpu())
+    throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": tensor on " +
+                                ts[0].device().str() + "; the dc backend takes CPU tensors");
+  return ts[0];
+}
+
+}  // namespace pytorch_dc

@@ -1,0 +1,149 @@
+"""The torch.distributed backend "dc" (python/pytorch_dc) as real processes under pytorch_exec,
+with the torch of TORCH_PYTHON (the quick start's virtualenv) and the package the build made
+(PE_BUILDDIR/python).  Every collective against gloo's result in the same run at 2, 3 and 4
+ranks and on two simulated nodes of two (PYTORCH_DC_NODE), DDP (and FSDP) against gloo, a rank
+that dies mid-allreduce, mismatched calls, and a restart with a fresh init.  Skips, saying why,
+without torch or without the built extension.
+"""
+import glob
+import os
+import random
+import socket
+import subprocess
+
+from harness import (TORCH_PYTHON, TestFailure, check, main, marker_env, need_torch, run,
+                     skip)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "torch_dc_worker.py")
+BUILD = os.environ.get("PE_BUILDDIR", os.path.join(HERE, "..", ".."))
+PKG = os.path.join(BUILD, "python")
+NODES_BY = "PYTORCH_DC_NODE=n$((RANK{by})) exec {py} {worker} {args}"
+
+
+def env(extra=None):
+    e = marker_env(extra)
+    e["PYTHONPATH"] = PKG + os.pathsep + e.get("PYTHONPATH", "")
+    e["PE_TEST_SEED"] = str(random.randrange(1 << 30))
+    return e
+
+
+def job(n, args, nodes=None, timeout=400, extra=None):
+    cmd = [TORCH_PYTHON, WORKER] + args
+    if nodes:  # simulated nodes: a shell sets PYTORCH_DC_NODE from RANK
+        cmd = ["sh", "-c", NODES_BY.format(by=nodes, py=TORCH_PYTHON, worker=WORKER,
+                                           args=" ".join(args))]
+    e = env(extra)
+    r = run(["-n", str(n)] + cmd, env=e, timeout=timeout)
+    check(r.returncode == 0, f"{args} on {n} ranks (seed {e['PE_TEST_SEED']}) failed "
+          f"({r.returncode}): {r.stdout}{r.stderr[-4000:]}")
+    return r.stdout
+
+
+def collectives(n, nodes=None, want=None):
+    out = job(n, ["collectives"], nodes=nodes)
+    check("ok " in out, out)
+    if want:
+        check(want in out, f"expected '{want}' in: {out}")
+    print("   ", out.strip().splitlines()[-1], flush=True)
+
+
+def test_collectives_two_ranks():
+    collectives(2, want="1 node(s), shm/tcp")
+
+
+def test_collectives_three_ranks():
+    collectives(3)
+
+
+def test_collectives_four_ranks():
+    collectives(4, want="1 node(s), shm/tcp")
+
+
+def test_collectives_two_simulated_nodes_of_two():
+    collectives(4, nodes="/2", want="2 node(s)")
+
+
+def test_ddp_against_gloo():
+    out = job(2, ["ddp", "50"])
+    check("ddp ok: 50 steps" in out, out)
+    print("   ", " / ".join(line for line in out.splitlines() if "ok" in line))
+
+
+def test_fsdp_against_gloo():
+    out = job(2, ["fsdp", "10"])
+    check("fsdp ok" in out or "fsdp skipped" in out, out)
+    print("   ", " / ".join(line for line in out.splitlines() if "fsdp" in line))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def direct(n, args, timeout=90, extra=None):
+    """n ranks started without a launcher (env://), so that nothing but the backend stops them."""
+    port = free_port()
+    procs = []
+    for r in range(n):
+        e = env(dict(extra or {}, RANK=str(r), WORLD_SIZE=str(n), MASTER_ADDR="127.0.0.1",
+                     MASTER_PORT=str(port), LOCAL_RANK=str(r), LOCAL_WORLD_SIZE=str(n)))
+        procs.append(subprocess.Popen([TORCH_PYTHON, WORKER] + args, env=e, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outs = []
+    for p in procs:
+        try:
+            outs.append((p.wait(timeout=timeout), p.stdout.read()))
+        except subprocess.TimeoutExpired as e:
+            for q in procs:
+                q.kill()
+            raise TestFailure(f"{args}: a rank hung past {timeout} s") from e
+    return outs
+
+
+def test_dead_rank_makes_the_others_raise():
+    outs = direct(3, ["fail", "1"])
+    check(outs[1][0] == 3, f"the victim: {outs[1]}")
+    for r in (0, 2):
+        rc, out = outs[r]
+        check(rc == 0 and f"rank {r} raised after" in out, f"rank {r}: {rc} {out}")
+        check("allreduce" in out and f"rank {r} of 3" in out, f"error names no call/rank: {out}")
+        secs = float(out.split("raised after ")[1].split()[0])
+        print(f"    rank {r}: {out.strip()[:300]}")
+        check(secs < 20, f"rank {r} took {secs} s (timeout 20 s)")
+
+
+def test_mismatched_collectives_raise():
+    # over tcp every call starts with a header: the rank that compares them names the mismatch,
+    # the other (here the root of the broadcast, done at once) sees the group break
+    outs = direct(2, ["mismatch"], extra={"PYTORCH_DC_TRANSPORT": "tcp"})
+    for r, (rc, out) in enumerate(outs):
+        check(rc == 0 and f"rank {r} raised" in out, f"rank {r}: {rc} {out}")
+        print(f"    {out.strip()[:300]}")
+    check("mismatched calls: rank 1 called broadcast" in outs[0][1], f"rank 0: {outs[0][1]}")
+    # shm allreduce against tcp broadcast: every rank raises, at the latest at the timeout
+    outs = direct(3, ["mismatch"])
+    for r, (rc, out) in enumerate(outs):
+        check(rc == 0 and f"rank {r} raised" in out, f"rank {r}: {rc} {out}")
+
+
+def test_restart_with_a_fresh_init():
+    r = run(["-n", "2", "--max-restarts", "1", TORCH_PYTHON, WORKER, "restart"], env=env(),
+            timeout=300)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout}{r.stderr[-3000:]}")
+    for i in range(2):
+        check(f"rank {i} generation 1 dc sum [3.0, 3.0, 3.0]" in r.stdout, r.stdout)
+        check(f"rank {i} re-init sum [2.0, 2.0]" in r.stdout, r.stdout)
+    check("exited with status 9; restarting" in r.stderr, r.stderr)
+
+
+if __name__ == "__main__":
+    need_torch()
+    if not glob.glob(os.path.join(PKG, "pytorch_dc", "_C*.so")):
+        skip(f"the dc extension was not built ({PKG}/pytorch_dc: configure found no torch, "
+             "see --with-torch)")
+    main([test_collectives_two_ranks, test_collectives_three_ranks, test_collectives_four_ranks,
+          test_collectives_two_simulated_nodes_of_two, test_ddp_against_gloo, test_fsdp_against_gloo,
+          test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,
+          test_restart_with_a_fresh_init])

@@ -1,0 +1,348 @@
+"""One rank of the torch "dc" backend tests (test_torch_dc.py): MODE [ARGS].
+
+collectives   every collective of the backend against gloo's result in the same run (a gloo
+              group over the same ranks), dtypes x ops x sizes, sync and async, non-contiguous
+              tensors, a sub-group; prints "ok N checks" on rank 0
+ddp STEPS     DDP on dc and on gloo from the same start; parameters must agree
+fsdp STEPS    the same with FSDP (fully_shard) where the installed torch has it
+fail VICTIM   allreduces in a loop; rank VICTIM exits in the middle; the others must raise
+mismatch      rank 0 calls allreduce, the others broadcast: every rank must raise
+restart       init_process_group("dc") in every generation; rank 1 fails the first one
+"""
+import datetime
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import pytorch_dc  # noqa: F401  (registers "dc")
+
+SIZES = [0, 1, 1001, (1 << 20) // 4 + 3]  # elements: empty, one, odd, over 1 MiB of f32
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int32, torch.int64,
+          torch.uint8, torch.int8, torch.bool]
+OPS = [dist.ReduceOp.SUM, dist.ReduceOp.PRODUCT, dist.ReduceOp.MIN, dist.ReduceOp.MAX,
+       dist.ReduceOp.AVG]
+checks = 0
+
+
+def data(n, dtype, seed, rank):
+    """Small integers (exact in every dtype and under sum/product of four ranks)."""
+    g = torch.Generator().manual_seed(seed * 131 + rank)
+    lo, hi = (0, 2) if dtype in (torch.uint8, torch.bool) else (-2, 3)
+    return torch.randint(lo, hi, (n,), generator=g).to(dtype)
+
+
+def same(a, b, what):
+    global checks
+    checks += 1
+    if a.dtype.is_floating_point:
+        ok = torch.allclose(a.double(), b.double(), rtol=1e-2, atol=1e-2)
+    else:
+        ok = torch.equal(a, b)
+    if not ok:
+        raise SystemExit(f"rank {dist.get_rank()}: {what}: dc {a[:8].tolist()} gloo {b[:8].tolist()}")
+
+
+def reference(t, op, gloo):
+    """gloo's allreduce of t; AVG, and what gloo lacks (bool, bf16...), computed here from every
+    rank's input gathered by gloo."""
+    w = dist.get_world_size(gloo)
+    if op == dist.ReduceOp.AVG or t.dtype in (torch.bool, torch.bfloat16, torch.float16):
+        parts = [torch.empty_like(t) for _ in range(w)]
+        dist.all_gather(parts, t, group=gloo)
+        s = torch.stack([p.double() for p in parts])
+        if op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            r = s.sum(0) / (w if op == dist.ReduceOp.AVG else 1)
+        elif op == dist.ReduceOp.PRODUCT:
+            r = s.prod(0)
+        else:
+            r = s.min(0).values if op == dist.ReduceOp.MIN else s.max(0).values
+        return (r != 0) if t.dtype == torch.bool else r.to(t.dtype)
+    r = t.clone()
+    dist.all_reduce(r, op=op, group=gloo)
+    return r
+
+
+def check_allreduce(gloo, seed):
+    rank = dist.get_rank()
+    for dtype in DTYPES:
+        for op in OPS:
+            if op == dist.ReduceOp.AVG and not dtype.is_floating_point:
+                continue
+            for n in SIZES if dtype == torch.float32 else SIZES[:3]:
+                t = data(n, dtype, seed, rank)
+                want = reference(t, op, gloo)
+                mine = t.clone()
+                work = dist.all_reduce(mine, op=op, async_op=(n % 2 == 1))
+                if work is not None:
+                    work.wait()
+                same(mine, want, f"allreduce {dtype} {op} n={n}")
+    # non-contiguous: every other column of a matrix
+    m = data(40, torch.float32, seed, rank).view(4, 10)
+    col = m[:, ::2]
+    want = reference(col.contiguous(), dist.ReduceOp.SUM, gloo)
+    dist.all_reduce(col)
+    same(col.contiguous(), want, "allreduce of a non-contiguous view")
+    ts = [data(n, torch.float32, seed + n, rank) for n in (3, 0, 1001)]
+    wants = [reference(t, dist.ReduceOp.SUM, gloo) for t in ts]
+    dist.all_reduce_coalesced(ts)
+    for t, w in zip(ts, wants):
+        same(t, w, "allreduce_coalesced")
+
+
+def check_movement(gloo, seed):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.int8):
+        for n in SIZES if dtype == torch.float32 else SIZES[:3]:
+            t = data(n, dtype, seed, rank)
+            for root in {0, world - 1}:
+                a, b = t.clone(), t.clone()
+                dist.broadcast(a, root)
+                dist.broadcast(b, root, group=gloo)
+                same(a, b, f"broadcast {dtype} n={n} root={root}")
+            outs = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(outs, t)
+            ref = [torch.empty_like(t) for _ in range(world)]
+            dist.all_gather(ref, t, group=gloo)
+            same(torch.cat(outs), torch.cat(ref), f"all_gather {dtype} n={n}")
+            big = torch.empty(n * world, dtype=dtype)
+            dist.all_gather_into_tensor(big, t)
+            same(big, torch.cat(ref), f"all_gather_into_tensor {dtype} n={n}")
+            g = [torch.empty_like(t) for _ in range(world)] if rank == 0 else None
+            dist.gather(t, g, dst=0)
+            if rank == 0:
+                same(torch.cat(g), torch.cat(ref), f"gather {dtype} n={n}")
+            out = torch.empty_like(t)
+            dist.scatter(out, ref if rank == world - 1 else None, src=world - 1)
+            same(out, ref[rank], f"scatter {dtype} n={n}")
+
+
+def check_reduce_family(gloo, seed):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for dtype in (torch.float32, torch.float64, torch.int32, torch.float16):
+        for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+            for n in SIZES if dtype == torch.float32 else SIZES[:3]:
+                ins = [data(n, dtype, seed + r, rank) for r in range(world)]
+                full = reference(torch.cat(ins), op, gloo)
+                out = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter(out, [x.clone() for x in ins], op=op)
+                same(out, full[rank * n:(rank + 1) * n], f"reduce_scatter {dtype} {op} n={n}")
+                out2 = torch.empty(n, dtype=dtype)
+                dist.reduce_scatter_tensor(out2, torch.cat(ins), op=op)
+                same(out2, full[rank * n:(rank + 1) * n], f"reduce_scatter_tensor {dtype} {op}")
+                t = torch.cat(ins)
+                dist.reduce(t, dst=1 % world, op=op)
+                if rank == 1 % world:
+                    same(t, full, f"reduce {dtype} {op} n={n}")
+
+
+def check_alltoall_p2p(gloo, seed):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for n in (0, 1, 7, 70000):
+        t = data(n * world, torch.float32, seed, rank).view(world, n) if n else torch.empty(world, 0)
+        a, b = torch.empty_like(t), torch.empty_like(t)
+        dist.all_to_all_single(a, t)
+        dist.all_to_all_single(b, t, group=gloo)
+        same(a.reshape(-1), b.reshape(-1), f"all_to_all_single n={n}")
+    # uneven splits: rank r sends r+1+j rows to rank j
+    ins = [r + 1 + j for j in range(world) for r in [rank]]
+    outs = [j + 1 + rank for j in range(world)]
+    t = data(sum(ins) * 3, torch.int64, seed, rank).view(-1, 3)
+    a = torch.empty(sum(outs), 3, dtype=torch.int64)
+    b = torch.empty_like(a)
+    dist.all_to_all_single(a, t, outs, ins)
+    dist.all_to_all_single(b, t, outs, ins, group=gloo)
+    same(a, b, "all_to_all_single with splits")
+    lst = [data(5, torch.float64, seed + j, rank) for j in range(world)]
+    o1 = [torch.empty(5, dtype=torch.float64) for _ in range(world)]
+    o2 = [torch.empty(5, dtype=torch.float64) for _ in range(world)]
+    dist.all_to_all(o1, lst)
+    dist.all_to_all(o2, lst, group=gloo)
+    same(torch.cat(o1), torch.cat(o2), "all_to_all")
+    # send/recv around a ring, sizes 0, odd and large
+    for n in (0, 999, 300000):
+        t = data(n, torch.float32, seed, rank)
+        got = torch.empty(n)
+        if rank % 2 == 0:
+            dist.send(t, (rank + 1) % world)
+            dist.recv(got, (rank - 1) % world)
+        else:
+            dist.recv(got, (rank - 1) % world)
+            dist.send(t, (rank + 1) % world)
+        same(got, data(n, torch.float32, seed, (rank - 1) % world), f"send/recv n={n}")
+    dist.barrier()
+
+
+def check_subgroup(seed):
+    rank, world = dist.get_rank(), dist.get_world_size()
+    evens = list(range(0, world, 2))
+    sub = dist.new_group(evens, backend="dc")
+    subg = dist.new_group(evens, backend="gloo")
+    if rank in evens:
+        t = data(1001, torch.float32, seed, rank)
+        want = reference(t, dist.ReduceOp.SUM, subg)
+        works = [dist.all_reduce(t, group=sub, async_op=True)]
+        works[0].wait()
+        same(t, want, "allreduce in the sub-group of even ranks")
+        x = torch.full((3,), float(rank))
+        dist.broadcast(x, evens[-1], group=sub)
+        same(x, torch.full((3,), float(evens[-1])), "broadcast in the sub-group")
+    dist.barrier()
+    if world > 2:  # split_group: every rank in one of two halves
+        halves = [evens, [r for r in range(world) if r not in evens]]
+        sg = dist.split_group(split_ranks=halves)
+        t = torch.full((5,), float(rank))
+        dist.all_reduce(t, group=sg)
+        mine = halves[0] if rank in evens else halves[1]
+        same(t, torch.full((5,), float(sum(mine))), "allreduce in a split_group half")
+        dist.destroy_process_group(sg)
+    dist.barrier()
+
+
+def collectives():
+    dist.init_process_group("dc")
+    gloo = dist.new_group(backend="gloo")
+    seed = int(os.environ.get("PE_TEST_SEED", "1"))
+    t0 = time.monotonic()
+    # async: several in flight, completed in issue order, futures carry the outputs
+    ts = [torch.full((1000,), float(i + dist.get_rank())) for i in range(5)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    fut = works[-1].get_future()
+    works[-1].wait()
+    if not all(w.is_completed() for w in works):
+        raise SystemExit("an earlier allreduce is not completed after a later one's wait()")
+    w = dist.get_world_size()
+    for i, t in enumerate(ts):
+        same(t, torch.full((1000,), float(i * w + w * (w - 1) / 2)), "async allreduce")
+    same(fut.value()[0], ts[-1], "the future's value")
+    check_allreduce(gloo, seed)
+    check_movement(gloo, seed)
+    check_reduce_family(gloo, seed)
+    check_alltoall_p2p(gloo, seed)
+    check_subgroup(seed)
+    if dist.get_rank() == 0:
+        print(f"ok {checks} checks in {time.monotonic() - t0:.1f} s ({pytorch_dc.describe()})",
+              flush=True)
+    dist.destroy_process_group()
+
+
+def train(backend, steps, fsdp=False):
+    """A small model trained from the same start; returns the final parameters."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model)
+        wrapped = model
+    else:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(100 + rank)
+    loss = None
+    for _ in range(steps):
+        x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
+        loss = torch.nn.functional.mse_loss(wrapped(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    if fsdp:
+        params = [p.full_tensor().detach().clone() for p in model.parameters()]
+    else:
+        params = [p.detach().clone() for p in model.parameters()]
+    dist.destroy_process_group()
+    return params, float(loss)
+
+
+def ddp(steps):
+    a, la = train("dc", steps)
+    b, lb = train("gloo", steps)
+    worst = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    if worst > 1e-5:
+        raise SystemExit(f"DDP: dc and gloo parameters differ by {worst}")
+    print(f"ddp ok: {steps} steps, max difference {worst:.2e}, loss {la:.6f}", flush=True)
+
+
+def fsdp(steps):
+    """fully_shard on CPU, dc then gloo (in its own process: a third init_process_group of gloo
+    in one process times out in torch's own rendezvous)."""
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401
+    except ImportError as e:
+        print(f"fsdp skipped: {e}", flush=True)
+        return
+    a, la = train("dc", steps, fsdp=True)
+    b, lb = train("gloo", steps, fsdp=True)
+    worst = max(float((x - y).abs().max()) for x, y in zip(a, b))
+    if worst > 1e-5 or abs(la - lb) > 1e-6:
+        raise SystemExit(f"FSDP: dc and gloo differ: params by {worst}, loss {la} vs {lb}")
+    print(f"fsdp ok: loss {la:.6f} (gloo {lb:.6f})", flush=True)
+
+
+def fail(victim):
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=20))
+    rank = dist.get_rank()
+    t = torch.ones(1 << 18)
+    t0 = time.monotonic()
+    try:
+        for i in range(100000):
+            if rank == victim and i == 20:
+                os._exit(3)
+            dist.all_reduce(t)
+            t.fill_(1)
+    except Exception as e:  # the backend's error: names the collective and the rank
+        print(f"rank {rank} raised after {time.monotonic() - t0:.1f} s: {e}", flush=True)
+        sys.exit(0)
+    sys.exit(f"rank {rank}: no error")
+
+
+def mismatch():
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=10))
+    rank = dist.get_rank()
+    t = torch.ones(100)
+    try:
+        if rank == 0:
+            dist.all_reduce(t)
+        else:
+            dist.broadcast(t, 1)
+        dist.barrier()  # the root of the broadcast may be done before anyone noticed
+    except Exception as e:
+        print(f"rank {rank} raised: {e}", flush=True)
+        sys.exit(0)
+    sys.exit(f"rank {rank}: no error")
+
+
+def restart():
+    dist.init_process_group("dc")
+    rank, gen = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    t = torch.ones(3) * (rank + 1)
+    dist.all_reduce(t)
+    if rank == 1 and gen == 0:
+        sys.exit(9)
+    dist.barrier()
+    print(f"rank {rank} generation {gen} dc sum {t.tolist()}", flush=True)
+    dist.destroy_process_group()
+    dist.init_process_group("dc")  # again in the same process
+    t = torch.ones(2)
+    dist.all_reduce(t)
+    print(f"rank {rank} re-init sum {t.tolist()}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    if mode == "collectives":
+        collectives()
+    elif mode == "ddp":
+        ddp(int(sys.argv[2]))
+    elif mode == "fsdp":
+        fsdp(int(sys.argv[2]))
+    elif mode == "fail":
+        fail(int(sys.argv[2]))
+    elif mode == "mismatch":
+        mismatch()
+    elif mode == "restart":
+        restart()
