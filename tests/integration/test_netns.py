@@ -89,26 +89,32 @@ def test_mpi_across_hosts():
           f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
 
 
-def test_cut_link_ends_the_job_naming_the_host():
-    env = marker_env()
-    d = tmpdir()
-    body = f"#!/bin/sh\necho up > {d}/up.$RANK\nexec sleep 120\n"
+def run_and_cut(args, env, upd, host):
+    """Starts pytorch_exec ARGS (three ranks, each writing upd/up.RANK once running), cuts `host`
+    off, and waits for the job: (process, stdout, stderr, seconds from the cut to its end)."""
     cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}",
-           "--kill-grace", "1", "-H", hosts("1:1,2:1,3:1"), script(body)]
+           "--kill-grace", "1"] + args
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
-        while len(os.listdir(d)) < 3 and time.monotonic() < deadline:
+        while len(os.listdir(upd)) < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
-        check(len(os.listdir(d)) == 3, "ranks did not start")
+        check(len(os.listdir(upd)) == 3, "ranks did not start")
         t0 = time.monotonic()
-        BED.cut(3)
+        BED.cut(host)
         out, err = p.communicate(timeout=60)
-        took = time.monotonic() - t0
+        return p, out, err, time.monotonic() - t0
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def test_cut_link_ends_the_job_naming_the_host():
+    env = marker_env()
+    d = tmpdir()
+    body = f"#!/bin/sh\necho up > {d}/up.$RANK\nexec sleep 120\n"
+    p, out, err, took = run_and_cut(["-H", hosts("1:1,2:1,3:1"), script(body)], env, d, 3)
     check(p.returncode == 1, f"exit {p.returncode}: {err}")
     check(re.search(rf"node {BED.nodes[2]}: lost contact with its daemon", err), err)
     print(f"  partition noticed after {took:.1f} s")
@@ -123,22 +129,8 @@ def test_elastic_job_reforms_after_a_cut_link():
     d = tmpdir()
     body = (f"#!/bin/sh\nif [ $PYTORCH_EXEC_GENERATION = 0 ]; then echo up > {d}/up.$RANK; "
             "exec sleep 120; fi\necho gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE\n")
-    cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}",
-           "--kill-grace", "1", "--nnodes", "2:3", "-H", hosts("1:1,2:1,4:1"), script(body)]
-    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while len(os.listdir(d)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        check(len(os.listdir(d)) == 3, "ranks did not start")
-        t0 = time.monotonic()
-        BED.cut(4)
-        out, err = p.communicate(timeout=60)
-        took = time.monotonic() - t0
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    p, out, err, took = run_and_cut(["--nnodes", "2:3", "-H", hosts("1:1,2:1,4:1"), script(body)],
+                                    env, d, 4)
     check(p.returncode == 0, f"exit {p.returncode}: {err}")
     check(re.search(rf"node {BED.nodes[3]}: lost contact with its daemon .*re-forming the group on "
                     r"the 2 node\(s\) left", err), err)
