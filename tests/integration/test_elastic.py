@@ -24,19 +24,25 @@ if [ -n "$PE_THEN" ]; then exec "$PE_THEN"; fi
 """)
 
 
-def test_a_lost_node_reforms_the_group():
+def reformed_on_a_and_c(elastic_args, said):
+    """Nodes a, b, c of two ranks; b's daemon dies in generation 0: the job finishes with
+    generation 1 on a and c (4 ranks), the front end having said `said` (a regex)."""
     env = job_env()
     marker = env["PE_TEST_MARKER"]
-    r = run(["--nnodes", "2:3", "-H", "a:2,b:2,c:2", "--launch-agent", agent(marker), WORKER],
+    r = run(elastic_args + ["-H", "a:2,b:2,c:2", "--launch-agent", agent(marker), WORKER],
             env=env, timeout=90)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
-    check(re.search(r"node b: lost contact with its daemon .*; re-forming the group on the 2 node\(s\) left",
-                    r.stderr), r.stderr[-2000:])
+    check(re.search(said, r.stderr), r.stderr[-2000:])
     rows = sorted(r.stdout.splitlines())
     want = sorted(f"gen 1 rank {i} of 4 node {n} group {g}/2 restarts 1"
                   for i, (n, g) in enumerate([("a", 0), ("a", 0), ("c", 1), ("c", 1)]))
     check(rows == want, f"re-formed group: {rows}")
     assert_no_leftovers(marker, timeout=5)
+
+
+def test_a_lost_node_reforms_the_group():
+    reformed_on_a_and_c(["--nnodes", "2:3"], r"node b: lost contact with its daemon .*; "
+                        r"re-forming the group on the 2 node\(s\) left")
 
 
 def test_mpi_programs_run_in_the_reformed_group():
@@ -54,18 +60,8 @@ def test_mpi_programs_run_in_the_reformed_group():
 
 
 def test_a_spare_takes_the_place_of_a_lost_node():
-    env = job_env()
-    marker = env["PE_TEST_MARKER"]
-    r = run(["--nnodes", "2:2", "--spares", "1", "-H", "a:2,b:2,c:2", "--launch-agent",
-             agent(marker), WORKER], env=env, timeout=90)
-    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
-    check("re-forming the group on 2 node(s), a spare taking its place" in r.stderr,
-          r.stderr[-2000:])
-    rows = sorted(r.stdout.splitlines())
-    want = sorted(f"gen 1 rank {i} of 4 node {n} group {g}/2 restarts 1"
-                  for i, (n, g) in enumerate([("a", 0), ("a", 0), ("c", 1), ("c", 1)]))
-    check(rows == want, f"group with the spare: {rows}")
-    assert_no_leftovers(marker, timeout=5)
+    reformed_on_a_and_c(["--nnodes", "2:2", "--spares", "1"],
+                        re.escape("re-forming the group on 2 node(s), a spare taking its place"))
 
 
 def test_below_the_minimum_the_job_fails():

@@ -70,7 +70,10 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                   for (int n : nodes)
                     if (!tree_.attached(n) && !tree_.lost(n)) tree_.lose(n, why);
                 }) {
-  for (size_t i = 0; i < nodes_.size(); ++i) nodes_[i].host = map_.nodes[i].host;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    nodes_[i].host = map_.nodes[i].host;
+    by_host_[nodes_[i].host] = static_cast<int>(i);
+  }
   use_map(map_);
   using namespace ctrl;
   dispatch_
@@ -108,10 +111,11 @@ void RemoteWorkers::use_map(const JobMap& map) {
   remap_ = gen_.world_size > 0;  // the daemons have the job's own map to begin with
   gen_ = map;
   members_.clear();
-  for (const auto& n : gen_.nodes)
-    for (size_t i = 0; i < nodes_.size(); ++i)
-      if (nodes_[i].host == n.host) members_.push_back(static_cast<int>(i));
-  if (members_.size() != gen_.nodes.size()) throw Error("a job map with nodes outside the job");
+  for (const auto& n : gen_.nodes) {
+    auto it = by_host_.find(n.host);
+    if (it == by_host_.end()) throw Error("a job map with node " + n.host + " outside the job");
+    members_.push_back(it->second);
+  }
   owner_.clear();
   for (const auto& loc : gen_.ranks) owner_.push_back(members_[static_cast<size_t>(loc.node)]);
 }
@@ -134,20 +138,18 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
   if (::access(launcher_.execd().c_str(), X_OK) != 0)
     throw ProgramError("cannot find pytorch_execd next to pytorch_exec (" + launcher_.execd() + ")",
                        1);
-  std::map<std::string, int> by_host;
-  for (size_t i = 0; i < nodes_.size(); ++i) by_host[nodes_[i].host] = static_cast<int>(i);
   acceptor_ = std::make_unique<ctrl::Acceptor>(
       loop_, secret_,
-      [this, by_host](const std::string& name) -> std::string {
-        auto it = by_host.find(name);
-        if (it == by_host.end()) return "node '" + name + "' is not in the job";
+      [this](const std::string& name) -> std::string {
+        auto it = by_host_.find(name);
+        if (it == by_host_.end()) return "node '" + name + "' is not in the job";
         int n = it->second;
         if (tree_.attached(n) || tree_.waiting(n) || tree_.lost(n))
           return "node '" + name + "' is already connected";
         return "";
       },
-      [this, by_host](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
-        on_authenticated(by_host.at(name), std::move(conn));
+      [this](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
+        on_authenticated(by_host_.at(name), std::move(conn));
       });
   addresses_ = local_ipv4_addresses();
   double timeout = daemon_timeout(env_);
@@ -230,8 +232,10 @@ void RemoteWorkers::check_ready() {
   if (prepared_) return;
   size_t ready = 0;
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    if (nodes_[i].ready) ++ready;
-    else if (!tree_.lost(static_cast<int>(i))) return;
+    if (nodes_[i].ready)
+      ++ready;
+    else if (!tree_.lost(static_cast<int>(i)))
+      return;
   }
   if (ready == 0) return;
   prepared_ = true;

@@ -10,6 +10,7 @@
 // Threading: everything runs on the event-loop thread.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -79,7 +80,8 @@ class RemoteWorkers : public WorkerSet {
   std::string secret_;
   bool slurm_ = false;
   bool stdin_forwarded_ = false;
-  std::vector<Node> nodes_;  // every node of the job (map_), lost ones too
+  std::vector<Node> nodes_;             // every node of the job (map_), lost ones too
+  std::map<std::string, int> by_host_;  // index into nodes_ by host name
   // The current generation: its map (a part of map_ when an elastic job lost nodes), the node
   // (index into nodes_) of each of its nodes and of each of its ranks, and whether the daemons
   // still need to be told.
