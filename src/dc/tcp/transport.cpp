@@ -40,6 +40,7 @@ struct Peer {
   std::deque<Op> q[2];          // 0: sends, 1: receives
   uint64_t posted[2] = {0, 0};  // operations posted / completed per direction
   uint64_t completed[2] = {0, 0};
+  bool active = false;  // listed in TcpTransport::active_
 };
 
 class TcpTransport : public Transport {
@@ -111,7 +112,10 @@ class TcpTransport : public Transport {
     Peer& p = peers_[peer];
     uint64_t seq = p.posted[dir]++;
     p.q[dir].push_back({static_cast<char*>(buf), bytes, 0});
-    if (p.q[0].size() + p.q[1].size() == 1) active_.push_back(peer);
+    if (!p.active) {
+      p.active = true;
+      active_.push_back(peer);
+    }
     if (p.q[dir].size() == 1) io(peer, dir);  // eager: most sends and many receives finish here
     return {encode(peer, dir, seq)};
   }
@@ -175,6 +179,7 @@ class TcpTransport : public Transport {
       moved |= io(peer, 0);
       Peer& p = peers_[peer];
       if (p.q[0].empty() && p.q[1].empty()) {
+        p.active = false;
         active_[i] = active_.back();
         active_.pop_back();
       } else {
@@ -196,7 +201,9 @@ class TcpTransport : public Transport {
 
   int rank_;
   std::vector<Peer> peers_;
-  std::vector<int> active_;  // peers with queued operations
+  // Peers with queued operations, each once: a peer listed twice would be read twice in one
+  // progress_all(), past a completed receive that its waiter has not yet looked at.
+  std::vector<int> active_;
   std::vector<struct pollfd> pfds_;
   std::string failed_;
 };
