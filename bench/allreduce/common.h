@@ -5,6 +5,13 @@
  *   --reps K                  timed batches per size (after one untimed batch, the warm-up)
  *   --p2p                     mpi_bench: time an MPI_Isend+MPI_Irecv exchange instead
  *   --bind                    p2p_tcp: pin its two threads to two different processors
+ *   --cc NAME                 p2p_tcp: the connection's TCP congestion control ("auto": as
+ *                             the DataChannel's default chooses it; "system": unchanged)
+ *   --bucket                  as a training step: for each size, K operations back to back
+ *                             (ITERS is ignored), each timed on its own, with no warm-up and no
+ *                             barrier between them; the first is the checked one and the rest
+ *                             work on zeros (T1 is the first operation of the process at that
+ *                             size; the driver drops the first few)
  *
  * Output, on rank 0, one line per size, for the driver to parse:
  *   @@ROW BYTES COUNT WRONG T1 ... TK
@@ -23,7 +30,7 @@
 #include <string.h>
 
 #define PE_MAX_SIZES 64
-#define PE_MAX_REPS 64
+#define PE_MAX_REPS 256
 
 typedef struct {
   size_t bytes[PE_MAX_SIZES];
@@ -32,6 +39,8 @@ typedef struct {
   int reps;
   int p2p;
   int bind;
+  int bucket;
+  const char* cc;
 } pe_args;
 
 /* Returns 0 and fills `a`, or prints what is wrong and returns -1. */
@@ -43,6 +52,10 @@ static inline int pe_parse_args(int argc, char** argv, pe_args* a) {
       a->p2p = 1;
     } else if (!strcmp(argv[i], "--bind")) {
       a->bind = 1;
+    } else if (!strcmp(argv[i], "--bucket")) {
+      a->bucket = 1;
+    } else if (!strcmp(argv[i], "--cc") && i + 1 < argc) {
+      a->cc = argv[++i];
     } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
       a->reps = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--sizes") && i + 1 < argc) {
@@ -62,7 +75,9 @@ static inline int pe_parse_args(int argc, char** argv, pe_args* a) {
         p = *end ? end + 1 : end;
       }
     } else {
-      fprintf(stderr, "usage: %s --sizes BYTES:ITERS,... [--reps K] [--p2p] [--bind]\n", argv[0]);
+      fprintf(stderr,
+              "usage: %s --sizes BYTES:ITERS,... [--reps K] [--bucket] [--p2p] [--bind] [--cc NAME]\n",
+              argv[0]);
       return -1;
     }
   }

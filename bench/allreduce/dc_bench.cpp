@@ -3,7 +3,8 @@
 // One process per rank, started by pytorch_exec or mpirun; the transports come from the
 // environment (PYTORCH_DC_TRANSPORT, PYTORCH_DC_INTRA, PYTORCH_DC_INTER, PYTORCH_DC_NODE).  For
 // each size: one allreduce of the test pattern, checked; one untimed batch; then --reps timed
-// batches of in-place f32 sum allreduces, each preceded by a barrier.  The time of a batch is
+// batches of in-place f32 sum allreduces, each preceded by a barrier (--bucket: single
+// allreduces back to back, each timed).  The time of a batch is
 // reduced over ranks with the library's own allreduce (max).  Only the public API is used.
 // See common.h for the command line and the output.
 #include <algorithm>
@@ -24,21 +25,32 @@ double now_us() {
   return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
 }
 
-// Checks one allreduce of the pattern, times reps batches; returns the wrong elements here.
-long long run_size(dc::ProcessGroup& pg, std::vector<float>& buf, size_t count, int iters, int reps,
-                   double* us) {
+// Checks one allreduce of the pattern, times reps batches (--bucket: reps single allreduces back
+// to back, the checked one first); returns the wrong elements here.
+long long run_size(dc::ProcessGroup& pg, std::vector<float>& buf, size_t count, int iters,
+                   const pe_args& a, double* us) {
   float* b = buf.data();
   long long wrong = 0;
+  auto allreduce = [&] { pg.allreduce(b, count, dc::DType::F32, dc::Op::Sum); };
   for (size_t i = 0; i < count; i++) b[i] = pe_pattern(pg.rank(), i);
-  pg.allreduce(b, count, dc::DType::F32, dc::Op::Sum);
+  double t0 = now_us();
+  allreduce();
+  if (a.bucket) us[0] = now_us() - t0;
   for (size_t i = 0; i < count; i++) wrong += b[i] != pe_expected(pg.size(), i);
   std::fill(b, b + count, 0.0f);  // zeros stay zeros: no overflow however many iterations
-  for (int k = 0; k < iters; k++) pg.allreduce(b, count, dc::DType::F32, dc::Op::Sum);
-  for (int r = 0; r < reps; r++) {
-    pg.barrier();
-    double t0 = now_us();
-    for (int k = 0; k < iters; k++) pg.allreduce(b, count, dc::DType::F32, dc::Op::Sum);
-    us[r] = (now_us() - t0) / iters;
+  for (int r = 1; a.bucket && r < a.reps; r++) {
+    t0 = now_us();
+    allreduce();
+    us[r] = now_us() - t0;
+  }
+  if (!a.bucket) {
+    for (int k = 0; k < iters; k++) allreduce();
+    for (int r = 0; r < a.reps; r++) {
+      pg.barrier();
+      t0 = now_us();
+      for (int k = 0; k < iters; k++) allreduce();
+      us[r] = (now_us() - t0) / iters;
+    }
   }
   for (size_t i = 0; i < count; i++) wrong += b[i] != 0.0f;
   return wrong;
@@ -62,7 +74,7 @@ int main(int argc, char** argv) {
     for (int s = 0; s < a.nsizes; s++) {
       double us[PE_MAX_REPS];
       size_t count = a.bytes[s] / sizeof(float);
-      long long wrong = run_size(*pg, buf, count, a.iters[s], a.reps, us);
+      long long wrong = run_size(*pg, buf, count, a.iters[s], a, us);
       pg->allreduce(us, a.reps, dc::DType::F64, dc::Op::Max);
       int64_t wrong_all = wrong;
       pg->allreduce(&wrong_all, 1, dc::DType::I64, dc::Op::Sum);

@@ -33,18 +33,28 @@ static void exchange_once(const char* sbuf, char* rbuf, size_t bytes, int peer) 
   check_mpi(MPI_Waitall(2, rq, MPI_STATUSES_IGNORE), "MPI_Waitall");
 }
 
-/* One size of the allreduce: verify once, then time; returns the wrong elements seen here. */
-static long long allreduce_size(float* buf, size_t count, int iters, int reps, int rank, int nranks,
-                                double* us) {
+/* One size of the allreduce: verify once, then time (--bucket: reps single allreduces back to
+ * back, the checked one first); returns the wrong elements seen here. */
+static long long allreduce_size(float* buf, size_t count, int iters, const pe_args* a, int rank,
+                                int nranks, double* us) {
   long long wrong = 0;
+  int reps = a->reps;
   for (size_t i = 0; i < count; i++) buf[i] = pe_pattern(rank, i);
+  double t0 = MPI_Wtime();
   allreduce_once(buf, count);
+  if (a->bucket) us[0] = (MPI_Wtime() - t0) * 1e6;
   for (size_t i = 0; i < count; i++) wrong += buf[i] != pe_expected(nranks, i);
   memset(buf, 0, count * sizeof *buf);
-  for (int k = 0; k < iters; k++) allreduce_once(buf, count); /* warm-up batch */
+  for (int r = 1; a->bucket && r < reps; r++) {
+    t0 = MPI_Wtime();
+    allreduce_once(buf, count);
+    us[r] = (MPI_Wtime() - t0) * 1e6;
+  }
+  if (a->bucket) reps = 0;
+  for (int k = 0; k < iters && reps > 0; k++) allreduce_once(buf, count); /* warm-up batch */
   for (int r = 0; r < reps; r++) {
     MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
+    t0 = MPI_Wtime();
     for (int k = 0; k < iters; k++) allreduce_once(buf, count);
     us[r] = (MPI_Wtime() - t0) * 1e6 / iters;
   }
@@ -52,18 +62,27 @@ static long long allreduce_size(float* buf, size_t count, int iters, int reps, i
   return wrong;
 }
 
-/* One size of the exchange with rank^1: check the bytes once, then time. */
-static long long exchange_size(char* sbuf, char* rbuf, size_t bytes, int iters, int reps, int rank,
-                               double* us) {
-  int peer = rank ^ 1;
+/* One size of the exchange with rank^1: check the bytes once, then time (--bucket: reps single
+ * exchanges back to back, the checked one first). */
+static long long exchange_size(char* sbuf, char* rbuf, size_t bytes, int iters, const pe_args* a,
+                               int rank, double* us) {
+  int peer = rank ^ 1, reps = a->reps;
   long long wrong = 0;
   for (size_t i = 0; i < bytes; i++) sbuf[i] = (char)(rank * 31 + i % 251);
+  double t0 = MPI_Wtime();
   exchange_once(sbuf, rbuf, bytes, peer);
+  if (a->bucket) us[0] = (MPI_Wtime() - t0) * 1e6;
   for (size_t i = 0; i < bytes; i++) wrong += rbuf[i] != (char)(peer * 31 + i % 251);
-  for (int k = 0; k < iters; k++) exchange_once(sbuf, rbuf, bytes, peer);
+  for (int r = 1; a->bucket && r < reps; r++) {
+    t0 = MPI_Wtime();
+    exchange_once(sbuf, rbuf, bytes, peer);
+    us[r] = (MPI_Wtime() - t0) * 1e6;
+  }
+  if (a->bucket) reps = 0;
+  for (int k = 0; k < iters && reps > 0; k++) exchange_once(sbuf, rbuf, bytes, peer);
   for (int r = 0; r < reps; r++) {
     MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
+    t0 = MPI_Wtime();
     for (int k = 0; k < iters; k++) exchange_once(sbuf, rbuf, bytes, peer);
     us[r] = (MPI_Wtime() - t0) * 1e6 / iters;
   }
@@ -96,8 +115,8 @@ int main(int argc, char** argv) {
     double us[PE_MAX_REPS], maxus[PE_MAX_REPS];
     size_t count = a.bytes[s] / sizeof(float);
     long long wrong =
-        a.p2p ? exchange_size(sbuf, rbuf, a.bytes[s], a.iters[s], a.reps, rank, us)
-              : allreduce_size((float*)sbuf, count, a.iters[s], a.reps, rank, nranks, us);
+        a.p2p ? exchange_size(sbuf, rbuf, a.bytes[s], a.iters[s], &a, rank, us)
+              : allreduce_size((float*)sbuf, count, a.iters[s], &a, rank, nranks, us);
     long long wrong_all = 0;
     MPI_Reduce(us, maxus, a.reps, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     MPI_Reduce(&wrong, &wrong_all, 1, MPI_LONG_LONG, MPI_SUM, 0, MPI_COMM_WORLD);

@@ -7,7 +7,8 @@
  * 256 KiB per send()/recv() call (measured here: 1 MiB exchanges take twice as long with
  * unbounded calls, as the copies leave the cache; 64 KiB calls are slower again).
  * The time is that of one exchange, the maximum over the two threads; per-direction bandwidth
- * is BYTES / time.  --bind pins the threads to two different processors.  See common.h.
+ * is BYTES / time.  --bind pins the threads to two different processors; --cc chooses the
+ * congestion control (the driver passes the DataChannel's choice).  See common.h.
  * Built by the driver at run time: cc -O2 -pthread -o p2p_tcp p2p_tcp.c
  */
 #define _GNU_SOURCE
@@ -94,18 +95,46 @@ static void* run_side(void* arg) {
     size_t bytes = a->bytes[z];
     for (size_t i = 0; i < bytes; i++) s->sbuf[i] = (char)(s->rank * 31 + i % 251);
     pthread_barrier_wait(&g_barrier);
+    double t0 = now_us();
     exchange(s->fd, s->sbuf, s->rbuf, bytes);
+    s->us[z][0] = now_us() - t0;
     s->wrong[z] = 0;
     for (size_t i = 0; i < bytes; i++) s->wrong[z] += s->rbuf[i] != (char)(peer * 31 + i % 251);
+    for (int r = 1; a->bucket && r < a->reps; r++) { /* back to back, each timed */
+      t0 = now_us();
+      exchange(s->fd, s->sbuf, s->rbuf, bytes);
+      s->us[z][r] = now_us() - t0;
+    }
+    if (a->bucket) continue;
     for (int k = 0; k < a->iters[z]; k++) exchange(s->fd, s->sbuf, s->rbuf, bytes);
     for (int r = 0; r < a->reps; r++) {
       pthread_barrier_wait(&g_barrier);
-      double t0 = now_us();
+      t0 = now_us();
       for (int k = 0; k < a->iters[z]; k++) exchange(s->fd, s->sbuf, s->rbuf, bytes);
       s->us[z][r] = (now_us() - t0) / a->iters[z];
     }
   }
   return NULL;
+}
+
+static int set_cc(int fd, const char* name) {
+  return setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, (socklen_t)strlen(name)) == 0;
+}
+
+/* The congestion control of `fd` as --cc asks (auto: BBR becomes cubic, else reno, as the
+ * DataChannel's default does); returns the one in use. */
+static const char* apply_cc(int fd, const char* want, char* now, socklen_t len) {
+  if (want && !strcmp(want, "auto")) {
+    if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, now, &len) == 0 && !strcmp(now, "bbr") &&
+        !set_cc(fd, "cubic"))
+      set_cc(fd, "reno");
+  } else if (want && strcmp(want, "system") != 0 && !set_cc(fd, want)) {
+    die("--cc: setsockopt(TCP_CONGESTION)");
+  }
+  len = 31;
+  memset(now, 0, 32);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, now, &len) != 0) strcpy(now, "?");
+  return now;
 }
 
 /* A connected pair of TCP sockets over 127.0.0.1. */
@@ -144,6 +173,8 @@ int main(int argc, char** argv) {
   if (pe_parse_args(argc, argv, &a) != 0) return 2;
   int fds[2], cpus[2] = {-1, -1};
   connect_pair(fds);
+  char cc[32] = {0};
+  for (int i = 0; i < 2; i++) apply_cc(fds[i], a.cc, cc, sizeof cc - 1);
   if (a.bind) pick_cpus(cpus);
   size_t maxb = pe_max_bytes(&a);
   pthread_barrier_init(&g_barrier, NULL, 2);
@@ -156,7 +187,8 @@ int main(int argc, char** argv) {
                              .rbuf = malloc(maxb)};
     if (!sides[r].sbuf || !sides[r].rbuf) die("malloc");
   }
-  printf("@@INFO ranks=2 mode=p2p transport=tcp-127.0.0.1 bound=%s\n", cpus[0] >= 0 ? "yes" : "no");
+  printf("@@INFO ranks=2 mode=p2p transport=tcp-127.0.0.1 bound=%s cc=%s\n",
+         cpus[0] >= 0 ? "yes" : "no", cc);
   pthread_t th;
   if (pthread_create(&th, NULL, run_side, &sides[1]) != 0) die("pthread_create");
   run_side(&sides[0]);

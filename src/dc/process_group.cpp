@@ -114,7 +114,7 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   auto d = Deadline::after(s.timeout, "process group set-up (rank " + std::to_string(w.rank) + ")");
   auto g = std::make_unique<ProcessGroup::Impl>();
   g->s = s;
-  LevelTransports tr = create_transports(s.intra, s.inter, w, listener, d);
+  LevelTransports tr = create_transports(s, w, listener, d);
   g->inter_t = tr.inter;
   g->intra_t = tr.intra;
   g->key = w.key;

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dc/bootstrap.hpp"
+#include "dc/settings.hpp"
 #include "dc/socket.hpp"
 #include "dc/tcp/transport.hpp"
 #ifdef HAVE_MPI
@@ -15,15 +16,18 @@
 namespace pytorch_exec::dc {
 namespace {
 
-using Factory = std::shared_ptr<Transport> (*)(const World&, Listener*, const Deadline&);
+using Factory = std::shared_ptr<Transport> (*)(const World&, Listener*, const Settings&,
+                                               const Deadline&);
 
-std::shared_ptr<Transport> make_tcp(const World& w, Listener* listener, const Deadline& d) {
+std::shared_ptr<Transport> make_tcp(const World& w, Listener* listener, const Settings& s,
+                                    const Deadline& d) {
   if (!listener) throw Error("the tcp transport needs the listener that the bootstrap published");
-  return tcp::connect_mesh(w.rank, w.size, std::move(*listener), w.addrs, w.session, d);
+  return tcp::connect_mesh(w.rank, w.size, std::move(*listener), w.addrs, w.session,
+                           s.tcp_congestion, d);
 }
 
 #ifdef HAVE_MPI
-std::shared_ptr<Transport> make_mpi(const World& w, Listener*, const Deadline&) {
+std::shared_ptr<Transport> make_mpi(const World& w, Listener*, const Settings&, const Deadline&) {
   if (w.threads) throw Error("the mpi transport needs one process per rank (not threads)");
   return mpi::create(w.rank, w.size,
                      [&](const std::string& mine) { return w.allgather("mpi", mine); });
@@ -80,8 +84,9 @@ std::string transport_names(bool inside_node) {
   return s;
 }
 
-LevelTransports create_transports(TransportKind intra, TransportKind inter, const World& w,
-                                  Listener* listener, const Deadline& d) {
+LevelTransports create_transports(const Settings& s, const World& w, Listener* listener,
+                                  const Deadline& d) {
+  TransportKind intra = s.intra, inter = s.inter;
   if (!transport_point_to_point(inter))
     throw Error("the " + transport_name(inter) + " transport cannot serve across nodes");
   std::array<std::shared_ptr<Transport>, kKinds> made;
@@ -91,7 +96,7 @@ LevelTransports create_transports(TransportKind intra, TransportKind inter, cons
       throw Error("the " + e.name +
                   " transport is not available: this libpytorch_dc was built "
                   "without it");
-    made[static_cast<size_t>(e.kind)] = e.make(w, listener, d);
+    made[static_cast<size_t>(e.kind)] = e.make(w, listener, s, d);
   }
   LevelTransports out;
   out.inter = made[static_cast<size_t>(inter)];

@@ -20,6 +20,7 @@ namespace pytorch_exec::dc {
 
 struct World;
 class Listener;
+struct Settings;
 
 enum class TransportKind : uint8_t { Shm, Tcp, Mpi };
 
@@ -40,9 +41,10 @@ std::string transport_names(bool inside_node);
 struct LevelTransports {
   std::shared_ptr<Transport> intra, inter;
 };
-// All ranks of `w` call this together.  `listener`: this rank's tcp listener, whose address the
-// bootstrap published (needed where a level is tcp).  Throws Error.
-LevelTransports create_transports(TransportKind intra, TransportKind inter, const World& w,
-                                  Listener* listener, const Deadline& d);
+// The transports of the levels s.intra and s.inter.  All ranks of `w` call this together.
+// `listener`: this rank's tcp listener, whose address the bootstrap published (needed where a
+// level is tcp).  Throws Error.
+LevelTransports create_transports(const Settings& s, const World& w, Listener* listener,
+                                  const Deadline& d);
 
 }  // namespace pytorch_exec::dc

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "dc/bootstrap.hpp"
+#include "dc/socket.hpp"
 
 namespace pytorch_exec::dc {
 namespace {
@@ -65,6 +66,8 @@ Settings resolve_settings(const Options& o) {
     s.shm_bytes = static_cast<size_t>(env_number("PYTORCH_DC_SHM_BYTES", 0));
     if (s.shm_bytes < 4096) throw Error("PYTORCH_DC_SHM_BYTES must be at least 4096");
   }
+  s.tcp_congestion = env_or("PYTORCH_DC_TCP_CONGESTION", "auto");
+  check_congestion_name(s.tcp_congestion, "PYTORCH_DC_TCP_CONGESTION");
   return s;
 }
 

@@ -18,6 +18,9 @@ struct Settings {
   bool hierarchical = true;
   bool bf16_wire = false;
   size_t shm_bytes = 0;  // PYTORCH_DC_SHM_BYTES; 0: by layout (ProcessGroup::Impl::shm_bytes)
+  // PYTORCH_DC_TCP_CONGESTION: the TCP congestion control of the tcp transport's connections
+  // ("auto", "system" or a kernel's algorithm name; see set_congestion_control in socket.hpp).
+  std::string tcp_congestion = "auto";
 
   bool uses(TransportKind k) const { return intra == k || inter == k; }
 };

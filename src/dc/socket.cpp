@@ -8,8 +8,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -25,6 +27,14 @@ AddrInfo resolve(const std::string& host, int port, int socktype) {
   struct addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) res = nullptr;
   return AddrInfo(res, &::freeaddrinfo);
+}
+
+// The first line of a small file, "" if it cannot be read.
+std::string first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
 }
 
 }  // namespace
@@ -84,6 +94,38 @@ int Listener::release() {
   int fd = fd_;
   fd_ = -1;
   return fd;
+}
+
+std::string congestion_control(int fd) {
+  char name[32] = {};
+  socklen_t len = sizeof name - 1;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return "";
+  return std::string(name, ::strnlen(name, len));
+}
+
+void check_congestion_name(const std::string& name, const std::string& source) {
+  bool ok = !name.empty() && name.size() < 16;
+  for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+  if (!ok)
+    throw Error(source + "=" + name +
+                ": expected auto, system or a TCP congestion control name such as cubic or reno");
+}
+
+void set_congestion_control(int fd, const std::string& name, const std::string& source) {
+  auto set = [fd](const std::string& n) {
+    return ::setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, n.data(),
+                        static_cast<socklen_t>(n.size())) == 0;
+  };
+  if (name == "system") return;
+  if (name == "auto") {
+    if (congestion_control(fd) == "bbr" && !set("cubic")) set("reno");
+    return;
+  }
+  if (set(name)) return;
+  int e = errno;
+  std::string allowed = first_line("/proc/sys/net/ipv4/tcp_allowed_congestion_control");
+  throw Error(source + "=" + name + ": this host does not let the DataChannel use it (" +
+              std::strerror(e) + ")" + (allowed.empty() ? "" : "; allowed: " + allowed));
 }
 
 void split_address(const std::string& addr, std::string& host, int& port, const std::string& what) {

@@ -1,14 +1,21 @@
 // Transport names in the settings of a process group: every name that Options or the environment
 // (PYTORCH_DC_TRANSPORT, PYTORCH_DC_INTRA, PYTORCH_DC_INTER) gives is resolved once to a kind of
 // the transport registry, and one that is unknown, not built or at the wrong level is an Error
-// that names where it came from and what is accepted there.
+// that names where it came from and what is accepted there.  Also the tcp transport's congestion
+// control (PYTORCH_DC_TCP_CONGESTION), set on real loopback sockets.
 #include <config.h>
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "dc/registry.hpp"
 #include "dc/settings.hpp"
+#include "dc/socket.hpp"
 #include "testlib.hpp"
 
 using namespace dctest;
@@ -24,6 +31,7 @@ class TransportNames : public ::testing::Test {
   void TearDown() override { clear(); }
   static void clear() {
     for (const char* v : kVariables) ::unsetenv(v);
+    ::unsetenv("PYTORCH_DC_TCP_CONGESTION");
   }
   // resolve_settings' error, "" when it resolves.
   static std::string error_of(const Options& o = {}) {
@@ -118,6 +126,63 @@ TEST_F(TransportNames, AGroupWithAnUnknownTransportIsNotCreated) {
     ADD_FAILURE() << "threads() created a group with transport 'pigeon'";
   } catch (const Error& e) {
     EXPECT_TRUE(has(e.what(), "Options::intra=pigeon")) << e.what();
+  }
+}
+
+TEST_F(TransportNames, CongestionControlIsAutoUnlessNamed) {
+  EXPECT_EQ(resolve_settings({}).tcp_congestion, "auto");
+  ::setenv("PYTORCH_DC_TCP_CONGESTION", "reno", 1);
+  EXPECT_EQ(resolve_settings({}).tcp_congestion, "reno");
+  ::setenv("PYTORCH_DC_TCP_CONGESTION", "no such;name", 1);
+  std::string e = error_of();
+  EXPECT_TRUE(has(e, "PYTORCH_DC_TCP_CONGESTION=no such;name") && has(e, "cubic")) << e;
+}
+
+// A connected TCP socket over 127.0.0.1 (the accepted end is closed at the end of the test).
+class CongestionControl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Listener l(0, "127.0.0.1");
+    lfd_ = l.release();
+    fd_ = connect_until("127.0.0.1", l.port(), Deadline::after(10.0, "connect"), "test");
+    peer_ = ::accept(lfd_, nullptr, nullptr);
+    ASSERT_GE(peer_, 0);
+  }
+  void TearDown() override {
+    for (int fd : {fd_, peer_, lfd_})
+      if (fd >= 0) ::close(fd);
+  }
+  bool set_raw(const std::string& name) {
+    return ::setsockopt(fd_, IPPROTO_TCP, TCP_CONGESTION, name.data(),
+                        static_cast<socklen_t>(name.size())) == 0;
+  }
+  int lfd_ = -1, fd_ = -1, peer_ = -1;
+};
+
+TEST_F(CongestionControl, ANamedAlgorithmIsSetAndSystemLeavesItAlone) {
+  set_congestion_control(fd_, "reno", "PYTORCH_DC_TCP_CONGESTION");  // always built, always allowed
+  EXPECT_EQ(congestion_control(fd_), "reno");
+  set_congestion_control(fd_, "system", "PYTORCH_DC_TCP_CONGESTION");
+  EXPECT_EQ(congestion_control(fd_), "reno");
+}
+
+TEST_F(CongestionControl, AutoReplacesBbrOnly) {
+  ASSERT_TRUE(set_raw("reno"));
+  set_congestion_control(fd_, "auto", "PYTORCH_DC_TCP_CONGESTION");
+  EXPECT_EQ(congestion_control(fd_), "reno");
+  if (!set_raw("bbr")) GTEST_SKIP() << "this host does not let a process choose bbr (tcp_bbr)";
+  set_congestion_control(fd_, "auto", "PYTORCH_DC_TCP_CONGESTION");
+  std::string now = congestion_control(fd_);
+  EXPECT_TRUE(now == "cubic" || now == "reno") << now;
+}
+
+TEST_F(CongestionControl, AnAlgorithmThatCannotBeUsedIsAnErrorNamingTheVariable) {
+  try {
+    set_congestion_control(fd_, "pigeon", "PYTORCH_DC_TCP_CONGESTION");
+    ADD_FAILURE() << "no error for the congestion control 'pigeon'";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has(e.what(), "PYTORCH_DC_TCP_CONGESTION=pigeon") && has(e.what(), "allowed"))
+        << e.what();
   }
 }
 

@@ -54,6 +54,15 @@ def test_unequal_nodes():
 
 def test_tcp_only():
     check("tcp/tcp" in conformance(3, env={"PYTORCH_DC_TRANSPORT": "tcp"}, nodes="%2"), "expected tcp")
+    conformance(2, env={"PYTORCH_DC_TRANSPORT": "tcp", "PYTORCH_DC_TCP_CONGESTION": "reno"})
+
+
+def test_unusable_congestion_control_is_a_clear_error():
+    r = run(["-n", "2", DC_CHECK, "info"], env=marker_env({"PYTORCH_DC_TRANSPORT": "tcp",
+                                                          "PYTORCH_DC_TCP_CONGESTION": "pigeon"}),
+            timeout=120)
+    check(r.returncode != 0 and "PYTORCH_DC_TCP_CONGESTION=pigeon" in r.stderr
+          and "Traceback" not in r.stderr and "terminate" not in r.stderr, f"{r.returncode} {r.stderr}")
 
 
 def test_env_bootstrap():
@@ -81,7 +90,24 @@ def free_port():
 
 
 def peer_death(env_extra):
-    """4 ranks started here (env://, no launcher); rank 1 exits in the middle of allreduces."""
+    """4 ranks started here (env://, no launcher); rank 1 exits in the middle of allreduces.  The
+    port comes from free_port(), which closes it before rank 0 binds it: when another program took
+    it in between (rank 0: 'cannot listen'), the test starts again on another port."""
+    for attempt in range(3):
+        outs = start_peer_death(env_extra)
+        if not any("cannot listen on TCP port" in text for _, text in outs):
+            break
+    check(outs[1][0] == 3, f"the victim should exit 3: {outs[1]}")
+    for r in (0, 2, 3):
+        rc, text = outs[r]
+        check(rc == 4 and "error after" in text, f"rank {r} should report an error (exit 4): {rc} {text}")
+        secs = float(text.split("error after ")[1].split()[0])
+        check(secs < 20, f"rank {r} took {secs} s to notice (timeout 30 s): {text}")
+    return [o[1].strip() for o in outs]
+
+
+def start_peer_death(env_extra):
+    """The ranks of one peer_death run: [(exit status, output)] by rank."""
     port = free_port()
     base = marker_env(env_extra)
     for k in list(base):
@@ -89,8 +115,10 @@ def peer_death(env_extra):
             del base[k]
     # A token of its own: without one, the ranks of another run that picked the same free port
     # (free_port() closes it before use) could join this job's store (once seen: rank 0 hung).
+    # PYTORCH_DC_TIMEOUT bounds the set-up too: ranks that wait for a rank 0 that could not
+    # start give up well within communicate()'s limit.
     base.update(WORLD_SIZE="4", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTORCH_DC_BOOTSTRAP="env",
-                PYTORCH_DC_TOKEN=os.urandom(8).hex())
+                PYTORCH_DC_TOKEN=os.urandom(8).hex(), PYTORCH_DC_TIMEOUT="30")
     procs = []
     for r in range(4):
         e = dict(base, RANK=str(r), PYTORCH_DC_NODE=f"n{r // 2}")
@@ -105,14 +133,8 @@ def peer_death(env_extra):
         for p in procs:
             if p.poll() is None:
                 p.kill()
-    check(outs[1][0] == 3, f"the victim should exit 3: {outs[1]}")
-    for r in (0, 2, 3):
-        rc, text = outs[r]
-        check(rc == 4 and "error after" in text, f"rank {r} should report an error (exit 4): {rc} {text}")
-        secs = float(text.split("error after ")[1].split()[0])
-        check(secs < 20, f"rank {r} took {secs} s to notice (timeout 30 s): {text}")
     assert_no_leftovers(base["PE_TEST_MARKER"])
-    return [o[1].strip() for o in outs]
+    return outs
 
 
 def test_peer_death_is_an_error_on_every_survivor():
@@ -163,6 +185,6 @@ if __name__ == "__main__":
     if not os.path.exists(DC_CHECK):
         skip(f"{DC_CHECK} is not built")
     main([test_one_node_shm, test_two_nodes_hierarchical, test_unequal_nodes, test_tcp_only,
-          test_env_bootstrap, test_mpi_transport, test_under_mpirun,
+          test_unusable_congestion_control_is_a_clear_error, test_env_bootstrap, test_mpi_transport, test_under_mpirun,
           test_peer_death_is_an_error_on_every_survivor, test_example_runs, test_split_then_exit, test_locality_domains,
           test_no_launcher_is_a_clear_error])

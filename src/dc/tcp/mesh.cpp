@@ -146,13 +146,20 @@ class Acceptor {
 
 std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
                                         const std::vector<std::string>& addrs, uint64_t session,
-                                        const Deadline& d) {
+                                        const std::string& congestion, const Deadline& d) {
   std::vector<int> fds(static_cast<size_t>(size), -1);
   int lfd = listener.release();
   const std::string key = hello_key(session);
   try {
     for (int j = 0; j < rank; ++j) fds[j] = connect_to(rank, j, addrs[j], key, d);
     Acceptor(lfd, rank, fds, key).run(size - 1 - rank, d);
+    for (int fd : fds) {
+      if (fd < 0) continue;
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // accepted ones
+      set_congestion_control(fd, congestion, "PYTORCH_DC_TCP_CONGESTION");
+      ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
+    }
   } catch (...) {
     for (int fd : fds)
       if (fd >= 0) ::close(fd);
@@ -160,12 +167,6 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
     throw;
   }
   ::close(lfd);
-  for (int fd : fds) {
-    if (fd < 0) continue;
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);  // accepted ones
-    ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-  }
   return make_transport(rank, std::move(fds));
 }
 

@@ -22,10 +22,11 @@
 
 namespace pytorch_exec::dc::tcp {
 
-// addrs[r] is rank r's "ip:port" (its own entry is ignored).
+// addrs[r] is rank r's "ip:port" (its own entry is ignored); `congestion`: the congestion control
+// of the connections (set_congestion_control in socket.hpp).
 std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
                                         const std::vector<std::string>& addrs, uint64_t session,
-                                        const Deadline& d);
+                                        const std::string& congestion, const Deadline& d);
 // The transport over connected sockets (fds[rank] is -1), for connect_mesh.
 std::unique_ptr<Transport> make_transport(int rank, std::vector<int> fds);
 
