@@ -1,14 +1,15 @@
 """pytorch_exec under a real SLURM: four virtual nodes on this machine (contrib/slurm/testbed.sh:
 munged, slurmctld and four slurmd).  `salloc -N 4 pytorch_exec` starts one pytorch_execd per node
 with srun; `srun --mpi=pmix ... pytorch_exec PROGRAM` is the direct launch.  Open MPI programs and
-a torch gloo allreduce run both ways.  Needs root and SLURM (skips otherwise)."""
+a torch gloo allreduce run both ways, and the torch backend "dc" under srun.  Needs root and SLURM (skips otherwise)."""
+import glob
 import os
 import re
 import shutil
 import subprocess
 import sys
 
-from harness import (EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
+from harness import (BUILDDIR, EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
                      marker_env, need_torch, skip)
 
 TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
@@ -124,6 +125,25 @@ def test_srun_direct_launch():
     check(r.returncode != 0 and "--max-restarts needs pytorch_exec to supervise" in r.stderr, r.stderr)
 
 
+def test_srun_torch_dc_backend():
+    """The torch backend "dc" under srun's direct launch: 8 ranks on the 4 nodes (the hierarchical
+    path: shm inside each node, tcp across), bootstrapped through torch's store."""
+    need_torch()
+    pkg = os.path.join(BUILDDIR, "python")
+    if not glob.glob(os.path.join(pkg, "pytorch_dc", "_C*.so")):
+        print("  (the dc extension was not built: not run)")
+        return
+    env = marker_env({"PYTHONPATH": pkg})
+    env.update(ENV)
+    worker = os.path.join(SRCDIR, "tests", "integration", "torch_dc_worker.py")
+    r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, TORCH_PYTHON, worker, "launcher", "env://"],
+           env, timeout=240)
+    oks = [l for l in r.stdout.splitlines() if l.startswith("ok launcher env rank ")]
+    check(r.returncode == 0 and len(oks) == 8 and all("4 node(s), shm/tcp" in l for l in oks),
+          f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
 def testbed(args, dirname, extra=None):
     env = dict(os.environ, PE_SLURM_DIR=dirname, **(extra or {}))
     return subprocess.run([TESTBED] + args, capture_output=True, text=True, env=env, timeout=120)
@@ -184,7 +204,7 @@ if __name__ == "__main__":
     try:
         build()
         main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
-              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch,
+              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch, test_srun_torch_dc_backend,
               test_a_second_test_bed_beside_the_first])
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

@@ -2,17 +2,21 @@
 with the torch of TORCH_PYTHON (the quick start's virtualenv) and the package the build made
 (PE_BUILDDIR/python).  Every collective against gloo's result in the same run at 2, 3 and 4
 ranks and on two simulated nodes of two (PYTORCH_DC_NODE), DDP (and FSDP) against gloo, a rank
-that dies mid-allreduce, mismatched calls, and a restart with a fresh init.  Skips, saying why,
+that dies mid-allreduce, mismatched calls, and a restart with a fresh init.  Other launchers and
+init methods: torchrun, mpirun (with tcp://), and tcp:// and file:// under pytorch_exec; srun is
+in test_slurm.py.  Skips, saying why,
 without torch or without the built extension.
 """
 import glob
 import os
 import random
+import shutil
 import socket
 import subprocess
+import tempfile
 
-from harness import (TORCH_PYTHON, TestFailure, check, main, marker_env, need_torch, run,
-                     skip)
+from harness import (EXEC, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
+                     marker_env, need_torch, run, skip)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_dc_worker.py")
@@ -128,6 +132,44 @@ def test_mismatched_collectives_raise():
         check(rc == 0 and f"rank {r} raised" in out, f"rank {r}: {rc} {out}")
 
 
+def launched(cmd, n, scheme, timeout=300, extra=None):
+    """Runs cmd (a launcher and the worker's launcher mode); every rank must report ok."""
+    e = env(extra)
+    try:
+        r = subprocess.run(cmd, env=e, capture_output=True, text=True, timeout=timeout,
+                           start_new_session=True)
+    except subprocess.TimeoutExpired as ex:
+        raise TestFailure(f"{' '.join(cmd[:4])}... did not finish within {timeout} s") from ex
+    oks = [l for l in r.stdout.splitlines() if l.startswith(f"ok launcher {scheme} rank ")]
+    check(r.returncode == 0 and len(oks) == n, f"{' '.join(cmd[:6])}...: exit {r.returncode}: "
+          f"{r.stdout}{r.stderr[-3000:]}")
+    print(f"    {oks[0]}")
+    assert_no_leftovers(e["PE_TEST_MARKER"])
+
+
+def test_torchrun():
+    """torchrun starts the ranks (its own TCPStore, env://)."""
+    launched([TORCH_PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
+              WORKER, "launcher", "env://"], 3, "env")
+
+
+def test_tcp_and_file_init_methods():
+    """tcp:// and file:// under pytorch_exec (ranks from RANK/WORLD_SIZE; the store from the URL)."""
+    launched([EXEC, "-n", "2", TORCH_PYTHON, WORKER, "launcher", f"tcp://127.0.0.1:{free_port()}"],
+             2, "tcp")
+    with tempfile.TemporaryDirectory() as d:
+        launched([EXEC, "-n", "3", TORCH_PYTHON, WORKER, "launcher", f"file://{d}/store"], 3, "file")
+
+
+def test_mpirun():
+    """Open MPI's mpirun: ranks from OMPI_COMM_WORLD_*, the store from a tcp:// URL."""
+    if not shutil.which("mpirun"):
+        skip("no Open MPI mpirun")
+    launched(["mpirun", "--oversubscribe", "-n", "2", "-x", "PYTHONPATH", "-x", "PE_TEST_MARKER",
+              TORCH_PYTHON, WORKER, "launcher", f"tcp://127.0.0.1:{free_port()}"], 2, "tcp",
+             extra={"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+
+
 def test_restart_with_a_fresh_init():
     r = run(["-n", "2", "--max-restarts", "1", TORCH_PYTHON, WORKER, "restart"], env=env(),
             timeout=300)
@@ -146,4 +188,4 @@ if __name__ == "__main__":
     main([test_collectives_two_ranks, test_collectives_three_ranks, test_collectives_four_ranks,
           test_collectives_two_simulated_nodes_of_two, test_ddp_against_gloo, test_fsdp_against_gloo,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,
-          test_restart_with_a_fresh_init])
+          test_restart_with_a_fresh_init, test_torchrun, test_tcp_and_file_init_methods, test_mpirun])

@@ -8,6 +8,10 @@ fsdp STEPS    the same with FSDP (fully_shard) where the installed torch has it
 fail VICTIM   allreduces in a loop; rank VICTIM exits in the middle; the others must raise
 mismatch      rank 0 calls allreduce, the others broadcast: every rank must raise
 restart       init_process_group("dc") in every generation; rank 1 fails the first one
+launcher INIT init_process_group("dc", init_method=INIT) under any launcher (env://: the
+              launcher's RANK/WORLD_SIZE/MASTER_*; tcp:// and file://: rank and size from RANK/
+              WORLD_SIZE or Open MPI's OMPI_COMM_WORLD_*); allreduce, allgather and broadcast
+              checked; prints "ok launcher SCHEME rank R of N (description)" on every rank
 """
 import datetime
 import os
@@ -332,6 +336,28 @@ def restart():
     dist.destroy_process_group()
 
 
+def launcher(init):
+    e = os.environ
+    rank = int(e.get("RANK", e.get("OMPI_COMM_WORLD_RANK", "-1")))
+    world = int(e.get("WORLD_SIZE", e.get("OMPI_COMM_WORLD_SIZE", "-1")))
+    kw = {} if init == "env://" else {"init_method": init, "rank": rank, "world_size": world}
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=60), **kw)
+    r, n = dist.get_rank(), dist.get_world_size()
+    if (r, n) != (rank, world):
+        raise SystemExit(f"rank {r} of {n}, but the launcher said {rank} of {world}")
+    t = torch.arange(1000, dtype=torch.float32) + r
+    dist.all_reduce(t)
+    same(t, torch.arange(1000, dtype=torch.float32) * n + n * (n - 1) / 2, "allreduce")
+    out = [torch.zeros(2, dtype=torch.int64) for _ in range(n)]
+    dist.all_gather(out, torch.tensor([r, r * r]))
+    same(torch.stack(out), torch.tensor([[i, i * i] for i in range(n)]), "allgather")
+    b = torch.full((5,), float(r))
+    dist.broadcast(b, n - 1)
+    same(b, torch.full((5,), float(n - 1)), "broadcast")
+    print(f"ok launcher {init.split(':')[0]} rank {r} of {n} ({pytorch_dc.describe()})", flush=True)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
     mode = sys.argv[1]
     if mode == "collectives":
@@ -346,3 +372,5 @@ if __name__ == "__main__":
         mismatch()
     elif mode == "restart":
         restart()
+    elif mode == "launcher":
+        launcher(sys.argv[2])
