@@ -22,6 +22,19 @@ def pytorch_exec():
     sys.exit("bench: cannot find pytorch_exec; build it or set PYTORCH_EXEC")
 
 
+def find_dc_bench(pe, explicit=""):
+    """bench/allreduce's dc_bench: `explicit`, PE_DC_BENCH, else the build tree of `pe` or of
+    this source tree; None when it is not built."""
+    cands = [explicit or "", os.environ.get("PE_DC_BENCH", ""),
+             os.path.join(os.path.dirname(pe), "..", "..", "bench", "allreduce", "dc_bench"),
+             os.path.join(HERE, "..", "build", "bench", "allreduce", "dc_bench"),
+             os.path.join(HERE, "allreduce", "dc_bench")]
+    for c in cands:
+        if c and os.access(c, os.X_OK) and not os.path.isdir(c):
+            return os.path.abspath(c)
+    return None
+
+
 def torch_python():
     """The Python with torch: PE_TORCH_PYTHON, else the quick start's virtualenv
     (PYTORCH_EXEC_VENV, default /var/cache/pytorch_exec/venv-torch); None when it has no torch."""
