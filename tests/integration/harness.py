@@ -5,9 +5,11 @@ Each test is a script run by `make check` (automake's test driver): exit 0 passe
 """
 import atexit
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -54,6 +56,33 @@ def need_torch():
     reason = torch_missing()
     if reason:
         skip(reason)
+
+
+def free_port(span=1):
+    """A port P such that nothing listens on P..P+span-1 (the DataChannel's env:// store takes
+    MASTER_PORT+1: span=2), chosen below the kernel's ephemeral range.  Binding port 0 would give
+    an ephemeral port, which any outgoing connection on the machine (another test run beside
+    this one) may take between this check and the program's bind."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        lo = 32768
+    for _ in range(500):
+        p = random.randrange(10000, max(10001, lo - span))
+        socks = []
+        try:
+            for q in range(p, p + span):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", q))
+            return p
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise TestFailure("no free port below the ephemeral range")
 
 
 def marker_env(extra=None):

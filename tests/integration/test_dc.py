@@ -12,11 +12,10 @@ import os
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import time
 
-from harness import EXEC, check, main, marker_env, run, assert_no_leftovers, skip
+from harness import EXEC, check, free_port, main, marker_env, run, assert_no_leftovers, skip
 
 BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
 DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
@@ -83,11 +82,6 @@ def test_under_mpirun():
     conformance(3, env=env, launcher=["mpirun", "--oversubscribe", "-n", "3"])
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def peer_death(env_extra):
     """4 ranks started here (env://, no launcher); rank 1 exits in the middle of allreduces.  The
@@ -108,7 +102,7 @@ def peer_death(env_extra):
 
 def start_peer_death(env_extra):
     """The ranks of one peer_death run: [(exit status, output)] by rank."""
-    port = free_port()
+    port = free_port(2)  # the store listens on port + 1
     base = marker_env(env_extra)
     for k in list(base):
         if k.startswith("PMIX_"):

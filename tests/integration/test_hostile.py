@@ -15,7 +15,7 @@ import struct
 import subprocess
 import time
 
-from harness import (EXEC, check, control_port, main, marker_env, processes_with_marker, run, script, skip,
+from harness import (EXEC, check, control_port, free_port, main, marker_env, processes_with_marker, run, script, skip,
                      start, tmpdir, wait_until)
 
 BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
@@ -25,11 +25,6 @@ FIGURES = {"connections": 0, "bytes": 0, "peak_rss_kb": 0, "peak_fds": 0}
 # know the empty one; it keeps jobs of concurrent test runs apart.
 TOKEN = os.urandom(8).hex()
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def status_kb(pid, field):
@@ -148,7 +143,7 @@ def finish(procs, size):
 
 def test_store_wrapped_length_does_not_kill_rank0():
     # Issue 13, item 1: 'S', key length 0, value length 0xFFFFFFFD wrapped a 32-bit sum.
-    port = free_port()
+    port = free_port(2)  # the store listens on port + 1
     r0 = dc_rank(0, 2, port)
     s, _ = store_client(port + 1, target=r0)
     send(s, b"S" + struct.pack("<II", 0, 0xFFFFFFFD))
@@ -164,7 +159,7 @@ def test_store_wrapped_length_does_not_kill_rank0():
 
 def test_store_lengths_and_memory_are_bounded():
     # Item 3: a 4 GiB key and 64 MiB of data; slow partial frames; many idle connections.
-    port = free_port()
+    port = free_port(2)  # the store listens on port + 1
     r0 = dc_rank(0, 2, port)
     s, _ = store_client(port + 1, target=r0)
     rss0, fds0 = observe(r0.pid)
@@ -190,7 +185,7 @@ def test_store_lengths_and_memory_are_bounded():
 def test_bootstrap_rejects_a_record_without_colon():
     # Item 3: an injected g0/who/all = "x" made rank 1 allocate until bad_alloc.
     # Three ranks, rank 2 never starts: rank 0 waits for it and does not overwrite the record.
-    port = free_port()
+    port = free_port(2)  # the store listens on port + 1
     r0 = dc_rank(0, 3, port)
     s, _ = store_client(port + 1, target=r0)
     key = b"g0/who/all"
@@ -208,7 +203,7 @@ def test_bootstrap_rejects_a_record_without_colon():
 
 def test_token_keeps_strangers_out():
     # Item 2: with PYTORCH_DC_TOKEN a stranger can neither read nor write the store, nor join.
-    port = free_port()
+    port = free_port(2)  # the store listens on port + 1
     tok = {"PYTORCH_DC_TOKEN": "s3cret"}
     r0 = dc_rank(0, 2, port, tok)
     s, answer = store_client(port + 1, b"guess")
@@ -240,7 +235,7 @@ def rank0_transport_port(store_port, r0):
 def test_idle_and_forged_hellos_do_not_stall_set_up():
     # Item 4: six idle connections to rank 0's transport made rank 1 time out; also forged and
     # replayed hellos.
-    port = free_port()
+    port = free_port(2)  # the store listens on port + 1
     r0 = dc_rank(0, 3, port)
     tport = rank0_transport_port(port + 1, r0)
     idle = [connect(tport) for _ in range(50)]  # waiting in the backlog until set-up
@@ -338,7 +333,7 @@ def test_node_names_are_escaped_and_warnings_limited():
 
 def test_store_handshake_replay_is_refused():
     # Item 2: a proof recorded from one connection does not open another (fresh nonce).
-    port = free_port()
+    port = free_port(2)  # the store listens on port + 1
     r0 = dc_rank(0, 2, port)
     s = connect(port + 1, target=r0)
     nonce_s = recv_exact(s, 32)

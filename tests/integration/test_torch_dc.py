@@ -11,12 +11,11 @@ import glob
 import os
 import random
 import shutil
-import socket
 import subprocess
 import tempfile
 
-from harness import (EXEC, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
-                     marker_env, need_torch, run, skip)
+from harness import (EXEC, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, free_port,
+                     main, marker_env, need_torch, run, skip)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "torch_dc_worker.py")
@@ -79,11 +78,6 @@ def test_fsdp_against_gloo():
     check("fsdp ok" in out or "fsdp skipped" in out, out)
     print("   ", " / ".join(line for line in out.splitlines() if "fsdp" in line))
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def direct(n, args, timeout=90, extra=None):
