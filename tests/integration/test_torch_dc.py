@@ -10,6 +10,7 @@ without torch or without the built extension.
 import glob
 import os
 import random
+import re
 import shutil
 import subprocess
 import tempfile
@@ -134,7 +135,8 @@ def launched(cmd, n, scheme, timeout=300, extra=None):
                            start_new_session=True)
     except subprocess.TimeoutExpired as ex:
         raise TestFailure(f"{' '.join(cmd[:4])}... did not finish within {timeout} s") from ex
-    oks = [l for l in r.stdout.splitlines() if l.startswith(f"ok launcher {scheme} rank ")]
+    # torchrun and mpirun forward the ranks' output without keeping lines whole
+    oks = re.findall(rf"ok launcher {scheme} rank \d+ of {n} \([^)]*\)", r.stdout)
     check(r.returncode == 0 and len(oks) == n, f"{' '.join(cmd[:6])}...: exit {r.returncode}: "
           f"{r.stdout}{r.stderr[-3000:]}")
     print(f"    {oks[0]}")

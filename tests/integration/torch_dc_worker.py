@@ -221,6 +221,17 @@ def collectives():
     for i, t in enumerate(ts):
         same(t, torch.full((1000,), float(i * w + w * (w - 1) / 2)), "async allreduce")
     same(fut.value()[0], ts[-1], "the future's value")
+    # a synchronous call after asynchronous ones runs after them (a synchronous call with nothing
+    # queued runs on the calling thread; with work queued, it waits its turn)
+    ts = [torch.full((300000,), float(i)) for i in range(3)]
+    works = [dist.all_reduce(t, async_op=True) for t in ts]
+    last = torch.ones(10)
+    dist.all_reduce(last)
+    if not all(w.is_completed() for w in works):
+        raise SystemExit("a synchronous allreduce returned before the asynchronous ones before it")
+    for i, t in enumerate(ts):
+        same(t, torch.full((300000,), float(i * w)), "async allreduce before a sync one")
+    same(last, torch.full((10,), float(w)), "sync allreduce after async ones")
     check_allreduce(gloo, seed)
     check_movement(gloo, seed)
     check_reduce_family(gloo, seed)
