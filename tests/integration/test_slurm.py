@@ -8,9 +8,10 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 from harness import (BUILDDIR, EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
-                     marker_env, need_torch, skip)
+                     marker_env, need_torch, processes_with_marker, skip)
 
 TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
 WORK = os.path.join(os.getcwd(), "slurm-work")
@@ -125,6 +126,56 @@ def test_srun_direct_launch():
     check(r.returncode != 0 and "--max-restarts needs pytorch_exec to supervise" in r.stderr, r.stderr)
 
 
+ELASTIC_WORKER = (
+    'echo "gen $TORCHELASTIC_RESTART_COUNT world $WORLD_SIZE on $SLURMD_NODENAME"; '
+    '[ "$WORLD_SIZE" = 3 ] && exit 0; exec sleep 100')
+
+
+def sleepers(marker):
+    def comm(pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+    return [p for p in processes_with_marker(marker) if comm(p) == "sleep"]
+
+
+def test_elastic_job_goes_on_when_slurm_sets_a_node_down():
+    """salloc --no-kill -N 4, pytorch_exec --nnodes 3:4: the daemons' step runs with --no-kill, so
+    when a node is set DOWN SLURM kills only that node's daemon; the job re-forms on the other
+    three (WORLD_SIZE 3) and ends well."""
+    env = marker_env()
+    env.update(ENV)
+    p = subprocess.Popen(["salloc", "--no-kill", "-N", "4", "--ntasks-per-node=1", EXEC, "--nnodes", "3:4",
+                          "sh", "-c", ELASTIC_WORKER], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    down = None
+    try:
+        deadline = time.monotonic() + 60
+        while down is None and time.monotonic() < deadline and p.poll() is None:
+            time.sleep(0.5)
+            if len(sleepers(env["PE_TEST_MARKER"])) == 4:  # every node's worker is running
+                down = "n3"
+        check(down is not None, f"the job did not start 4 workers: {p.poll()}")
+        r = sh(["scontrol", "update", f"nodename={down}", "state=down", "reason=pytorch_exec-test"], env)
+        check(r.returncode == 0, f"scontrol: {r.stderr}")
+        out, err = p.communicate(timeout=90)
+    except subprocess.TimeoutExpired as e:
+        p.kill()
+        raise TestFailure("the elastic job did not end within 90 s of the node going down") from e
+    finally:
+        if down:
+            sh(["scontrol", "update", f"nodename={down}", "state=resume"], env)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0, f"exit {p.returncode}: {out} {err[-3000:]}")
+    check(out.count("world 4 on") == 4 and out.count("world 3 on") == 3 and "world 3 on n3" not in out,
+          f"expected 4 workers, then 3 without n3: {out} {err[-2000:]}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
 def test_srun_torch_dc_backend():
     """The torch backend "dc" under srun's direct launch: 8 ranks on the 4 nodes (the hierarchical
     path: shm inside each node, tcp across), bootstrapped through torch's store."""
@@ -205,6 +256,7 @@ if __name__ == "__main__":
         build()
         main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
               test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch, test_srun_torch_dc_backend,
+              test_elastic_job_goes_on_when_slurm_sets_a_node_down,
               test_a_second_test_bed_beside_the_first])
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

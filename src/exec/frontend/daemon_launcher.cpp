@@ -151,6 +151,9 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
                                 "--export=ALL",
                                 "--job-name=pytorch_execd",
                                 "--input=none"};
+  // An elastic job goes on without a node that fails: SLURM must not end the step (it still
+  // kills the failed node's daemon, which the job sees as that node's loss).
+  if (cfg_.nnodes_min > 0) argv.push_back("--no-kill");
   auto d = daemon_argv(0, true);
   argv.insert(argv.end(), d.begin(), d.end());
   start(std::move(argv), std::move(all), false);
