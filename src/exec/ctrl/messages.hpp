@@ -332,10 +332,10 @@ struct Routed {
   }
 };
 
-using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin,
-                               StdinClose, ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready,
-                               Output, Exit, Abort, Fence, StartFailed, StdinDrained, Port, Lost,
-                               Joined, Routed>;
+using AllMessages =
+    std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin, StdinClose,
+               ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
+               StartFailed, StdinDrained, Port, Lost, Joined, Routed>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {
@@ -403,7 +403,7 @@ void Job::io(IO& f) {
   f.choice(job.placement.bind_to, topo::BindTo::Gpu);
   f.count(job.placement.gpus_per_rank, 4096), f(job.placement.topology_file);
   f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
-  f.choice(job.stdin_how, StdinHow::Direct), f(job.map);
+  f.choice(job.stdin_how, StdinHow::Direct), f(job.map), f(job.oversubscribe);
 }
 
 // Checks beyond the fields' own bounds, after a decode (throws wire::WireError).

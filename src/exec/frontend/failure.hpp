@@ -10,6 +10,7 @@ namespace pe {
 
 struct Failure {
   int rank = 0;
+  int spawn = 0;  // > 0: a process of that spawned job (MPI_Comm_spawn), not a rank of the job
   pid_t pid = -1;
   std::string host;
   int status = 0;      // wait status
