@@ -3,7 +3,8 @@
  * 100 + its rank; every child answers with twice that and the name of its node; a broadcast
  * from the parent and an allreduce across the intercommunicator check the collective path.
  * FAIL (a child rank) makes that child exit with status 3 after MPI_Finalize.  MPI_ERRORS_RETURN
- * on the parent: a refused spawn prints "spawn failed: ..." and exits with 4. */
+ * on the parent: a refused spawn prints "spawn failed: ..." and aborts with 4 (the other parents
+ * would wait in MPI_Comm_spawn for the root, as under mpirun). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,8 +62,7 @@ int main(int argc, char** argv) {
     MPI_Error_string(rc, msg, &len);
     printf("spawn failed: %s\n", msg);
     fflush(stdout);
-    MPI_Finalize();
-    return 4;
+    MPI_Abort(MPI_COMM_WORLD, 4);
   }
   int remote;
   MPI_Comm_remote_size(inter, &remote);

@@ -132,6 +132,15 @@ void validate(const Signal& m) {
   if (m.sig <= 0 || m.sig >= NSIG) throw wire::WireError("bad signal number");
 }
 
+void validate(const SpawnStart& m) {
+  const SpawnJob& j = m.job;
+  if (j.apps.empty() || j.appnum.size() != static_cast<size_t>(j.map.world_size))
+    throw wire::WireError("a spawn without applications for its ranks");
+  for (int a : j.appnum)
+    if (a < 0 || static_cast<size_t>(a) >= j.apps.size())
+      throw wire::WireError("bad application number");
+}
+
 namespace {
 
 template <class F, size_t... I>
