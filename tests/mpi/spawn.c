@@ -1,14 +1,17 @@
 /* MPI_Comm_spawn: the parent job spawns N copies of this program (argv: N [HOST] [FAIL]) and
  * both sides exchange messages over the intercommunicator.  The parent's rank 0 sends each child
- * 100 + its rank; every child answers with twice that and the name of its node; a broadcast
+ * 100 + its rank; every child answers with twice that and its node: the processor name and
+ * the network namespace (separate hosts on one machine share a name, not a namespace); a broadcast
  * from the parent and an allreduce across the intercommunicator check the collective path.
- * FAIL (a child rank) makes that child exit with status 3 after MPI_Finalize.  MPI_ERRORS_RETURN
+ * FAIL (a child rank) makes that child exit with status 3 after MPI_Finalize; SPAWN_CHILD_SLEEP
+ * (seconds, in the environment) makes the children sleep before they answer.  MPI_ERRORS_RETURN
  * on the parent: a refused spawn prints "spawn failed: ..." and aborts with 4 (the other parents
  * would wait in MPI_Comm_spawn for the root, as under mpirun). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int child(MPI_Comm parent, int fail_rank) {
   int rank, size, prank, v, len;
@@ -16,6 +19,12 @@ static int child(MPI_Comm parent, int fail_rank) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   MPI_Get_processor_name(name, &len);
+  char net[64] = "?";
+  ssize_t n = readlink("/proc/self/ns/net", net, sizeof net - 1);
+  if (n > 0) net[n] = '\0';
+  snprintf(name + len, MPI_MAX_PROCESSOR_NAME - len, " %s", net);
+  const char* nap = getenv("SPAWN_CHILD_SLEEP");
+  if (nap) sleep((unsigned)atoi(nap));
   MPI_Recv(&v, 1, MPI_INT, 0, 7, parent, MPI_STATUS_IGNORE);
   int answer[2] = {2 * v, rank};
   MPI_Send(answer, 2, MPI_INT, 0, 8, parent);
