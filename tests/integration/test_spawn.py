@@ -114,19 +114,23 @@ def test_spawn_beyond_the_slots_is_refused_at_once():
 
 def test_killing_the_launcher_leaves_no_children():
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        env = marker_env({"SPAWN_CHILD_SLEEP": "60"})
-        p = start(["-n", "2", prog("spawn"), "2"], env=env, stdout=subprocess.DEVNULL,
-                  stderr=subprocess.DEVNULL)
-        try:
-            # The launcher, two parents and two children.
-            check(wait_until(lambda: len(processes_with_marker(env["PE_TEST_MARKER"])) >= 5, 30),
-                  f"the children did not start: {processes_with_marker(env['PE_TEST_MARKER'])}")
-            p.send_signal(sig)
-            p.wait(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-        assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+        for multi in (False, True):
+            env = tcp_env({"SPAWN_CHILD_SLEEP": "60"})
+            marker = env["PE_TEST_MARKER"]
+            nodes = ["-H", "a:2,b:2", "--map-by", "node", "--launch-agent", agent(marker)]
+            # The launcher, its daemons, two parents and two children.
+            want = 7 if multi else 5
+            p = start((nodes if multi else []) + ["-n", "2", prog("spawn"), "2"], env=env,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                check(wait_until(lambda: len(processes_with_marker(marker)) >= want, 30),
+                      f"the children did not start: {processes_with_marker(marker)}")
+                p.send_signal(sig)
+                p.wait(timeout=30)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+            assert_no_leftovers(marker, timeout=10)
 
 
 def mpi4py_missing():
@@ -212,6 +216,10 @@ def test_spawn_across_nodes():
     check(r.returncode == 3 and "spawned process 0 of MPI_Comm_spawn #1" in r.stderr,
           f"exit {r.returncode}: {r.stderr}")
     refused(nodes + ["-n", "2", prog("spawn"), "3"], env, 2)
+    # Through relaying daemons (a tree of radix 1).
+    r = run(["-H", "a:2,b:2,c:2", "--map-by", "node", "--tree-radix", "1"] + la +
+            ["-n", "3", prog("spawn"), "3"], env=env, timeout=60)
+    check_exchange(r, 3, 3)
     if not mpi4py_missing():
         futures_pool(["-H", "a:1,b:1", "--oversubscribe"] + la + ["-n", "2"], env)
     assert_no_leftovers(env["PE_TEST_MARKER"])

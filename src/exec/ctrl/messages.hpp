@@ -445,7 +445,8 @@ struct Routed {
 using AllMessages =
     std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin, StdinClose,
                ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
-               StartFailed, StdinDrained, Port, Lost, Joined, Routed>;
+               StartFailed, StdinDrained, Port, Lost, Joined, Routed, SpawnReq, SpawnResp,
+               SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

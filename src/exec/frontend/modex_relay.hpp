@@ -48,8 +48,8 @@ class ModexRelay {
     uint64_t from_id;
   };
   ctrl::TreeRoot& tree_;
-  std::vector<int> members_;  // the generation's nodes
-  std::vector<int> owner_;    // node of each rank
+  std::vector<int> members_;                         // the generation's nodes
+  std::vector<int> owner_;                           // node of each rank
   std::map<std::string, std::vector<int>> spawned_;  // the same for spawned namespaces
   std::map<std::pair<std::string, uint32_t>, FenceState> fences_;
   uint64_t next_id_ = 1;

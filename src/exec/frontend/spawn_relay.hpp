@@ -45,8 +45,8 @@ class SpawnRelay {
     int from_node = 0;
     uint64_t id = 0;
     int parent_rank = 0;
-    std::vector<int> waiting;          // tree nodes that have not answered
-    std::map<int, long> planned;       // processes per tree node
+    std::vector<int> waiting;     // tree nodes that have not answered
+    std::map<int, long> planned;  // processes per tree node
     std::string error;
   };
   void refuse(int node, uint64_t id, int parent_rank, const std::string& why);
