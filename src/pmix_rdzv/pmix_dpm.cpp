@@ -106,9 +106,8 @@ struct PmixServer::Impl::PendingLookup {
 PmixServer::Impl::Impl(EventLoop& l, ServerListener& s, ModexRouter& r)
     : loop(l), listener(s), router(r) {}
 
-PmixServer::Impl::~Impl() {
-  for (auto& [id, p] : lookups) p->cbfunc(PMIX_ERR_NOT_FOUND, nullptr, 0, p->cbdata);
-}
+// Lookups still waiting are dropped unanswered: PMIx is finalized by now, their clients gone.
+PmixServer::Impl::~Impl() = default;
 
 pmix_status_t PmixServer::Impl::publish(const pmix_proc_t* p, const pmix_info_t info[],
                                         size_t ninfo, pmix_op_cbfunc_t, void*) {
