@@ -14,7 +14,9 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <mutex>
+#include <thread>
 
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -112,10 +114,33 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   logger("pmix")->debug("PMIx server up, tmpdir {}", impl_->tmpdir);
 }
 
+namespace {
+
+// PMIx 4.2.2's server can deadlock in PMIx_server_finalize after a client died in the middle of
+// its connection handshake (its connection handler's error path leaves a lock held; seen when a
+// job is stopped while spawned processes connect).  The process is ending: finalize in a thread
+// of its own, and go on without it after a while.
+constexpr auto kFinalizeTimeout = std::chrono::seconds(5);
+
+bool finalize_within_timeout() {
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  std::thread([done] {
+    PMIx_server_finalize();
+    done->set_value();
+  }).detach();
+  return fut.wait_for(kFinalizeTimeout) == std::future_status::ready;
+}
+
+}  // namespace
+
 PmixServer::~PmixServer() {
-  PMIx_server_finalize();
+  bool finalized = finalize_within_timeout();
+  if (!finalized)
+    logger("pmix")->warn("PMIx_server_finalize did not return within {} s; going on without it",
+                         kFinalizeTimeout.count());
   g_impl = nullptr;
-  if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
+  if (impl_->own_topo && finalized) hwloc_topology_destroy(impl_->topo);
   std::error_code ec;
   std::filesystem::remove_all(impl_->tmpdir, ec);
   if (!impl_->shm_dir.empty()) std::filesystem::remove_all(impl_->shm_dir, ec);

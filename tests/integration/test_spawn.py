@@ -191,6 +191,18 @@ def test_mpi4py_futures_pool():
         print(f"  ({why}: not run)")
         return
     futures_pool(["-n", "1"], marker_env())
+    # As under mpirun, MPI_UNIVERSE_SIZE is the allocation's slots: a default pool fills them.
+    code = script(
+        "from mpi4py import MPI\nfrom mpi4py.futures import MPIPoolExecutor\n"
+        "if __name__ == '__main__':\n"
+        "    print('universe', MPI.COMM_WORLD.Get_attr(MPI.UNIVERSE_SIZE))\n"
+        "    with MPIPoolExecutor() as pool:\n"
+        "        print('sum', sum(pool.map(abs, range(-10, 10))))\n", suffix=".py")
+    env = marker_env()
+    r = run(["-H", "localhost:3", "-n", "1", SYSTEM_PYTHON, code], env=env, timeout=90)
+    check(r.returncode == 0 and "universe 3" in r.stdout and "sum 100" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
 def test_spawn_across_nodes():

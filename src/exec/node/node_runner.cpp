@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/error.hpp"
 #include "common/net.hpp"
 #include "common/unique_fd.hpp"
@@ -47,6 +49,11 @@ pmix::NamespaceInfo namespace_for(const JobMap& map, int node, const GenerationI
   }
   ns.this_node = node;
   ns.oversubscribed = gen.oversubscribed;
+  // As mpirun: the universe is the allocation's slots (room for MPI_Comm_spawn), where they
+  // are limited.
+  int slots = 0;
+  for (const auto& n : map.nodes) slots = n.slots > 0 && slots >= 0 ? slots + n.slots : -1;
+  ns.universe_size = std::max(slots, map.world_size);
   return ns;
 }
 

@@ -111,9 +111,9 @@ SpawnJob plan_spawn(const pmix::SpawnRequest& req, const JobMap& gen, const std:
           RankLocation{n.node_rank, static_cast<int>(lr)};
     job.map.nodes.push_back(std::move(n));
   }
-  int total = 0;
-  for (const auto& n : gen.nodes) total += n.slots;
-  job.universe_size = total;
+  int total = 0;  // the job's universe (0: its size, where the slots are not limited)
+  for (const auto& n : gen.nodes) total = n.slots > 0 && total >= 0 ? total + n.slots : -1;
+  job.universe_size = std::max(total, 0);
   return job;
 }
 
