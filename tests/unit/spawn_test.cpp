@@ -1,5 +1,8 @@
 // MPI_Comm_spawn's placement (plan_spawn) and the keys that name a collective's participants.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
 
 #include "exec/node/spawn_plan.hpp"
 #include "pmix_rdzv/modex_router.hpp"
@@ -57,6 +60,21 @@ TEST(SpawnPlanTest, HostKeysChooseTheNodes) {
   ASSERT_EQ(j.map.nodes.size(), 1u);
   EXPECT_EQ(j.map.nodes[0].host, "b");
   EXPECT_THROW(plan_spawn(request({1}, {"c"}), two_nodes(4, 4), {1, 1}, false), SpawnError);
+  // A hostfile names them too.
+  char path[] = "/tmp/spawn_test_hostsXXXXXX";
+  int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  std::string text = "# the spawn's hosts\nb slots=2\n";
+  ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  auto req = request({2});
+  req.apps[0].hostfile = path;
+  SpawnJob j2 = plan_spawn(req, two_nodes(4, 4), {1, 1}, false);
+  ::unlink(path);
+  ASSERT_EQ(j2.map.nodes.size(), 1u);
+  EXPECT_EQ(j2.map.nodes[0].host, "b");
+  req.apps[0].hostfile = "/nonexistent/hostfile";
+  EXPECT_THROW(plan_spawn(req, two_nodes(4, 4), {1, 1}, false), SpawnError);
 }
 
 TEST(SpawnPlanTest, BeyondTheSlotsOnlyWithOversubscribe) {
