@@ -220,6 +220,12 @@ def test_spawn_across_nodes():
     check_exchange(r, 2, 1)
     check(re.search(r"@b pmix info: namespace \S+\.spawn1 registered: 1 ranks, 1 here", r.stderr),
           r.stderr)
+    # So does "add-host" (a host of the job's; a node without its ranks has no daemon).
+    r = run(nodes + ["-v", "-x", "SPAWN_HOST_KEY=add-host", "-n", "2", prog("spawn"), "1", "b"],
+            env=env, timeout=60)
+    check_exchange(r, 2, 1)
+    check(re.search(r"@b pmix info: namespace \S+\.spawn1 registered: 1 ranks, 1 here", r.stderr),
+          r.stderr)
     r = run(["-H", "a:3,b:3", "--map-by", "node"] + la + ["-n", "2", prog("spawn_multiple")],
             env=env, timeout=60)
     check(r.returncode == 0 and "parent: 3 children, appnum sum 2: ok" in r.stdout,

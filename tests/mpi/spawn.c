@@ -4,7 +4,8 @@
  * the network namespace (separate hosts on one machine share a name, not a namespace); a broadcast
  * from the parent and an allreduce across the intercommunicator check the collective path.
  * FAIL (a child rank) makes that child exit with status 3 after MPI_Finalize; SPAWN_CHILD_SLEEP
- * (seconds, in the environment) makes the children sleep before they answer.  MPI_ERRORS_RETURN
+ * (seconds, in the environment) makes the children sleep before they answer; SPAWN_HOST_KEY names
+ * the info key HOST goes under ("host" by default).  MPI_ERRORS_RETURN
  * on the parent: a refused spawn prints "spawn failed: ..." and aborts with 4 (the other parents
  * would wait in MPI_Comm_spawn for the root, as under mpirun). */
 #include <mpi.h>
@@ -56,7 +57,8 @@ int main(int argc, char** argv) {
   MPI_Info info = MPI_INFO_NULL;
   if (argc > 2 && strcmp(argv[2], "-") != 0) {
     MPI_Info_create(&info);
-    MPI_Info_set(info, "host", argv[2]);
+    const char* key = getenv("SPAWN_HOST_KEY"); /* "host" unless it says "add-host" */
+    MPI_Info_set(info, key ? key : "host", argv[2]);
   }
   char fail[16];
   snprintf(fail, sizeof fail, "%d", fail_rank);

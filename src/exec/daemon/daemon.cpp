@@ -25,6 +25,8 @@ constexpr size_t kMaxHandshakeFrame = 4096;
 // until it is down to the low mark.
 constexpr size_t kOutputHighWater = 8u << 20;
 constexpr size_t kOutputLowWater = 1u << 20;
+// How long a rank's MPI_Comm_spawn waits for the front end (which answers within moments).
+constexpr double kSpawnTimeout = 120.0;
 
 void say(const std::string& node, const std::string& line) {
   std::string s = "pytorch_execd (" + node + "): " + line + "\n";
@@ -90,13 +92,7 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
         on_reply(dmodex_, m.id, m.status, std::move(m.data), "dmodex-response");
       })
       .on<SpawnStart>([this](SpawnStart& m) { on_spawn_start(m); })
-      .on<SpawnResp>([this](SpawnResp& m) {
-        auto it = spawns_.find(m.id);
-        if (it == spawns_.end()) throw wire::WireError("spawn-response for an unknown request");
-        auto done = std::move(it->second);
-        spawns_.erase(it);
-        done(m.error, m.nspace);
-      })
+      .on<SpawnResp>([this](SpawnResp& m) { answer_spawn(m.id, m.error, m.nspace); })
       .on<LookupResp>([this](LookupResp& m) {
         auto it = lookups_.find(m.id);
         if (it == lookups_.end()) throw wire::WireError("lookup-response for an unknown request");
@@ -322,10 +318,7 @@ void Daemon::on_job(ctrl::Job& m) {
     agent_ = runner_->agent();
     // MPI_Comm_spawn: the front end places and starts the processes (SpawnStart).
     runner_->spawn_via([this](pmix::SpawnRequest req, pmix::SpawnDone done) {
-      if (!conn_) return done("the front end is gone", "");
-      uint64_t id = next_request_++;
-      spawns_[id] = std::move(done);
-      conn_->send(ctrl::SpawnReq{id, std::move(req)});
+      send_spawn(std::move(req), std::move(done));
     });
   } catch (const Error& e) {
     start_relay();
@@ -342,7 +335,7 @@ void Daemon::on_start(ctrl::Start& m) {
   fence_seq_.clear();
   fence_pieces_.clear();
   // What the last generation's processes asked for is void (the front end forgot it too).
-  for (auto& [id, done] : std::exchange(spawns_, {})) done("a new generation started", "");
+  for (auto& [id, p] : std::exchange(spawns_, {})) p->done("a new generation started", "");
   for (auto& [id, done] : std::exchange(lookups_, {})) done({});
   try {
     runner_->start(m.gen);
@@ -446,6 +439,38 @@ void Daemon::on_spawn_start(ctrl::SpawnStart& m) {
         ctrl::SpawnStarted{m.job.nspace, static_cast<int>(agent_->live() - before), e.what()});
   }
   conn_->send(ctrl::SpawnStarted{m.job.nspace, static_cast<int>(agent_->live() - before), ""});
+}
+
+// The front end places and starts the processes (SpawnStart to every node) and answers; a
+// request it does not answer in time fails instead of leaving the rank in MPI_Comm_spawn.
+void Daemon::send_spawn(pmix::SpawnRequest req, pmix::SpawnDone done) {
+  if (!conn_) return done("the front end is gone", "");
+  uint64_t id = next_request_++;
+  auto& p = spawns_[id];
+  p = std::make_unique<PendingSpawn>();
+  p->done = std::move(done);
+  p->timeout = loop_.timer([this, id] {
+    // Not inside the timer's own callback: it goes with the request.
+    loop_.post([this, id] {
+      answer_spawn(id,
+                   "the front end did not answer within " +
+                       std::to_string(static_cast<int>(kSpawnTimeout)) + " s",
+                   "");
+    });
+  });
+  p->timeout.arm(kSpawnTimeout);
+  conn_->send(ctrl::SpawnReq{id, std::move(req)});
+}
+
+void Daemon::answer_spawn(uint64_t id, const std::string& error, const std::string& nspace) {
+  auto it = spawns_.find(id);
+  if (it == spawns_.end()) {  // answered late, after its time ran out
+    logger("ctrl")->info("spawn {}: answer after the timeout, ignored", id);
+    return;
+  }
+  auto p = std::move(it->second);
+  spawns_.erase(it);
+  p->done(error, nspace);
 }
 
 void Daemon::publish(pmix::Published kv) {

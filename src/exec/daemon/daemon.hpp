@@ -58,6 +58,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
                          std::string_view lines) override;
   void send_output(ctrl::Output m, std::string_view lines);
   void on_spawn_start(ctrl::SpawnStart& m);
+  void send_spawn(pmix::SpawnRequest req, pmix::SpawnDone done);
+  void answer_spawn(uint64_t id, const std::string& error, const std::string& nspace);
   void on_exit(const WorkerExit& e) override;
   void on_stdin_drained() override;
   void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
@@ -94,7 +96,11 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   std::map<uint64_t, pmix::ModexDone> dmodex_;
   // Spawn requests and lookups waiting for the front end.
   uint64_t next_request_ = 1;
-  std::map<uint64_t, pmix::SpawnDone> spawns_;
+  struct PendingSpawn {
+    pmix::SpawnDone done;
+    Event timeout;
+  };
+  std::map<uint64_t, std::unique_ptr<PendingSpawn>> spawns_;
   std::map<uint64_t, pmix::LookupDone> lookups_;
 };
 
