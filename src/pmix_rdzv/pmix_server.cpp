@@ -1,5 +1,7 @@
 #include "pmix_rdzv/pmix_server.hpp"
 
+#include "pmix_rdzv/pmix_server_impl.hpp"
+
 #include <hwloc.h>
 #include <pmix.h>
 #include <pmix_server.h>
@@ -7,11 +9,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <mutex>
+#include <thread>
 
 #include "common/log.hpp"
 #include "common/strings.hpp"
@@ -25,206 +30,7 @@ void check(int status, const std::string& what) {
   if (status != PMIX_SUCCESS && status != PMIX_OPERATION_SUCCEEDED) throw PmixError(what, status);
 }
 
-namespace {
-
-PmixServer::Impl* g_impl = nullptr;  // PMIx is process-global; so are its upcalls
-constexpr auto kRegisterTimeout = std::chrono::seconds(10);
-
-// Waits for a pmix_op_cbfunc_t, with a timeout.  Allocate with new and release with done():
-// after a timeout PMIx may still call back, so the waiter is then left alive (a small leak on a
-// path that ends the job) instead of being freed under the callback.
-struct OpWait {
-  std::mutex m;
-  std::condition_variable cv;
-  bool done = false;
-  pmix_status_t status = PMIX_SUCCESS;
-  static void cb(pmix_status_t st, void* p) {
-    auto* w = static_cast<OpWait*>(p);
-    std::lock_guard<std::mutex> lock(w->m);
-    w->status = st;
-    w->done = true;
-    w->cv.notify_all();
-  }
-  // Waits, then frees itself; throws TimeoutError (not freed) or PmixError (freed).
-  void wait_and_release(const std::string& what) {
-    pmix_status_t st;
-    {
-      std::unique_lock<std::mutex> lock(m);
-      if (!cv.wait_for(lock, kRegisterTimeout, [this] { return done; }))
-        throw TimeoutError(what + ": PMIx did not answer within 10 s");
-      st = status;
-    }
-    delete this;
-    check(st, what);
-  }
-  // PMIx refused to start the operation: its callback will not come.
-  void release() { delete this; }
-};
-
-// pmix_info_t list built with PMIx's own list API.
-class InfoList {
- public:
-  InfoList() : list_(PMIx_Info_list_start()) {}
-  ~InfoList() { PMIx_Info_list_release(list_); }
-  InfoList(const InfoList&) = delete;
-  InfoList& operator=(const InfoList&) = delete;
-  void add(const char* key, const void* value, pmix_data_type_t type) {
-    check(PMIx_Info_list_add(list_, key, value, type), std::string("PMIx_Info_list_add ") + key);
-  }
-  void str(const char* key, const std::string& v) { add(key, v.c_str(), PMIX_STRING); }
-  void u32(const char* key, uint32_t v) { add(key, &v, PMIX_UINT32); }
-  void u16(const char* key, uint16_t v) { add(key, &v, PMIX_UINT16); }
-  void rank(const char* key, pmix_rank_t v) { add(key, &v, PMIX_PROC_RANK); }
-  void flag(const char* key, bool v) { add(key, &v, PMIX_BOOL); }
-  // Converts to a data array (owned by the caller: PMIX_DATA_ARRAY_DESTRUCT).
-  void convert(pmix_data_array_t* out) {
-    check(PMIx_Info_list_convert(list_, out), "PMIx_Info_list_convert");
-  }
-
- private:
-  void* list_;
-};
-
-}  // namespace
-
-struct PmixServer::Impl {
-  EventLoop& loop;
-  ServerListener& listener;
-  ModexRouter& router;
-  std::string tmpdir;
-  std::string shm_dir;  // in /dev/shm; "" when there is none
-  // The machine's topology without I/O objects, handed to PMIx so that it does not run a
-  // discovery of its own (with PCI probing, tens of milliseconds on some machines).
-  hwloc_topology_t topo = nullptr;
-  bool own_topo = false;
-  pmix_topology_t pmix_topo{};
-  std::string topo_xml;    // the same, exported for Open MPI's ranks (PMIX_LOCAL_TOPO)
-  std::mutex store_mutex;  // guards store (publish/lookup run on PMIx's thread)
-  std::map<std::string, std::string> store;  // key -> string value (published data)
-
-  Impl(EventLoop& l, ServerListener& s, ModexRouter& r) : loop(l), listener(s), router(r) {}
-
-  static std::string ns(const pmix_proc_t* p) { return std::string(p->nspace); }
-  static int rank(const pmix_proc_t* p) { return static_cast<int>(p->rank); }
-
-  // --- upcalls, on PMIx's thread ---
-  static pmix_status_t client_connected(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
-    auto n = ns(p);
-    int r = rank(p);
-    g_impl->loop.post([n, r] {
-      if (g_impl) g_impl->listener.on_client_connected(n, r);
-    });
-    return PMIX_OPERATION_SUCCEEDED;
-  }
-  static pmix_status_t client_finalized(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
-    auto n = ns(p);
-    int r = rank(p);
-    g_impl->loop.post([n, r] {
-      if (g_impl) g_impl->listener.on_client_finalized(n, r);
-    });
-    return PMIX_OPERATION_SUCCEEDED;
-  }
-  static pmix_status_t abort(const pmix_proc_t* p, void*, int status, const char msg[],
-                             pmix_proc_t[], size_t, pmix_op_cbfunc_t cbfunc, void* cbdata) {
-    auto n = ns(p);
-    int r = rank(p);
-    std::string m = msg ? msg : "";
-    g_impl->loop.post([n, r, status, m, cbfunc, cbdata] {
-      if (g_impl) g_impl->listener.on_abort(n, r, status, m);
-      if (cbfunc) cbfunc(PMIX_SUCCESS, cbdata);
-    });
-    return PMIX_SUCCESS;
-  }
-  static void release_data(void* p) { delete static_cast<std::string*>(p); }
-  static void answer_modex(pmix_modex_cbfunc_t cbfunc, void* cbdata, int st, std::string data) {
-    auto* keep = new std::string(std::move(data));
-    cbfunc(st, keep->data(), keep->size(), cbdata, release_data, keep);
-  }
-  static pmix_status_t fence_nb(const pmix_proc_t procs[], size_t nprocs, const pmix_info_t info[],
-                                size_t ninfo, char* data, size_t ndata, pmix_modex_cbfunc_t cbfunc,
-                                void* cbdata) {
-    bool collect = false;
-    for (size_t i = 0; i < ninfo; ++i)
-      if (PMIX_CHECK_KEY(&info[i], PMIX_COLLECT_DATA)) collect = PMIX_INFO_TRUE(&info[i]);
-    std::string n = nprocs ? ns(&procs[0]) : "";
-    std::string blob(data ? data : "", data ? ndata : 0);
-    g_impl->loop.post([n, collect, blob, cbfunc, cbdata]() mutable {
-      logger("pmix")->info("upcall fence_nb {} ({} bytes, collect={})", n, blob.size(), collect);
-      g_impl->router.fence(n, collect, std::move(blob), [cbfunc, cbdata](int st, std::string all) {
-        answer_modex(cbfunc, cbdata, st, std::move(all));
-      });
-    });
-    return PMIX_SUCCESS;
-  }
-  static pmix_status_t direct_modex(const pmix_proc_t* p, const pmix_info_t[], size_t,
-                                    pmix_modex_cbfunc_t cbfunc, void* cbdata) {
-    auto n = ns(p);
-    int r = rank(p);
-    g_impl->loop.post([n, r, cbfunc, cbdata] {
-      logger("pmix")->info("upcall direct_modex {}:{}", n, r);
-      g_impl->router.direct_modex(n, r, [cbfunc, cbdata](int st, std::string d) {
-        answer_modex(cbfunc, cbdata, st, std::move(d));
-      });
-    });
-    return PMIX_SUCCESS;
-  }
-  // publish/lookup/unpublish: string values, visible within this server (the job's node).
-  static pmix_status_t publish(const pmix_proc_t*, const pmix_info_t info[], size_t ninfo,
-                               pmix_op_cbfunc_t, void*) {
-    std::lock_guard<std::mutex> lock(g_impl->store_mutex);
-    for (size_t i = 0; i < ninfo; ++i) {
-      if (info[i].value.type != PMIX_STRING) continue;
-      g_impl->store[info[i].key] = info[i].value.data.string ? info[i].value.data.string : "";
-    }
-    return PMIX_OPERATION_SUCCEEDED;
-  }
-  static pmix_status_t lookup(const pmix_proc_t*, char** keys, const pmix_info_t[], size_t,
-                              pmix_lookup_cbfunc_t cbfunc, void* cbdata) {
-    std::vector<std::pair<std::string, std::string>> found;
-    {
-      std::lock_guard<std::mutex> lock(g_impl->store_mutex);
-      for (char** k = keys; k && *k; ++k) {
-        auto it = g_impl->store.find(*k);
-        if (it != g_impl->store.end()) found.push_back(*it);
-      }
-    }
-    if (found.empty()) return PMIX_ERR_NOT_FOUND;
-    pmix_pdata_t* pd;
-    PMIX_PDATA_CREATE(pd, found.size());
-    pmix_proc_t publisher;
-    PMIX_LOAD_PROCID(&publisher, "", PMIX_RANK_UNDEF);
-    for (size_t i = 0; i < found.size(); ++i)
-      PMIX_PDATA_LOAD(&pd[i], &publisher, found[i].first.c_str(), found[i].second.c_str(),
-                      PMIX_STRING);
-    cbfunc(PMIX_SUCCESS, pd, found.size(), cbdata);
-    PMIX_PDATA_FREE(pd, found.size());
-    return PMIX_SUCCESS;
-  }
-  // Job control.  PMIx itself keeps the cleanup requests (PMIX_REGISTER_CLEANUP,
-  // PMIX_REGISTER_CLEANUP_DIR with PMIX_CLEANUP_RECURSIVE, PMIX_CLEANUP_IGNORE,
-  // PMIX_CLEANUP_LEAVE_TOPDIR: Open MPI's shared-memory segments and session directory) once a
-  // host has this upcall, and carries them out when the client's connection ends (exit, abort,
-  // a crash, a kill) and when the namespace is deregistered; without it PMIx refuses them.  It
-  // calls here only with other directives (kill, signal, ...): not supported.
-  static pmix_status_t job_control(const pmix_proc_t* p, const pmix_proc_t[], size_t,
-                                   const pmix_info_t dirs[], size_t ndirs, pmix_info_cbfunc_t,
-                                   void*) {
-    std::string keys;
-    for (size_t i = 0; i < ndirs; ++i) keys += std::string(keys.empty() ? "" : ",") + dirs[i].key;
-    auto n = ns(p);
-    int r = rank(p);
-    g_impl->loop.post([n, r, keys] {
-      logger("pmix")->info("upcall job_control from {}:{} ({}): not supported", n, r, keys);
-    });
-    return PMIX_ERR_NOT_SUPPORTED;
-  }
-  static pmix_status_t unpublish(const pmix_proc_t*, char** keys, const pmix_info_t[], size_t,
-                                 pmix_op_cbfunc_t, void*) {
-    std::lock_guard<std::mutex> lock(g_impl->store_mutex);
-    for (char** k = keys; k && *k; ++k) g_impl->store.erase(*k);
-    return PMIX_OPERATION_SUCCEEDED;
-  }
-};
+PmixServer::Impl* g_impl = nullptr;
 
 namespace {
 
@@ -263,6 +69,9 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   module.lookup = Impl::lookup;
   module.unpublish = Impl::unpublish;
   module.job_control = Impl::job_control;
+  module.spawn = Impl::spawn;
+  module.connect = Impl::connect;
+  module.disconnect = Impl::disconnect;
   InfoList il;
   il.str(PMIX_SERVER_TMPDIR, impl_->tmpdir);
   il.str(PMIX_SYSTEM_TMPDIR, impl_->tmpdir);
@@ -305,10 +114,33 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   logger("pmix")->debug("PMIx server up, tmpdir {}", impl_->tmpdir);
 }
 
+namespace {
+
+// PMIx 4.2.2's server can deadlock in PMIx_server_finalize after a client died in the middle of
+// its connection handshake (its connection handler's error path leaves a lock held; seen when a
+// job is stopped while spawned processes connect).  The process is ending: finalize in a thread
+// of its own, and go on without it after a while.
+constexpr auto kFinalizeTimeout = std::chrono::seconds(5);
+
+bool finalize_within_timeout() {
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  std::thread([done] {
+    PMIx_server_finalize();
+    done->set_value();
+  }).detach();
+  return fut.wait_for(kFinalizeTimeout) == std::future_status::ready;
+}
+
+}  // namespace
+
 PmixServer::~PmixServer() {
-  PMIx_server_finalize();
+  bool finalized = finalize_within_timeout();
+  if (!finalized)
+    logger("pmix")->warn("PMIx_server_finalize did not return within {} s; going on without it",
+                         kFinalizeTimeout.count());
   g_impl = nullptr;
-  if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
+  if (impl_->own_topo && finalized) hwloc_topology_destroy(impl_->topo);
   std::error_code ec;
   std::filesystem::remove_all(impl_->tmpdir, ec);
   if (!impl_->shm_dir.empty()) std::filesystem::remove_all(impl_->shm_dir, ec);
@@ -324,6 +156,55 @@ std::string rank_list(const std::vector<int>& ranks) {
 
 using CString = std::unique_ptr<char, decltype(&::free)>;
 
+int num_apps(const NamespaceInfo& info) {
+  int n = 1;
+  for (int a : info.appnum) n = std::max(n, a + 1);
+  return n;
+}
+
+int appnum_of(const NamespaceInfo& info, int rank) {
+  return info.appnum.empty() ? 0 : info.appnum.at(static_cast<size_t>(rank));
+}
+
+// The applications: the first at job level (as one application's job has it), and each in a
+// PMIX_APP_INFO_ARRAY: its number, its lowest rank, its size.
+void add_app_info(InfoList& il, const NamespaceInfo& info) {
+  int napps = num_apps(info);
+  std::vector<int> size(static_cast<size_t>(napps), 0), leader(static_cast<size_t>(napps), -1);
+  for (int r = 0; r < info.world_size; ++r) {
+    auto a = static_cast<size_t>(appnum_of(info, r));
+    if (size[a]++ == 0) leader[a] = r;
+  }
+  il.u32(PMIX_APPNUM, 0);
+  il.rank(PMIX_APPLDR, static_cast<pmix_rank_t>(std::max(0, leader[0])));
+  il.u32(PMIX_APP_SIZE, static_cast<uint32_t>(size[0]));
+  for (size_t a = 0; a < size.size(); ++a) {
+    InfoList app;
+    app.u32(PMIX_APPNUM, static_cast<uint32_t>(a));
+    app.rank(PMIX_APPLDR, static_cast<pmix_rank_t>(std::max(0, leader[a])));
+    app.u32(PMIX_APP_SIZE, static_cast<uint32_t>(size[a]));
+    pmix_data_array_t arr;
+    app.convert(&arr);
+    il.add(PMIX_APP_INFO_ARRAY, &arr, PMIX_DATA_ARRAY);
+    PMIX_DATA_ARRAY_DESTRUCT(&arr);
+  }
+}
+
+// This node's keys (none on a node without processes of the namespace).
+void add_node_info(InfoList& il, const NamespaceInfo& info) {
+  if (info.this_node < 0) return;
+  const auto& local = info.node_ranks.at(static_cast<size_t>(info.this_node));
+  // This node.
+  il.str(PMIX_HOSTNAME, info.hosts.at(static_cast<size_t>(info.this_node)));
+  il.u32(PMIX_NODEID, static_cast<uint32_t>(info.this_node));
+  il.str(PMIX_LOCAL_PEERS, rank_list(local));
+  il.u32(PMIX_LOCAL_SIZE, static_cast<uint32_t>(local.size()));
+  il.u32(PMIX_NODE_SIZE, static_cast<uint32_t>(local.size()));
+  il.rank(PMIX_LOCALLDR, local.empty() ? 0 : static_cast<pmix_rank_t>(local.front()));
+  // As mpirun says it: more of the job's ranks on this node than it has processors.
+  il.flag(PMIX_NODE_OVERSUBSCRIBED, info.oversubscribed);
+}
+
 // Job-, application- and node-level keys.
 void add_job_info(InfoList& il, const NamespaceInfo& info, const std::string& tmpdir,
                   const std::string& nsdir, const std::string& topo_xml) {
@@ -335,32 +216,28 @@ void add_job_info(InfoList& il, const NamespaceInfo& info, const std::string& tm
   CString node_regex(nodes, &::free);
   check(PMIx_generate_ppn(join(per_node, ";").c_str(), &procs), "PMIx_generate_ppn");
   CString proc_regex(procs, &::free);
-  const auto& local = info.node_ranks.at(static_cast<size_t>(info.this_node));
   il.str(PMIX_JOBID, info.nspace);
-  il.u32(PMIX_UNIV_SIZE, static_cast<uint32_t>(info.world_size));
+  il.u32(PMIX_UNIV_SIZE,
+         static_cast<uint32_t>(info.universe_size > 0 ? info.universe_size : info.world_size));
   il.u32(PMIX_JOB_SIZE, static_cast<uint32_t>(info.world_size));
   il.u32(PMIX_MAX_PROCS, static_cast<uint32_t>(info.world_size));
   il.u32(PMIX_NUM_NODES, static_cast<uint32_t>(info.hosts.size()));
-  il.u32(PMIX_JOB_NUM_APPS, 1);
+  il.u32(PMIX_JOB_NUM_APPS, static_cast<uint32_t>(num_apps(info)));
   il.add(PMIX_NODE_MAP, node_regex.get(), PMIX_REGEX);
   il.add(PMIX_PROC_MAP, proc_regex.get(), PMIX_REGEX);
   il.str(PMIX_TMPDIR, tmpdir);
   il.str(PMIX_NSDIR, nsdir);
   // Open MPI 4.1's ess/pmi loads this instead of discovering the machine in every rank.
   if (!topo_xml.empty()) il.str(PMIX_LOCAL_TOPO, topo_xml);
-  // This node.
-  il.str(PMIX_HOSTNAME, info.hosts.at(static_cast<size_t>(info.this_node)));
-  il.u32(PMIX_NODEID, static_cast<uint32_t>(info.this_node));
-  il.str(PMIX_LOCAL_PEERS, rank_list(local));
-  il.u32(PMIX_LOCAL_SIZE, static_cast<uint32_t>(local.size()));
-  il.u32(PMIX_NODE_SIZE, static_cast<uint32_t>(local.size()));
-  il.rank(PMIX_LOCALLDR, local.empty() ? 0 : static_cast<pmix_rank_t>(local.front()));
-  // As mpirun says it: more of the job's ranks on this node than it has processors.
-  il.flag(PMIX_NODE_OVERSUBSCRIBED, info.oversubscribed);
-  // The application (one per job).
-  il.u32(PMIX_APPNUM, 0);
-  il.rank(PMIX_APPLDR, 0);
-  il.u32(PMIX_APP_SIZE, static_cast<uint32_t>(info.world_size));
+  add_node_info(il, info);
+  add_app_info(il, info);
+  if (!info.parent_nspace.empty()) {  // a spawned job: who asked for it
+    pmix_proc_t parent;
+    PMIX_LOAD_PROCID(&parent, info.parent_nspace.c_str(),
+                     static_cast<pmix_rank_t>(info.parent_rank));
+    il.add(PMIX_PARENT_ID, &parent, PMIX_PROC);
+    il.flag(PMIX_SPAWNED, true);
+  }
 }
 
 // Every process of the job: where it runs.  No PMIX_LOCALITY_STRING: the ranks are not bound,
@@ -372,8 +249,11 @@ void add_proc_info(InfoList& il, const NamespaceInfo& info, const std::string& n
     for (size_t lr = 0; lr < ranks.size(); ++lr) {
       InfoList p;
       p.rank(PMIX_RANK, static_cast<pmix_rank_t>(ranks[lr]));
-      p.u32(PMIX_APPNUM, 0);
-      p.rank(PMIX_APP_RANK, static_cast<pmix_rank_t>(ranks[lr]));
+      int app = appnum_of(info, ranks[lr]);
+      int app_rank = 0;  // its rank within its application
+      for (int r = 0; r < ranks[lr]; ++r) app_rank += appnum_of(info, r) == app;
+      p.u32(PMIX_APPNUM, static_cast<uint32_t>(app));
+      p.rank(PMIX_APP_RANK, static_cast<pmix_rank_t>(app_rank));
       p.rank(PMIX_GLOBAL_RANK, static_cast<pmix_rank_t>(ranks[lr]));
       p.u16(PMIX_LOCAL_RANK, static_cast<uint16_t>(lr));
       p.u16(PMIX_NODE_RANK, static_cast<uint16_t>(lr));
@@ -420,7 +300,9 @@ void register_clients(const NamespaceInfo& info, const std::vector<int>& local) 
 }  // namespace
 
 void PmixServer::register_namespace(const NamespaceInfo& info) {
-  const auto& local = info.node_ranks.at(static_cast<size_t>(info.this_node));
+  static const std::vector<int> none;
+  const auto& local =
+      info.this_node < 0 ? none : info.node_ranks.at(static_cast<size_t>(info.this_node));
   std::string nsdir = impl_->tmpdir + "/" + info.nspace;
   ::mkdir(nsdir.c_str(), 0700);
   InfoList il;

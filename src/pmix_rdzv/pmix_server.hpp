@@ -1,9 +1,10 @@
 // The PMIx server host of a node agent: one PMIx namespace per job generation, registered with
 // the job-, node- and process-level information MPI libraries read; clients registered and
 // their environment made by PMIx_server_setup_fork; upcalls (fence, direct modex, abort,
-// connect/finalize, publish/lookup, job control) handed to the event loop and answered from
-// there.  Cleanup requests of clients (PMIx_Job_control with PMIX_REGISTER_CLEANUP...) are
-// carried out by PMIx when a client's connection ends and when a namespace is deregistered.
+// connect/finalize, spawn, connect/disconnect, publish/lookup, job control) handed to the event
+// loop and answered from there.  Cleanup requests of clients (PMIx_Job_control with
+// PMIX_REGISTER_CLEANUP...) are carried out by PMIx when a client's connection ends and when a
+// namespace is deregistered.
 //
 // Threading: construct, register and call setup_fork on the event-loop thread.  PMIx calls the
 // upcalls on its own progress thread; they only copy their arguments and post() to the loop,
@@ -11,6 +12,7 @@
 // there is at most one PmixServer per process.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -45,7 +47,33 @@ struct NamespaceInfo {
   std::vector<std::vector<int>> node_ranks;  // per node: its global ranks, in local-rank order
   int this_node = 0;                         // index into hosts
   bool oversubscribed = false;               // more local ranks than processors
+  int universe_size = 0;                     // 0: world_size
+  // A spawned job (PMIx_Spawn, MPI_Comm_spawn): the process that asked for it ("" : not
+  // spawned), and each rank's application number (empty: one application).
+  std::string parent_nspace;
+  int parent_rank = 0;
+  std::vector<int> appnum;
 };
+
+// One application of a PMIx_Spawn request (MPI_Comm_spawn_multiple has several).
+struct SpawnApp {
+  std::string cmd;
+  std::vector<std::string> argv;  // argv[0] included
+  std::vector<std::string> env;   // NAME=VALUE for the new processes
+  std::string cwd;                // "" : the job's
+  int maxprocs = 1;
+  std::vector<std::string> hosts;  // the "host" and "add-host" info keys, in order
+  std::string hostfile;            // "hostfile" (or "add-hostfile")
+};
+
+struct SpawnRequest {
+  std::string parent_nspace;
+  int parent_rank = 0;
+  std::vector<SpawnApp> apps;
+};
+
+// `error` is "" when the processes were started in namespace `nspace`.
+using SpawnDone = std::function<void(const std::string& error, const std::string& nspace)>;
 
 class ServerListener {
  public:
@@ -55,6 +83,8 @@ class ServerListener {
   // PMIx_Abort (MPI_Abort) from a client.
   virtual void on_abort(const std::string& nspace, int rank, int status,
                         const std::string& msg) = 0;
+  // PMIx_Spawn (MPI_Comm_spawn) from a client; done() exactly once, on the loop thread.
+  virtual void on_spawn(SpawnRequest, SpawnDone done) { done("not supported here", ""); }
 };
 
 class PmixServer {

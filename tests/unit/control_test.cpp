@@ -31,6 +31,37 @@ NodeJob sample() {
   return j;
 }
 
+pmix::SpawnRequest sample_spawn_request() {
+  pmix::SpawnRequest r;
+  r.parent_nspace = "ns";
+  r.parent_rank = 1;
+  pmix::SpawnApp a;
+  a.cmd = "/bin/worker";
+  a.argv = {"worker", "-x"};
+  a.env = {"OMPI_PARENT_PORT=1.0:2"};
+  a.cwd = "/tmp";
+  a.maxprocs = 2;
+  a.hosts = {"b"};
+  r.apps = {a, a};
+  r.apps[1].hostfile = "/etc/hosts.mpi";
+  return r;
+}
+
+SpawnJob sample_spawn_job() {
+  SpawnJob j;
+  j.nspace = "ns.spawn1";
+  j.generation = 1;
+  j.number = 1;
+  j.parent_nspace = "ns";
+  j.apps = sample_spawn_request().apps;
+  j.appnum = {0, 0, 1};
+  j.map.world_size = 3;
+  j.map.nodes = {{"a", 0, {0, 2}, 4}, {"b", 1, {1}, 4}};
+  j.map.ranks = {{0, 0}, {1, 0}, {0, 1}};
+  j.universe_size = 8;
+  return j;
+}
+
 }  // namespace
 
 std::string encode_job(const NodeJob& j) { return ctrl::encode(ctrl::Job{j}); }
@@ -182,8 +213,40 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Lost{"gone"});
   round_trip(Joined{});
   round_trip(routed(kAllNodes, Msg::Signal, encode(Signal{SIGINT})));
+  round_trip(Output{1, 2, 1, "child line\n", 3});
+  e.spawn = 2;
+  round_trip(Exit{e});
+  round_trip(Fence{"connect|ns:*;ns.spawn1:0,2", 0, false, ""});
+  round_trip(SpawnReq{7, sample_spawn_request()});
+  round_trip(SpawnResp{7, "", "ns.spawn1"});
+  round_trip(SpawnResp{8, "no free slots", ""});
+  round_trip(SpawnStart{sample_spawn_job()});
+  round_trip(SpawnStarted{"ns.spawn1", 2, ""});
+  round_trip(Publish{{{"port:accept", std::string("\0packed", 7)}}});
+  round_trip(Lookup{3, {"port:accept", "port:connect"}});
+  round_trip(LookupResp{3, {{"port:accept", "v"}}});
+  round_trip(Unpublish{{"port:accept"}});
   EXPECT_STREQ(msg_name(999), "unknown");
   EXPECT_THROW(decode_any(999, ""), wire::WireError);
+}
+
+TEST(ControlTest, SpawnMessagesCarryEverything) {
+  using namespace ctrl;
+  SpawnJob j = decode<SpawnStart>(encode(SpawnStart{sample_spawn_job()})).job;
+  EXPECT_EQ(j.nspace, "ns.spawn1");
+  EXPECT_EQ(j.appnum, (std::vector<int>{0, 0, 1}));
+  ASSERT_EQ(j.apps.size(), 2u);
+  EXPECT_EQ(j.apps[0].argv, (std::vector<std::string>{"worker", "-x"}));
+  EXPECT_EQ(j.apps[0].env, (std::vector<std::string>{"OMPI_PARENT_PORT=1.0:2"}));
+  EXPECT_EQ(j.apps[1].hostfile, "/etc/hosts.mpi");
+  EXPECT_EQ(j.map.nodes[0].slots, 4);
+  EXPECT_EQ(j.map.nodes[0].ranks, (std::vector<int>{0, 2}));
+  EXPECT_EQ(j.universe_size, 8);
+  auto bad = sample_spawn_job();
+  bad.appnum = {0, 2, 1};  // no application 2
+  EXPECT_THROW(decode<SpawnStart>(encode(SpawnStart{bad})), wire::WireError);
+  bad.appnum = {0, 0};  // a rank without an application
+  EXPECT_THROW(decode<SpawnStart>(encode(SpawnStart{bad})), wire::WireError);
 }
 
 TEST(ControlTest, MessagesCheckTheirValues) {

@@ -32,7 +32,7 @@ void Encoder::operator()(const EnvMap& v) {
 void Encoder::operator()(const JobMap& m) {
   w_.i32(m.world_size).u32(static_cast<uint32_t>(m.nodes.size()));
   for (const auto& n : m.nodes) {
-    w_.str(n.host).i32(n.node_rank);
+    w_.str(n.host).i32(n.node_rank).i32(n.slots);
     (*this)(n.ranks, 0);
   }
 }
@@ -81,7 +81,7 @@ void Decoder::operator()(EnvMap& v) {
 
 void Decoder::operator()(JobMap& map) {
   count(map.world_size, 1 << 24);
-  uint32_t nnodes = bounded_count(r_, UINT32_MAX, 12, "node list");
+  uint32_t nnodes = bounded_count(r_, UINT32_MAX, 16, "node list");
   if (nnodes == 0) throw wire::WireError("a job map without nodes");
   map.nodes.clear();
   map.ranks.assign(static_cast<size_t>(map.world_size), RankLocation{-1, 0});
@@ -89,6 +89,7 @@ void Decoder::operator()(JobMap& map) {
     NodeMap n;
     n.host = r_.str(kMaxName);
     n.node_rank = r_.i32();
+    count(n.slots, 1 << 24);
     (*this)(n.ranks, 1u << 24);
     for (size_t lr = 0; lr < n.ranks.size(); ++lr) {
       int rank = n.ranks[lr];
@@ -129,6 +130,15 @@ void validate(const Routed& m) {
 
 void validate(const Signal& m) {
   if (m.sig <= 0 || m.sig >= NSIG) throw wire::WireError("bad signal number");
+}
+
+void validate(const SpawnStart& m) {
+  const SpawnJob& j = m.job;
+  if (j.apps.empty() || j.appnum.size() != static_cast<size_t>(j.map.world_size))
+    throw wire::WireError("a spawn without applications for its ranks");
+  for (int a : j.appnum)
+    if (a < 0 || static_cast<size_t>(a) >= j.apps.size())
+      throw wire::WireError("bad application number");
 }
 
 namespace {

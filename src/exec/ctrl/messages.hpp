@@ -23,6 +23,7 @@
 #include "common/auth.hpp"
 #include "common/wire.hpp"
 #include "exec/node/node_job.hpp"
+#include "exec/node/spawn_plan.hpp"
 #include "exec/node/worker_env.hpp"
 #include "exec/node/worker_exit.hpp"
 
@@ -60,6 +61,9 @@ enum class Msg : uint16_t {
   DmodexResp = 17,
   ProcFailed = 18,
   Remap = 19,
+  SpawnStart = 20,
+  SpawnResp = 21,
+  LookupResp = 22,
   // Daemon to front end.
   Ready = 30,
   Output = 31,
@@ -73,9 +77,17 @@ enum class Msg : uint16_t {
   Joined = 39,
   // Either way: a frame for (or from) another node of the tree (tree.hpp).
   Routed = 40,
+  // Daemon to front end (MPI_Comm_spawn, PMIx_Publish/PMIx_Lookup).
+  SpawnReq = 41,
+  SpawnStarted = 42,
+  Publish = 43,
+  Lookup = 44,
+  Unpublish = 45,
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
+inline constexpr uint32_t kMaxKey = 65536;  // a fence's participants (pmix::participants_key)
+inline constexpr uint32_t kMaxSpawnApps = 1024;
 inline constexpr uint32_t kMaxName = 1024;  // host and node names
 
 // Handshake.  The front end (or a relaying daemon) challenges, the daemon proves it knows the
@@ -194,7 +206,7 @@ struct FenceDone {  // a fence is complete: everyone's data
   bool more = false;  // more pieces follow (a fence larger than one frame)
   template <class IO>
   void io(IO& f) {
-    f(nspace, 256), f(seq), f(status), f(data, kFencePiece), f(more);
+    f(nspace, kMaxKey), f(seq), f(status), f(data, kFencePiece), f(more);
   }
 };
 struct DmodexReq {  // one rank's committed data, asked for by a rank on another node
@@ -238,9 +250,10 @@ struct Output {  // whole lines of one rank
   int32_t generation = 0, rank = 0;
   uint8_t stream = 1;  // 1 stdout, 2 stderr
   std::string data;
+  int32_t spawn = 0;  // > 0: a process of that spawned job (MPI_Comm_spawn)
   template <class IO>
   void io(IO& f) {
-    f(generation), f(rank), f(stream), f(data, wire::kMaxPayload);
+    f(generation), f(rank), f(stream), f(data, wire::kMaxPayload), f.count(spawn, 1 << 30);
   }
 };
 struct Exit {
@@ -250,7 +263,7 @@ struct Exit {
   template <class IO>
   void io(IO& f) {
     f(e.rank), f(e.pid), f(e.generation), f(e.status), f(e.exec_errno), f(e.bind_failed);
-    f(e.pmix_unfinalized);
+    f(e.pmix_unfinalized), f.count(e.spawn, 1 << 30);
   }
 };
 struct Abort {  // a rank called PMIx_Abort (MPI_Abort)
@@ -273,7 +286,7 @@ struct Fence {  // this node's contribution to a fence
   bool more = false;  // more pieces follow
   template <class IO>
   void io(IO& f) {
-    f(nspace, 256), f(seq), f(collect), f(data, kFencePiece), f(more);
+    f(nspace, kMaxKey), f(seq), f(collect), f(data, kFencePiece), f(more);
   }
 };
 struct StartFailed {
@@ -317,6 +330,103 @@ struct Joined {  // after the handshake, with the front end or, in a tree, with 
   void io(IO&) {}
 };
 
+// MPI_Comm_spawn across nodes: a node's request goes to the front end, which places the
+// processes (plan_spawn) and tells every node of the generation (SpawnStart: each registers the
+// namespace, those with processes start them), then answers the asking node once all did.
+template <class IO>
+void apps_io(IO& f, std::vector<pmix::SpawnApp>& apps) {
+  uint32_t n = static_cast<uint32_t>(apps.size());
+  f(n);
+  if (n > kMaxSpawnApps) throw wire::WireError("too many applications in a spawn");
+  apps.resize(n);
+  for (auto& a : apps) {
+    f(a.cmd), f(a.argv, 1u << 16), f(a.env, 1u << 16), f(a.cwd), f.count(a.maxprocs, 1 << 20);
+    f(a.hosts, 1u << 16), f(a.hostfile);
+  }
+}
+struct SpawnReq {
+  static constexpr Msg kType = Msg::SpawnReq;
+  static constexpr const char* kName = "spawn-request";
+  uint64_t id = 0;
+  pmix::SpawnRequest req;
+  template <class IO>
+  void io(IO& f) {
+    f(id), f(req.parent_nspace, 256), f.count(req.parent_rank, 1 << 30), apps_io(f, req.apps);
+  }
+};
+struct SpawnResp {  // "" error: started in `nspace`
+  static constexpr Msg kType = Msg::SpawnResp;
+  static constexpr const char* kName = "spawn-response";
+  uint64_t id = 0;
+  std::string error, nspace;
+  template <class IO>
+  void io(IO& f) {
+    f(id), f(error), f(nspace, 256);
+  }
+};
+struct SpawnStart {
+  static constexpr Msg kType = Msg::SpawnStart;
+  static constexpr const char* kName = "spawn-start";
+  SpawnJob job;
+  template <class IO>
+  void io(IO& f) {
+    f(job.nspace, 256), f.count(job.generation, 1 << 30), f.count(job.number, 1 << 30);
+    f(job.parent_nspace, 256), f.count(job.parent_rank, 1 << 30), apps_io(f, job.apps);
+    f(job.appnum, 1u << 24), f(job.map), f.count(job.universe_size, 1 << 30);
+  }
+};
+struct SpawnStarted {  // a node's answer to SpawnStart
+  static constexpr Msg kType = Msg::SpawnStarted;
+  static constexpr const char* kName = "spawn-started";
+  std::string nspace;
+  int32_t started = 0;  // processes started here
+  std::string error;    // "": all of this node's
+  template <class IO>
+  void io(IO& f) {
+    f(nspace, 256), f.count(started, 1 << 24), f(error);
+  }
+};
+// PMIx_Publish / PMIx_Lookup / PMIx_Unpublish, kept by the front end for every node (values
+// packed by PMIx).
+struct Publish {
+  static constexpr Msg kType = Msg::Publish;
+  static constexpr const char* kName = "publish";
+  std::vector<std::pair<std::string, std::string>> kv;
+  template <class IO>
+  void io(IO& f) {
+    f(kv);
+  }
+};
+struct Lookup {
+  static constexpr Msg kType = Msg::Lookup;
+  static constexpr const char* kName = "lookup";
+  uint64_t id = 0;
+  std::vector<std::string> keys;
+  template <class IO>
+  void io(IO& f) {
+    f(id), f(keys, 1u << 16);
+  }
+};
+struct LookupResp {  // what was found (perhaps nothing)
+  static constexpr Msg kType = Msg::LookupResp;
+  static constexpr const char* kName = "lookup-response";
+  uint64_t id = 0;
+  std::vector<std::pair<std::string, std::string>> found;
+  template <class IO>
+  void io(IO& f) {
+    f(id), f(found);
+  }
+};
+struct Unpublish {
+  static constexpr Msg kType = Msg::Unpublish;
+  static constexpr const char* kName = "unpublish";
+  std::vector<std::string> keys;
+  template <class IO>
+  void io(IO& f) {
+    f(keys, 1u << 16);
+  }
+};
+
 // Routed frames to every node.
 inline constexpr uint32_t kAllNodes = 0xffffffffu;
 
@@ -332,10 +442,11 @@ struct Routed {
   }
 };
 
-using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin,
-                               StdinClose, ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready,
-                               Output, Exit, Abort, Fence, StartFailed, StdinDrained, Port, Lost,
-                               Joined, Routed>;
+using AllMessages =
+    std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin, StdinClose,
+               ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
+               StartFailed, StdinDrained, Port, Lost, Joined, Routed, SpawnReq, SpawnResp,
+               SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {
@@ -403,13 +514,14 @@ void Job::io(IO& f) {
   f.choice(job.placement.bind_to, topo::BindTo::Gpu);
   f.count(job.placement.gpus_per_rank, 4096), f(job.placement.topology_file);
   f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
-  f.choice(job.stdin_how, StdinHow::Direct), f(job.map);
+  f.choice(job.stdin_how, StdinHow::Direct), f(job.map), f(job.oversubscribe);
 }
 
 // Checks beyond the fields' own bounds, after a decode (throws wire::WireError).
 void validate(const Job& m);
 void validate(const Routed& m);
 void validate(const Signal& m);
+void validate(const SpawnStart& m);
 template <class M>
 void validate(const M&) {}
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "common/auth.hpp"
 #include "common/error.hpp"
@@ -24,6 +25,8 @@ constexpr size_t kMaxHandshakeFrame = 4096;
 // until it is down to the low mark.
 constexpr size_t kOutputHighWater = 8u << 20;
 constexpr size_t kOutputLowWater = 1u << 20;
+// How long a rank's MPI_Comm_spawn waits for the front end (which answers within moments).
+constexpr double kSpawnTimeout = 120.0;
 
 void say(const std::string& node, const std::string& line) {
   std::string s = "pytorch_execd (" + node + "): " + line + "\n";
@@ -87,6 +90,15 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
       .on<DmodexReq>([this](DmodexReq& m) { on_dmodex_request(m); })
       .on<DmodexResp>([this](DmodexResp& m) {
         on_reply(dmodex_, m.id, m.status, std::move(m.data), "dmodex-response");
+      })
+      .on<SpawnStart>([this](SpawnStart& m) { on_spawn_start(m); })
+      .on<SpawnResp>([this](SpawnResp& m) { answer_spawn(m.id, m.error, m.nspace); })
+      .on<LookupResp>([this](LookupResp& m) {
+        auto it = lookups_.find(m.id);
+        if (it == lookups_.end()) throw wire::WireError("lookup-response for an unknown request");
+        auto done = std::move(it->second);
+        lookups_.erase(it);
+        done(pmix::Published(m.found.begin(), m.found.end()));
       });
 }
 
@@ -304,6 +316,10 @@ void Daemon::on_job(ctrl::Job& m) {
     runner_->open(loop_, *this, this,
                   "pytorch_execd." + job_.job_id + "." + std::to_string(job_.node), std::move(env));
     agent_ = runner_->agent();
+    // MPI_Comm_spawn: the front end places and starts the processes (SpawnStart).
+    runner_->spawn_via([this](pmix::SpawnRequest req, pmix::SpawnDone done) {
+      send_spawn(std::move(req), std::move(done));
+    });
   } catch (const Error& e) {
     start_relay();
     conn_->send(ctrl::StartFailed{0, e.what()});
@@ -318,6 +334,9 @@ void Daemon::on_start(ctrl::Start& m) {
   if (!agent_ || idle_) return;  // the set-up failed and was reported, or a spare
   fence_seq_.clear();
   fence_pieces_.clear();
+  // What the last generation's processes asked for is void (the front end forgot it too).
+  for (auto& [id, p] : std::exchange(spawns_, {})) p->done("a new generation started", "");
+  for (auto& [id, done] : std::exchange(lookups_, {})) done({});
   try {
     runner_->start(m.gen);
   } catch (const Error& e) {
@@ -330,14 +349,26 @@ void Daemon::on_start(ctrl::Start& m) {
 void Daemon::send_port() { conn_->send(ctrl::Port{find_free_port("0.0.0.0")}); }
 
 void Daemon::on_output(int generation, int rank, Stream s, std::string_view lines) {
+  send_output(ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2), "", 0},
+              lines);
+}
+
+void Daemon::on_spawned_output(int generation, int spawn, int rank, Stream s,
+                               std::string_view lines) {
+  send_output(
+      ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2), "", spawn},
+      lines);
+}
+
+void Daemon::send_output(ctrl::Output m, std::string_view lines) {
   if (!conn_) return;
   // Large bursts are split so that no frame comes near the codec's limit.
   constexpr size_t kChunk = 1u << 20;
   while (!lines.empty()) {
     size_t n = lines.size() <= kChunk ? lines.size() : lines.rfind('\n', kChunk) + 1;
     if (n == 0 || n > kChunk) n = std::min(lines.size(), kChunk);
-    conn_->send(ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2),
-                             std::string(lines.substr(0, n))});
+    m.data = std::string(lines.substr(0, n));
+    conn_->send(m);
     lines.remove_prefix(n);
   }
   // Backpressure: while the front end does not take our output, the ranks' pipes are not read
@@ -391,6 +422,70 @@ void Daemon::direct_modex(const std::string& nspace, int rank, pmix::ModexDone d
   uint64_t id = next_dmodex_++;
   dmodex_[id] = std::move(done);
   conn_->send(ctrl::DmodexReq{id, nspace, rank});
+}
+
+}  // namespace pe
+
+namespace pe {
+
+// Our part of a spawned job: register its namespace, start our processes, say how it went.
+void Daemon::on_spawn_start(ctrl::SpawnStart& m) {
+  if (!agent_ || idle_) return conn_->send(ctrl::SpawnStarted{m.job.nspace, 0, "not running"});
+  size_t before = agent_->live();
+  try {
+    runner_->start_spawned(m.job);
+  } catch (const Error& e) {
+    return conn_->send(
+        ctrl::SpawnStarted{m.job.nspace, static_cast<int>(agent_->live() - before), e.what()});
+  }
+  conn_->send(ctrl::SpawnStarted{m.job.nspace, static_cast<int>(agent_->live() - before), ""});
+}
+
+// The front end places and starts the processes (SpawnStart to every node) and answers; a
+// request it does not answer in time fails instead of leaving the rank in MPI_Comm_spawn.
+void Daemon::send_spawn(pmix::SpawnRequest req, pmix::SpawnDone done) {
+  if (!conn_) return done("the front end is gone", "");
+  uint64_t id = next_request_++;
+  auto& p = spawns_[id];
+  p = std::make_unique<PendingSpawn>();
+  p->done = std::move(done);
+  p->timeout = loop_.timer([this, id] {
+    // Not inside the timer's own callback: it goes with the request.
+    loop_.post([this, id] {
+      answer_spawn(id,
+                   "the front end did not answer within " +
+                       std::to_string(static_cast<int>(kSpawnTimeout)) + " s",
+                   "");
+    });
+  });
+  p->timeout.arm(kSpawnTimeout);
+  conn_->send(ctrl::SpawnReq{id, std::move(req)});
+}
+
+void Daemon::answer_spawn(uint64_t id, const std::string& error, const std::string& nspace) {
+  auto it = spawns_.find(id);
+  if (it == spawns_.end()) {  // answered late, after its time ran out
+    logger("ctrl")->info("spawn {}: answer after the timeout, ignored", id);
+    return;
+  }
+  auto p = std::move(it->second);
+  spawns_.erase(it);
+  p->done(error, nspace);
+}
+
+void Daemon::publish(pmix::Published kv) {
+  if (conn_) conn_->send(ctrl::Publish{{kv.begin(), kv.end()}});
+}
+
+void Daemon::lookup(std::vector<std::string> keys, pmix::LookupDone done) {
+  if (!conn_) return done({});
+  uint64_t id = next_request_++;
+  lookups_[id] = std::move(done);
+  conn_->send(ctrl::Lookup{id, std::move(keys)});
+}
+
+void Daemon::unpublish(std::vector<std::string> keys) {
+  if (conn_) conn_->send(ctrl::Unpublish{std::move(keys)});
 }
 
 }  // namespace pe

@@ -54,6 +54,12 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void send_port();
   // AgentListener
   void on_output(int generation, int rank, Stream s, std::string_view lines) override;
+  void on_spawned_output(int generation, int spawn, int rank, Stream s,
+                         std::string_view lines) override;
+  void send_output(ctrl::Output m, std::string_view lines);
+  void on_spawn_start(ctrl::SpawnStart& m);
+  void send_spawn(pmix::SpawnRequest req, pmix::SpawnDone done);
+  void answer_spawn(uint64_t id, const std::string& error, const std::string& nspace);
   void on_exit(const WorkerExit& e) override;
   void on_stdin_drained() override;
   void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
@@ -61,6 +67,9 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void fence(const std::string& nspace, bool collect, std::string data,
              pmix::ModexDone done) override;
   void direct_modex(const std::string& nspace, int rank, pmix::ModexDone done) override;
+  void publish(pmix::Published kv) override;
+  void lookup(std::vector<std::string> keys, pmix::LookupDone done) override;
+  void unpublish(std::vector<std::string> keys) override;
 
   DaemonOptions opts_;
   EventLoop loop_;
@@ -85,6 +94,14 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   std::map<std::pair<std::string, uint32_t>, std::string> fence_pieces_;  // received so far
   uint64_t next_dmodex_ = 1;
   std::map<uint64_t, pmix::ModexDone> dmodex_;
+  // Spawn requests and lookups waiting for the front end.
+  uint64_t next_request_ = 1;
+  struct PendingSpawn {
+    pmix::SpawnDone done;
+    Event timeout;
+  };
+  std::map<uint64_t, std::unique_ptr<PendingSpawn>> spawns_;
+  std::map<uint64_t, pmix::LookupDone> lookups_;
 };
 
 }  // namespace pe

@@ -22,8 +22,11 @@ int failure_exit_code(const Failure& f) {
 }
 
 std::string describe_failure(const Failure& f) {
-  std::string who =
-      "rank " + std::to_string(f.rank) + " (pid " + std::to_string(f.pid) + " on " + f.host + ")";
+  std::string who = (f.spawn ? "spawned process " + std::to_string(f.rank) +
+                                   " of MPI_Comm_spawn #" + std::to_string(f.spawn)
+                             : "rank " + std::to_string(f.rank)) +
+                    " (pid " + std::to_string(f.pid) + (f.host.empty() ? "" : " on " + f.host) +
+                    ")";
   if (f.exec_errno && f.bind_failed)
     return who + " could not be bound to its processors: " + std::strerror(f.exec_errno);
   if (f.exec_errno)

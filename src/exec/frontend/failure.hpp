@@ -19,6 +19,7 @@ struct Failure {
   std::string abort_message;
   bool unfinalized = false;  // exited 0 after connecting to PMIx without finalizing
   bool bind_failed = false;  // exec_errno is sched_setaffinity's
+  int spawn = 0;  // > 0: a process of that spawned job (MPI_Comm_spawn), not a rank of the job
 };
 
 // A worker exit counts as a failure unless it exited with status 0 (and, if it connected to

@@ -129,16 +129,24 @@ void JobController::on_output(int generation, int rank, Stream s, std::string_vi
   sink_.write(generation, rank, s, lines);
 }
 
+void JobController::on_spawned_output(int generation, int spawn, int rank, Stream s,
+                                      std::string_view lines) {
+  sink_.write(generation, rank, s, lines, spawn);
+}
+
 void JobController::on_exit(const WorkerExit& e) {
   if (state_ == State::Running) {
     if (!is_failure(e.status, e.exec_errno, e.pmix_unfinalized)) {
-      if (++exited_ok_ == map_.world_size) finish(0);
+      if (e.spawn == 0) ++exited_ok_;
+      // Done when every rank has exited well and no spawned process (MPI_Comm_spawn) is left.
+      if (exited_ok_ == map_.world_size && workers_->live() == 0) finish(0);
       return;
     }
     Failure f;
     f.rank = e.rank;
+    f.spawn = e.spawn;
     f.pid = e.pid;
-    f.host = workers_->host_of_rank(e.rank);
+    f.host = e.spawn ? "" : workers_->host_of_rank(e.rank);
     f.status = e.status;
     f.exec_errno = e.exec_errno;
     f.bind_failed = e.bind_failed;
@@ -280,8 +288,9 @@ void JobController::on_all_stopped() {
       return;
     case State::Failing:
       if (failure_) {
-        std::string report =
-            failure_report(*failure_, sink_.stderr_tail(failure_->rank, kTailLines));
+        std::string report = failure_report(
+            *failure_, failure_->spawn ? std::vector<std::string>{}
+                                       : sink_.stderr_tail(failure_->rank, kTailLines));
         write_all(2, report.data(), report.size());
         if (restarts_ > 0 && restarts_ == cfg_.max_restarts)
           say("no restarts left (" + std::to_string(restarts_) + " used)");

@@ -35,6 +35,8 @@ class JobController : public AgentListener {
   void start_generation();
   std::vector<WorkerSpec> worker_specs(const GenerationInfo& gen);
   void on_output(int generation, int rank, Stream s, std::string_view lines) override;
+  void on_spawned_output(int generation, int spawn, int rank, Stream s,
+                         std::string_view lines) override;
   void on_exit(const WorkerExit& e) override;
   void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
   void on_rank_failed(Failure f);
@@ -57,8 +59,8 @@ class JobController : public AgentListener {
   std::string job_id_;
   EventLoop loop_;
   OutputSink sink_;
-  const JobMap base_map_;  // every node of the job
-  JobMap map_;             // the current generation's: base_map_ less the lost nodes
+  const JobMap base_map_;    // every node of the job
+  JobMap map_;               // the current generation's: base_map_ less the lost nodes
   std::vector<bool> alive_;  // by node of base_map_
   std::unique_ptr<WorkerSet> workers_;
 

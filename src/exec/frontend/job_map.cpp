@@ -87,6 +87,7 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
     NodeMap node;
     node.host = alloc.nodes[i].host;
     node.node_rank = static_cast<int>(m.nodes.size());
+    node.slots = alloc.limited ? alloc.nodes[i].slots : 0;
     node.ranks = ranks[i];
     for (size_t lr = 0; lr < node.ranks.size(); ++lr)
       m.ranks[static_cast<size_t>(node.ranks[lr])] =
@@ -104,6 +105,7 @@ JobMap reform_map(const JobMap& base, const std::vector<bool>& alive) {
     NodeMap n;
     n.host = base.nodes[i].host;
     n.node_rank = static_cast<int>(m.nodes.size());
+    n.slots = base.nodes[i].slots;
     for (size_t lr = 0; lr < base.nodes[i].ranks.size(); ++lr) {
       n.ranks.push_back(m.world_size++);
       m.ranks.push_back(RankLocation{n.node_rank, static_cast<int>(lr)});

@@ -11,6 +11,7 @@ struct NodeMap {
   std::string host;
   int node_rank = 0;       // GROUP_RANK
   std::vector<int> ranks;  // global ranks on this node, in local-rank order
+  int slots = 0;  // the allocation's slots there (0: no limit); MPI_Comm_spawn keeps to them
 };
 
 struct RankLocation {

@@ -3,26 +3,66 @@
 #include <algorithm>
 
 #include "common/log.hpp"
+#include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {
 
 void ModexRelay::reset(std::vector<int> members, std::vector<int> owner) {
   members_ = std::move(members);
   owner_ = std::move(owner);
+  spawned_.clear();
   fences_.clear();
   requests_.clear();
 }
 
-void ModexRelay::on_fence(int node, ctrl::Fence& m) {
-  size_t nnodes = members_.size();
-  auto at = std::find(members_.begin(), members_.end(), node);
-  if (at == members_.end()) throw wire::WireError("a fence from a node outside the generation");
-  size_t i = static_cast<size_t>(at - members_.begin());
-  auto& st = fences_[{m.nspace, m.seq}];
-  if (st.arrived.empty()) {
-    st.arrived.assign(nnodes, false);
-    st.data.resize(nnodes);
+void ModexRelay::add_namespace(const std::string& nspace, std::vector<int> owner) {
+  spawned_[nspace] = std::move(owner);
+}
+
+const std::vector<int>& ModexRelay::owners(const std::string& nspace) const {
+  auto it = spawned_.find(nspace);
+  return it == spawned_.end() ? owner_ : it->second;
+}
+
+std::vector<int> ModexRelay::nodes_of(const std::string& key) const {
+  std::vector<pmix::ProcId> procs;
+  try {
+    procs = pmix::parse_participants(key);
+  } catch (const std::exception& e) {
+    throw wire::WireError(e.what());
   }
+  std::vector<int> nodes;
+  for (const auto& p : procs) {
+    const auto& own = owners(p.nspace);
+    if (p.rank < 0) {
+      nodes.insert(nodes.end(), own.begin(), own.end());
+    } else {
+      if (static_cast<size_t>(p.rank) >= own.size())
+        throw wire::WireError("a fence over rank " + std::to_string(p.rank) + " of " + p.nspace);
+      nodes.push_back(own[static_cast<size_t>(p.rank)]);
+    }
+  }
+  std::sort(nodes.begin(), nodes.end());
+  nodes.erase(std::unique(nodes.begin(), nodes.end()), nodes.end());
+  return nodes;
+}
+
+void ModexRelay::on_fence(int node, ctrl::Fence& m) {
+  auto& st = fences_[{m.nspace, m.seq}];
+  if (st.nodes.empty()) {
+    try {
+      st.nodes = nodes_of(m.nspace);
+    } catch (...) {
+      fences_.erase({m.nspace, m.seq});
+      throw;
+    }
+    st.arrived.assign(st.nodes.size(), false);
+    st.data.resize(st.nodes.size());
+  }
+  size_t nnodes = st.nodes.size();
+  auto at = std::find(st.nodes.begin(), st.nodes.end(), node);
+  if (at == st.nodes.end()) throw wire::WireError("a fence from a node outside its participants");
+  size_t i = static_cast<size_t>(at - st.nodes.begin());
   if (st.arrived[i]) throw wire::WireError("fence " + std::to_string(m.seq) + " contributed twice");
   // A node's contribution comes in pieces; past the limit only the size is counted.
   st.bytes += m.data.size();
@@ -45,7 +85,7 @@ void ModexRelay::finish_fence(const std::string& nspace, uint32_t seq, FenceStat
         "fence {} #{}: the nodes' data ({} bytes) exceeds the {} MiB a fence across nodes can "
         "carry",
         nspace, seq, st.bytes, ctrl::kMaxFenceBytes >> 20);
-    tree_.broadcast(ctrl::FenceDone{nspace, seq, -1, {}, false});
+    send_done(st, ctrl::FenceDone{nspace, seq, -1, {}, false});
     return;
   }
   std::string all;
@@ -54,14 +94,22 @@ void ModexRelay::finish_fence(const std::string& nspace, uint32_t seq, FenceStat
   logger("ctrl")->debug("fence {} #{} complete: {} bytes from {} nodes", nspace, seq, all.size(),
                         st.data.size());
   ctrl::for_each_fence_piece(all, [&](std::string piece, bool more) {
-    tree_.broadcast(ctrl::FenceDone{nspace, seq, 0, std::move(piece), more});
+    send_done(st, ctrl::FenceDone{nspace, seq, 0, std::move(piece), more});
   });
 }
 
+// To the fence's nodes only (every node of the generation: one broadcast).
+void ModexRelay::send_done(const FenceState& st, ctrl::FenceDone m) {
+  if (st.nodes.size() == members_.size()) return tree_.broadcast(m);
+  for (int n : st.nodes)
+    if (!tree_.lost(n)) tree_.send(n, m);
+}
+
 void ModexRelay::on_request(int node, ctrl::DmodexReq& m) {
-  if (m.rank < 0 || static_cast<size_t>(m.rank) >= owner_.size())
+  const auto& own = owners(m.nspace);
+  if (m.rank < 0 || static_cast<size_t>(m.rank) >= own.size())
     throw wire::WireError("dmodex request for bad rank");
-  int owner = owner_[static_cast<size_t>(m.rank)];
+  int owner = own[static_cast<size_t>(m.rank)];
   if (tree_.lost(owner)) return tree_.send(node, ctrl::DmodexResp{m.id, -1, ""});
   uint64_t mine = next_id_++;
   requests_[mine] = Route{node, m.id};

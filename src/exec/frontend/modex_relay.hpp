@@ -25,24 +25,32 @@ class ModexRelay {
   void on_request(int node, ctrl::DmodexReq& m);
   void on_response(ctrl::DmodexResp& m);
   // A new generation on the nodes `members` (tree indices), whose ranks live on
-  // owner[rank]: what was in flight is void.
+  // owner[rank]: what was in flight is void, its spawned namespaces are forgotten.
   void reset(std::vector<int> members, std::vector<int> owner);
+  // A spawned job's namespace (MPI_Comm_spawn) whose ranks live on owner[rank].
+  void add_namespace(const std::string& nspace, std::vector<int> owner);
 
  private:
   struct FenceState {
+    std::vector<int> nodes;  // its participants' nodes (tree indices), ascending
     std::vector<bool> arrived;
     int count = 0;
     std::vector<std::string> data;  // per node
     size_t bytes = 0;               // of all nodes' pieces so far
   };
   void finish_fence(const std::string& nspace, uint32_t seq, FenceState& st);
+  // The nodes of a fence's participants (pmix::participants_key).  Throws wire::WireError.
+  std::vector<int> nodes_of(const std::string& key) const;
+  const std::vector<int>& owners(const std::string& nspace) const;
+  void send_done(const FenceState& st, ctrl::FenceDone m);
   struct Route {
     int from_node;
     uint64_t from_id;
   };
   ctrl::TreeRoot& tree_;
-  std::vector<int> members_;  // the generation's nodes
-  std::vector<int> owner_;    // node of each rank
+  std::vector<int> members_;                         // the generation's nodes
+  std::vector<int> owner_;                           // node of each rank
+  std::map<std::string, std::vector<int>> spawned_;  // the same for spawned namespaces
   std::map<std::pair<std::string, uint32_t>, FenceState> fences_;
   uint64_t next_id_ = 1;
   std::map<uint64_t, Route> requests_;

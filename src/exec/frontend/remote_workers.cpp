@@ -65,6 +65,13 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
             {[this](int node, wire::Frame& f) { dispatch_.dispatch(f, node); },
              [this](int node, const std::string& why) { node_lost(node, why); }}),
       modex_(tree_),
+      spawn_(tree_, modex_, cfg.oversubscribe,
+             {[this](int n) { return nodes_[static_cast<size_t>(n)].live; },
+              [this](int n, long k) {
+                auto& live = nodes_[static_cast<size_t>(n)].live;
+                live = static_cast<size_t>(std::max(0L, static_cast<long>(live) + k));
+              },
+              [this](int n) { return nodes_[static_cast<size_t>(n)].host; }}),
       launcher_(loop, cfg, env, map, host, slurm_,
                 [this](const std::vector<int>& nodes, const std::string& why) {
                   for (int n : nodes)
@@ -86,8 +93,11 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       .on<Ready>([this](int n, Ready& m) { on_ready(n, m); })
       .on<Port>([this](int n, Port& m) { nodes_[n].port = m.port; })
       .on<Output>([this](int, Output& m) {
-        listener_.on_output(m.generation, valid_rank(m.rank),
-                            m.stream == 1 ? Stream::Out : Stream::Err, m.data);
+        Stream s = m.stream == 1 ? Stream::Out : Stream::Err;
+        if (m.spawn)
+          listener_.on_spawned_output(m.generation, m.spawn, m.rank, s, m.data);
+        else
+          listener_.on_output(m.generation, valid_rank(m.rank), s, m.data);
       })
       .on<Exit>([this](int n, Exit& m) { on_exit(n, m); })
       .on<Abort>([this](int, Abort& m) {
@@ -97,7 +107,12 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       .on<DmodexReq>([this](int n, DmodexReq& m) { modex_.on_request(n, m); })
       .on<DmodexResp>([this](int, DmodexResp& m) { modex_.on_response(m); })
       .on<StartFailed>([this](int n, StartFailed& m) { on_start_failed(n, m); })
-      .on<StdinDrained>([this](int n, StdinDrained&) { on_stdin_drained(n); });
+      .on<StdinDrained>([this](int n, StdinDrained&) { on_stdin_drained(n); })
+      .on<SpawnReq>([this](int n, SpawnReq& m) { spawn_.on_request(n, m); })
+      .on<SpawnStarted>([this](int n, SpawnStarted& m) { spawn_.on_started(n, m); })
+      .on<Publish>([this](int, Publish& m) { spawn_.on_publish(m); })
+      .on<Lookup>([this](int n, Lookup& m) { spawn_.on_lookup(n, m); })
+      .on<Unpublish>([this](int, Unpublish& m) { spawn_.on_unpublish(m); });
 }
 
 RemoteWorkers::~RemoteWorkers() {
@@ -194,7 +209,7 @@ void RemoteWorkers::on_ready(int node, ctrl::Ready& m) {
 }
 
 void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {
-  valid_rank(m.e.rank);
+  if (m.e.spawn == 0) valid_rank(m.e.rank);
   Node& n = nodes_[static_cast<size_t>(node)];
   if (n.live > 0) --n.live;
   listener_.on_exit(m.e);
@@ -266,6 +281,7 @@ int RemoteWorkers::master_port() { return node_of_rank(0).port; }
 
 void RemoteWorkers::start(const GenerationInfo& gen) {
   modex_.reset(members_, owner_);
+  spawn_.reset(gen, gen_, members_);
   for (auto& n : nodes_) n.live = 0;
   for (size_t g = 0; g < members_.size(); ++g) {
     int i = members_[g];

@@ -19,6 +19,7 @@
 #include "exec/ctrl/connection.hpp"
 #include "exec/frontend/daemon_launcher.hpp"
 #include "exec/frontend/modex_relay.hpp"
+#include "exec/frontend/spawn_relay.hpp"
 #include "exec/frontend/workers.hpp"
 
 namespace pe {
@@ -90,6 +91,7 @@ class RemoteWorkers : public WorkerSet {
   bool remap_ = false;
   ctrl::TreeRoot tree_;
   ModexRelay modex_;
+  SpawnRelay spawn_;
   ctrl::Dispatcher<int> dispatch_;  // frames by the node they came from
   DaemonLauncher launcher_;
   std::unique_ptr<ctrl::Acceptor> acceptor_;

@@ -1,5 +1,7 @@
 #include "exec/frontend/stdio.hpp"
 
+#include <cstdint>
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,11 +23,12 @@ std::string format_timestamp(const struct timespec& ts) {
 }
 
 std::string line_prefix(const OutputOptions& o, int generation, int rank, Stream s,
-                        const std::string& timestamp) {
+                        const std::string& timestamp, int spawn) {
   std::string p;
   if (o.timestamp) p = timestamp;
   if (o.tag) {
-    p += "[" + std::to_string(generation + 1) + "," + std::to_string(rank) + "]";
+    p += "[" + std::to_string(generation + 1) + (spawn ? "." + std::to_string(spawn) : "") + "," +
+         std::to_string(rank) + "]";
     p += s == Stream::Out ? "<stdout>:" : "<stderr>:";
   } else if (o.timestamp) {
     p += ' ';
@@ -105,9 +108,10 @@ void OutputSink::open_files() {
   }
 }
 
-void OutputSink::write(int generation, int rank, Stream s, std::string_view lines) {
+void OutputSink::write(int generation, int rank, Stream s, std::string_view lines, int spawn) {
   if (lines.empty()) return;
-  size_t r = static_cast<size_t>(rank);
+  // Spawned processes: to the terminal only (the files and tails are the job's ranks').
+  size_t r = spawn ? SIZE_MAX : static_cast<size_t>(rank);
   if (s == Stream::Err && r < tails_.size()) {
     std::string& t = tails_[r];
     t.append(lines);
@@ -134,7 +138,7 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   int fd = s == Stream::Out ? out_fd_ : err_fd_;
   bool ok;
   if (opts_.tag || opts_.timestamp) {
-    std::string text = prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts));
+    std::string text = prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn));
     ok = write_all(fd, text.data(), text.size());
   } else {
     ok = write_all(fd, lines.data(), lines.size());

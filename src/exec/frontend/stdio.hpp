@@ -25,10 +25,10 @@ struct OutputOptions {
 
 // "[2026-11-22T10:00:00.123456]" in local time.
 std::string format_timestamp(const struct timespec& ts);
-// The prefix of each line: "[ts]" and/or "[G,RANK]<stdout>:"; when only a timestamp is asked
-// for, it is followed by a space.
+// The prefix of each line: "[ts]" and/or "[G,RANK]<stdout>:" ("[G.S,RANK]" for spawned job S
+// of generation G, MPI_Comm_spawn); when only a timestamp is asked for, it is followed by a space.
 std::string line_prefix(const OutputOptions& o, int generation, int rank, Stream s,
-                        const std::string& timestamp);
+                        const std::string& timestamp, int spawn = 0);
 // Puts `prefix` before every line of `lines` (which end with '\n').
 std::string prefix_lines(std::string_view lines, const std::string& prefix);
 // The last `max_lines` lines of `text`.
@@ -39,8 +39,9 @@ class OutputSink {
   OutputSink(OutputOptions o, int nranks, int out_fd = 1, int err_fd = 2);
   // Creates DIR/rank.N/{stdout,stderr}; throws SystemError with the path.
   void open_files();
-  // `lines` are whole lines ending with '\n'.
-  void write(int generation, int rank, Stream s, std::string_view lines);
+  // `lines` are whole lines ending with '\n'.  `spawn` > 0: a process of that spawned job (to
+  // the terminal only).
+  void write(int generation, int rank, Stream s, std::string_view lines, int spawn = 0);
   std::vector<std::string> stderr_tail(int rank, size_t max_lines) const;
   // At a group restart: the tails start again with the new generation.
   void clear_tails();

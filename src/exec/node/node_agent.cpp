@@ -16,6 +16,8 @@ namespace pe {
 struct NodeAgent::Worker {
   int rank = 0;
   int generation = 0;
+  int spawn = 0;  // 0: the job's own rank; else its spawned job's number
+  std::string nspace;
   bool pmix_connected = false;
   bool pmix_finalized = false;
   ChildProcess proc;
@@ -50,45 +52,76 @@ NodeAgent::~NodeAgent() {
 
 void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
                       const pmix::NamespaceInfo* ns) {
-  auto log = logger("agent");
-  if (pmix_ && !nspace_.empty()) pmix_->deregister_namespace(nspace_);
+  if (pmix_) {
+    for (const auto& n : spawned_ns_) pmix_->deregister_namespace(n);
+    if (!nspace_.empty()) pmix_->deregister_namespace(nspace_);
+  }
+  spawned_ns_.clear();
   nspace_.clear();
   if (pmix_ && ns) {
-    pmix_->register_namespace(*ns);
     nspace_ = ns->nspace;
     nspace_generation_ = generation;
-    auto ompi =
-        pmix::open_mpi_environment({nspace_, pmix_->tmpdir(), ns->world_size, pmix_->shm_dir()});
-    for (auto& spec : specs) {
-      auto& env = spec.spawn.envp;
-      auto has = [&env](const std::string& key) {
-        return std::any_of(env.begin(), env.end(), [&key](const std::string& e) {
-          return e.size() > key.size() && e.compare(0, key.size(), key) == 0 &&
-                 e[key.size()] == '=';
-        });
-      };
-      for (const auto& [k, v] : ompi)
-        if (!has(k)) env.push_back(k + "=" + v);  // the user's setting wins
-      for (auto& var : pmix_->setup_fork(nspace_, spec.rank)) {
-        auto key = var.substr(0, var.find('=') + 1);
-        env.erase(std::remove_if(
-                      env.begin(), env.end(),
-                      [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; }),
-                  env.end());
-        env.push_back(var);
-      }
+    prepare_pmix(*ns, specs);
+  }
+  launch(generation, 0, nspace_, specs);
+}
+
+void NodeAgent::start_spawned(int generation, int number, std::vector<WorkerSpec> specs,
+                              const pmix::NamespaceInfo& ns) {
+  if (!pmix_) throw Error("no PMIx server on this node");
+  prepare_pmix(ns, specs);
+  spawned_ns_.push_back(ns.nspace);
+  launch(generation, number, ns.nspace, specs);
+}
+
+// Registers the namespace; every worker's environment gets Open MPI's variables (unless the
+// user set them) and what PMIx_server_setup_fork adds.
+void NodeAgent::prepare_pmix(const pmix::NamespaceInfo& ns, std::vector<WorkerSpec>& specs) {
+  pmix_->register_namespace(ns);
+  auto ompi = pmix::open_mpi_environment({ns.nspace, pmix_->tmpdir(),
+                                          ns.universe_size > 0 ? ns.universe_size : ns.world_size,
+                                          pmix_->shm_dir()});
+  for (auto& spec : specs) {
+    auto& env = spec.spawn.envp;
+    auto has = [&env](const std::string& key) {
+      return std::any_of(env.begin(), env.end(), [&key](const std::string& e) {
+        return e.size() > key.size() && e.compare(0, key.size(), key) == 0 && e[key.size()] == '=';
+      });
+    };
+    for (const auto& [k, v] : ompi)
+      if (!has(k)) env.push_back(k + "=" + v);  // the user's setting wins
+    for (auto& var : pmix_->setup_fork(ns.nspace, spec.rank)) {
+      auto key = var.substr(0, var.find('=') + 1);
+      env.erase(std::remove_if(
+                    env.begin(), env.end(),
+                    [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; }),
+                env.end());
+      env.push_back(var);
     }
   }
+}
+
+void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
+                       std::vector<WorkerSpec>& specs) {
   for (auto& spec : specs) {
     auto w = std::make_unique<Worker>();
     w->rank = spec.rank;
     w->generation = generation;
+    w->spawn = spawn;
+    w->nspace = nspace;
     w->proc = spawn_child(spec.spawn);
     guard_.watch(w->proc.pid);
     watch_output(*w);
-    log->debug("generation {} rank {} started as pid {}", generation, w->rank, w->proc.pid);
+    logger("agent")->debug("generation {} {} rank {} started as pid {}", generation,
+                           spawn ? "spawned job " + std::to_string(spawn) : std::string("job"),
+                           w->rank, w->proc.pid);
     workers_.emplace(w->proc.pid, std::move(w));
   }
+}
+
+void NodeAgent::on_spawn(pmix::SpawnRequest req, pmix::SpawnDone done) {
+  if (!spawn_handler_) return done("MPI_Comm_spawn is not supported here", "");
+  spawn_handler_(std::move(req), std::move(done));
 }
 
 void NodeAgent::dmodex_request(const std::string& nspace, int rank, pmix::ModexDone done) {
@@ -142,7 +175,7 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
   if (n > 0) {
     std::string_view lines =
         (s == Stream::Out ? w.out_buf : w.err_buf).append(buf, static_cast<size_t>(n));
-    if (!lines.empty()) listener_.on_output(w.generation, w.rank, s, lines);
+    if (!lines.empty()) output(w, s, lines);
     return;
   }
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
@@ -151,26 +184,27 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
   (s == Stream::Out ? w.out_ev : w.err_ev) = Event();
 }
 
-NodeAgent::Worker* NodeAgent::find_rank(int rank) {
+NodeAgent::Worker* NodeAgent::find_rank(const std::string& nspace, int rank) {
   for (auto& [pid, w] : workers_)
-    if (w->rank == rank) return w.get();
+    if (w->rank == rank && w->nspace == nspace) return w.get();
   return nullptr;
 }
 
 void NodeAgent::on_client_connected(const std::string& nspace, int rank) {
   logger("pmix")->info("upcall client_connected {}:{}", nspace, rank);
-  if (Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr) w->pmix_connected = true;
+  if (Worker* w = find_rank(nspace, rank)) w->pmix_connected = true;
 }
 
 void NodeAgent::on_client_finalized(const std::string& nspace, int rank) {
   logger("pmix")->info("upcall client_finalized {}:{}", nspace, rank);
-  if (Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr) w->pmix_finalized = true;
+  if (Worker* w = find_rank(nspace, rank)) w->pmix_finalized = true;
 }
 
 void NodeAgent::on_abort(const std::string& nspace, int rank, int status, const std::string& msg) {
   logger("pmix")->info("upcall abort {}:{} status {}: {}", nspace, rank, status, msg);
-  Worker* w = nspace == nspace_ ? find_rank(rank) : nullptr;
-  if (w) listener_.on_abort(w->generation, rank, w->proc.pid, status, msg);
+  // A spawned process that aborts exits with the abort's status: its exit is reported.
+  Worker* w = find_rank(nspace, rank);
+  if (w && w->spawn == 0) listener_.on_abort(w->generation, rank, w->proc.pid, status, msg);
 }
 
 void NodeAgent::on_sigchld() {
@@ -203,16 +237,17 @@ void NodeAgent::finish(pid_t pid, int status) {
     ssize_t n;
     while ((n = ::read(fd, buf, sizeof buf)) > 0) {
       std::string_view lines = lb.append(buf, static_cast<size_t>(n));
-      if (!lines.empty()) listener_.on_output(w.generation, w.rank, s, lines);
+      if (!lines.empty()) output(w, s, lines);
     }
     std::string rest = lb.take_rest();
-    if (!rest.empty()) listener_.on_output(w.generation, w.rank, s, rest + "\n");
+    if (!rest.empty()) output(w, s, rest + "\n");
   }
   drop_stdin(w);
   WorkerExit e;
   e.rank = w.rank;
   e.pid = pid;
   e.generation = w.generation;
+  e.spawn = w.spawn;
   e.status = status;
   e.exec_errno = w.proc.exec_errno;
   e.bind_failed = w.proc.bind_failed;
@@ -221,9 +256,16 @@ void NodeAgent::finish(pid_t pid, int status) {
   listener_.on_exit(e);
 }
 
+void NodeAgent::output(const Worker& w, Stream s, std::string_view lines) {
+  if (w.spawn == 0)
+    listener_.on_output(w.generation, w.rank, s, lines);
+  else
+    listener_.on_spawned_output(w.generation, w.spawn, w.rank, s, lines);
+}
+
 void NodeAgent::stdin_write(int rank, std::string_view data) {
   for (auto& [pid, w] : workers_) {
-    if (w->rank != rank || !w->proc.stdin_w.valid() || w->in_closing) continue;
+    if (w->rank != rank || w->spawn || !w->proc.stdin_w.valid() || w->in_closing) continue;
     w->in_pending.append(data);
     stdin_backlog_ += data.size();
     flush_stdin(*w);

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,6 +41,12 @@ class AgentListener {
   virtual void on_exit(const WorkerExit& e) = 0;
   // The stdin backlog fell to zero.
   virtual void on_stdin_drained() {}
+  // Whole lines of a process started by MPI_Comm_spawn: rank `rank` of the generation's spawned
+  // job `spawn` (1, 2, ...).  Its exit comes to on_exit with WorkerExit::spawn set.
+  virtual void on_spawned_output(int generation, int spawn, int rank, Stream s,
+                                 std::string_view lines) {
+    (void)generation, (void)spawn, (void)rank, (void)s, (void)lines;
+  }
   // A worker called PMIx_Abort (MPI_Abort).
   virtual void on_abort(int generation, int rank, pid_t pid, int status,
                         const std::string& msg) = 0;
@@ -70,6 +77,15 @@ class NodeAgent : public pmix::ServerListener {
   // are reported as usual.
   void start(int generation, std::vector<WorkerSpec> specs,
              const pmix::NamespaceInfo* ns = nullptr);
+  // Starts this node's processes of a spawned job (MPI_Comm_spawn), in namespace `ns` (which
+  // every node registers, those without its processes too: `specs` is then empty).  Throws as
+  // start() does.
+  void start_spawned(int generation, int number, std::vector<WorkerSpec> specs,
+                     const pmix::NamespaceInfo& ns);
+  // Where PMIx_Spawn requests of the workers go (none: they fail).
+  void on_spawn_request(std::function<void(pmix::SpawnRequest, pmix::SpawnDone)> handler) {
+    spawn_handler_ = std::move(handler);
+  }
   // Sends sig to the process group of every live worker.
   void signal_all(int sig);
   // Rank `rank` of `generation` (on any node) failed: the PMIx server tells this node's ranks
@@ -95,9 +111,13 @@ class NodeAgent : public pmix::ServerListener {
   void on_client_connected(const std::string& nspace, int rank) override;
   void on_client_finalized(const std::string& nspace, int rank) override;
   void on_abort(const std::string& nspace, int rank, int status, const std::string& msg) override;
-  Worker* find_rank(int rank);
+  void on_spawn(pmix::SpawnRequest req, pmix::SpawnDone done) override;
+  void prepare_pmix(const pmix::NamespaceInfo& ns, std::vector<WorkerSpec>& specs);
+  void launch(int generation, int spawn, const std::string& nspace, std::vector<WorkerSpec>& specs);
+  Worker* find_rank(const std::string& nspace, int rank);
   void on_sigchld();
   void on_readable(Worker& w, Stream s);
+  void output(const Worker& w, Stream s, std::string_view lines);
   void watch_output(Worker& w);
   void on_stdin_writable(Worker& w);
   void flush_stdin(Worker& w);
@@ -114,6 +134,8 @@ class NodeAgent : public pmix::ServerListener {
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
   int nspace_generation_ = -1;
+  std::vector<std::string> spawned_ns_;  // its spawned jobs' namespaces
+  std::function<void(pmix::SpawnRequest, pmix::SpawnDone)> spawn_handler_;
 };
 
 }  // namespace pe

@@ -45,6 +45,7 @@ struct NodeJob {
 
   PlacementRequest placement;
   bool report_bindings = false;
+  bool oversubscribe = false;  // MPI_Comm_spawn may place processes beyond the slots
 
   // Standard input.
   StdinMode stdin_mode = StdinMode::OneRank;

@@ -3,6 +3,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "common/error.hpp"
 #include "common/net.hpp"
 #include "common/unique_fd.hpp"
@@ -26,6 +28,7 @@ NodeJob node_job_for(const LaunchConfig& cfg, const JobMap& map, const std::stri
   j.replace_env = replace_env;
   j.placement = placement_of(cfg);
   j.report_bindings = cfg.report_bindings;
+  j.oversubscribe = cfg.oversubscribe;
   j.stdin_mode = cfg.stdin_mode;
   j.stdin_rank = cfg.stdin_rank;
   j.stdin_how = stdin_how;
@@ -46,6 +49,11 @@ pmix::NamespaceInfo namespace_for(const JobMap& map, int node, const GenerationI
   }
   ns.this_node = node;
   ns.oversubscribed = gen.oversubscribed;
+  // As mpirun: the universe is the allocation's slots (room for MPI_Comm_spawn), where they
+  // are limited.
+  int slots = 0;
+  for (const auto& n : map.nodes) slots = n.slots > 0 && slots >= 0 ? slots + n.slots : -1;
+  ns.universe_size = std::max(slots, map.world_size);
   return ns;
 }
 
@@ -103,6 +111,85 @@ void NodeRunner::open(EventLoop& loop, AgentListener& listener, pmix::ModexRoute
   env_ = std::move(env);
   agent_ =
       std::make_unique<NodeAgent>(loop, listener, router, server_nspace, plan_.topology->raw());
+  agent_->on_spawn_request(
+      [this](pmix::SpawnRequest req, pmix::SpawnDone done) { spawn_here(std::move(req), done); });
+}
+
+void NodeRunner::spawn_via(std::function<void(pmix::SpawnRequest, pmix::SpawnDone)> forward) {
+  agent_->on_spawn_request([this, forward](pmix::SpawnRequest req, pmix::SpawnDone done) {
+    try {
+      resolve_spawn(req);
+    } catch (const SpawnError& e) {
+      return done(e.what(), "");
+    }
+    forward(std::move(req), std::move(done));
+  });
+}
+
+void NodeRunner::resolve_spawn(pmix::SpawnRequest& req) const {
+  auto path = env_.find("PATH");
+  for (auto& app : req.apps) {
+    if (app.cwd.empty()) app.cwd = job_.wdir;
+    app.cmd = resolve_spawn_program(app.cmd, app.cwd, path == env_.end() ? "" : path->second);
+  }
+}
+
+// A single-node job: this node is the whole job.
+void NodeRunner::spawn_here(pmix::SpawnRequest req, pmix::SpawnDone done) {
+  std::string who = "MPI_Comm_spawn from rank " + std::to_string(req.parent_rank);
+  try {
+    resolve_spawn(req);
+    SpawnJob sj = plan_spawn(req, job_.map, {static_cast<int>(agent_->live())}, job_.oversubscribe);
+    sj.generation = gen_.generation;
+    sj.number = ++spawned_;
+    sj.nspace = spawn_namespace(namespace_name(gen_.job_id, gen_.generation), sj.number);
+    start_spawned(sj);
+    done("", sj.nspace);
+  } catch (const std::exception& e) {
+    std::string line = "pytorch_exec: " + who + ": " + e.what() + "\n";
+    write_all(2, line.data(), line.size());
+    done(e.what(), "");
+  }
+}
+
+void NodeRunner::start_spawned(const SpawnJob& sj) {
+  const std::string& me = job_.map.nodes.at(static_cast<size_t>(job_.node)).host;
+  pmix::NamespaceInfo ns;
+  ns.nspace = sj.nspace;
+  ns.world_size = sj.map.world_size;
+  ns.this_node = -1;
+  for (size_t i = 0; i < sj.map.nodes.size(); ++i) {
+    ns.hosts.push_back(sj.map.nodes[i].host);
+    ns.node_ranks.push_back(sj.map.nodes[i].ranks);
+    if (sj.map.nodes[i].host == me) ns.this_node = static_cast<int>(i);
+  }
+  ns.universe_size = sj.universe_size;
+  ns.parent_nspace = sj.parent_nspace;
+  ns.parent_rank = sj.parent_rank;
+  ns.appnum = sj.appnum;
+  std::vector<WorkerSpec> specs;
+  if (ns.this_node >= 0) {
+    const auto& ranks = ns.node_ranks[static_cast<size_t>(ns.this_node)];
+    ns.oversubscribed = oversubscribed_here(agent_->live() + ranks.size());
+    GenerationInfo gen = gen_;
+    gen.oversubscribed = ns.oversubscribed;
+    for (int rank : ranks) {
+      const auto& app = sj.apps.at(static_cast<size_t>(sj.appnum.at(static_cast<size_t>(rank))));
+      EnvMap base = env_;
+      for (const auto& var : app.env) {
+        auto eq = var.find('=');
+        if (eq != std::string::npos) base[var.substr(0, eq)] = var.substr(eq + 1);
+      }
+      WorkerSpec w;
+      w.rank = rank;
+      w.spawn.path = app.cmd;
+      w.spawn.argv = app.argv;
+      w.spawn.envp = to_envp(worker_environment(base, job_.exports, sj.map, rank, gen));
+      w.spawn.wdir = app.cwd.empty() ? job_.wdir : app.cwd;
+      specs.push_back(std::move(w));
+    }
+  }
+  agent_->start_spawned(gen_.generation, sj.number, std::move(specs), ns);
 }
 
 void NodeRunner::remap(JobMap map, int node) {
@@ -116,6 +203,8 @@ void NodeRunner::remap(JobMap map, int node) {
 }
 
 void NodeRunner::start(GenerationInfo gen) {
+  gen_ = gen;
+  spawned_ = 0;
   const auto& ranks = job_.map.nodes.at(static_cast<size_t>(job_.node)).ranks;
   gen.oversubscribed = oversubscribed_here(ranks.size());
   auto specs = node_worker_specs(job_, env_, plan_, gen);

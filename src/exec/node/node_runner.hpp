@@ -7,6 +7,7 @@
 // Threading: everything runs on the event-loop thread.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "exec/node/node_agent.hpp"
 #include "exec/node/node_job.hpp"
 #include "exec/node/node_plan.hpp"
+#include "exec/node/spawn_plan.hpp"
 #include "pmix_rdzv/modex_router.hpp"
 
 namespace pe {
@@ -53,6 +55,17 @@ class NodeRunner {
   // (those that were are reported as usual).
   void start(GenerationInfo gen);
 
+  // MPI_Comm_spawn.  A single-node job places and starts the processes here (the default once
+  // open); a daemon of a multi-node job passes `forward`, which carries the request to the front
+  // end, after the programs are resolved here (resolve_spawn).
+  void spawn_via(std::function<void(pmix::SpawnRequest, pmix::SpawnDone)> forward);
+  // The programs of a request as this node finds them (its PATH, the job's directory).  Throws
+  // SpawnError.
+  void resolve_spawn(pmix::SpawnRequest& req) const;
+  // Starts this node's processes of a spawned job of the running generation; every node of the
+  // generation registers its namespace.  Throws Error.
+  void start_spawned(const SpawnJob& sj);
+
   const NodeJob& job() const { return job_; }
   const NodePlan& plan() const { return plan_; }
   NodeAgent* agent() { return agent_.get(); }
@@ -60,9 +73,13 @@ class NodeRunner {
   size_t live() const { return agent_ ? agent_->live() : 0; }
 
  private:
+  void spawn_here(pmix::SpawnRequest req, pmix::SpawnDone done);
+
   NodeJob job_;
   EnvMap env_;
-  NodePlan plan_;  // before agent_: the agent borrows its topology
+  GenerationInfo gen_;  // the running generation
+  int spawned_ = 0;     // its spawned jobs
+  NodePlan plan_;       // before agent_: the agent borrows its topology
   std::unique_ptr<NodeAgent> agent_;
 };
 

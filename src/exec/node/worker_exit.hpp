@@ -9,6 +9,7 @@ struct WorkerExit {
   int rank = 0;
   pid_t pid = -1;
   int generation = 0;
+  int spawn = 0;       // 0: a rank of the job; else the number of the spawned job it belongs to
   int status = 0;      // wait status
   int exec_errno = 0;  // non-zero when execve (or binding, with bind_failed) failed in the child
   bool bind_failed = false;

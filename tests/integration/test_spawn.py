@@ -1,0 +1,276 @@
+"""MPI dynamic processes under pytorch_exec: MPI_Comm_spawn and MPI_Comm_spawn_multiple from C,
+mpi4py's Comm.Spawn and an mpi4py.futures pool, on one node, across launch-agent "nodes" on this
+machine and across network-namespace hosts.  The children exchange messages with their parents
+over the intercommunicator; a failing child ends the job with a report; a spawn beyond the slots
+is refused at once with one line; nothing is left running after any of it, nor after the
+launcher is killed."""
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import netns
+from harness import (EXEC, SRCDIR, SYSTEM_PYTHON, TestFailure, assert_no_leftovers, check, main,
+                     marker_env, processes_with_marker, run, script, skip, start, tmpdir,
+                     wait_until)
+
+MPI_SRC = os.path.join(SRCDIR, "tests", "mpi")
+BIN = tmpdir()
+
+
+def build():
+    if not shutil.which("mpicc"):
+        skip("mpicc not found (libopenmpi-dev)")
+    for prog in ("spawn", "spawn_multiple"):
+        r = subprocess.run(["mpicc", "-O1", "-o", os.path.join(BIN, prog),
+                            os.path.join(MPI_SRC, prog + ".c")], capture_output=True, text=True)
+        check(r.returncode == 0, f"mpicc {prog}.c: {r.stderr}")
+
+
+def prog(name):
+    return os.path.join(BIN, name)
+
+
+def agent(marker):
+    """Launch-agent "nodes" on this machine, started with a clean environment as ssh would."""
+    return f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={marker} PE_NODE={{host}}"
+
+
+def tcp_env(extra=None):
+    # Several "nodes" on one machine: Open MPI's shared memory would see them as one.
+    env = marker_env(extra)
+    env.update({"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"})
+    return env
+
+
+def check_exchange(r, parents, children):
+    """The parents' and children's lines of tests/mpi/spawn.c."""
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    out = r.stdout
+    for p in range(parents):
+        check(re.search(rf"parent {p} of {parents}: spawned {children}, sum {children}: ok", out), out)
+    for c in range(children):
+        check(re.search(rf"child {c} of {children}: got {100 + c}, token 42, parents {parents}, "
+                        rf"sum {10 * parents}", out), out)
+        check(f"parent: child {c} answered {2 * (100 + c)} from" in out, out)
+
+
+def test_spawn_exchanges_messages_over_the_intercommunicator():
+    env = marker_env()
+    r = run(["-n", "2", "--tag-output", prog("spawn"), "3"], env=env, timeout=60)
+    check_exchange(r, 2, 3)
+    # Output tagged with the spawned job's number and the children's own ranks.
+    for c in range(3):
+        check(re.search(rf"^\[1\.1,{c}\]<stdout>:child {c} of 3", r.stdout, re.M), r.stdout)
+    check(re.search(r"^\[1,1\]<stdout>:parent 1 of 2", r.stdout, re.M), r.stdout)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_spawn_multiple_gives_each_command_its_appnum():
+    env = marker_env()
+    r = run(["-n", "1", prog("spawn_multiple")], env=env, timeout=60)
+    check(r.returncode == 0 and "parent: 3 children, appnum sum 2: ok" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    rows = sorted(line for line in r.stdout.splitlines() if line.startswith("child"))
+    check(rows == ["child 0 of 3: appnum 0 arg first", "child 1 of 3: appnum 1 arg second",
+                   "child 2 of 3: appnum 1 arg second"], rows)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_failing_child_is_reported_and_ends_the_job():
+    env = marker_env()
+    r = run(["-n", "2", prog("spawn"), "2", "-", "1"], env=env, timeout=60)
+    check(r.returncode == 3, f"exit {r.returncode}, expected 3: {r.stderr}")
+    check(re.search(r"spawned process 1 of MPI_Comm_spawn #1 \(pid \d+\) exited with status 3",
+                    r.stderr), r.stderr)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def refused(args, env, free):
+    t0 = time.monotonic()
+    r = run(args, env=env, timeout=60)
+    took = time.monotonic() - t0
+    check(r.returncode == 4, f"exit {r.returncode}, expected 4 (MPI_Abort): {r.stdout} {r.stderr}")
+    check("spawn failed: MPI_ERR_SPAWN" in r.stdout, r.stdout)
+    lines = [l for l in r.stderr.splitlines() if "MPI_Comm_spawn from rank 0" in l]
+    check(len(lines) == 1 and f"have {free} free slot(s) (add --oversubscribe" in lines[0],
+          r.stderr)
+    check(took < 20, f"the refusal took {took:.1f} s")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_spawn_beyond_the_slots_is_refused_at_once():
+    env = marker_env()
+    refused(["-H", "localhost:2", "-n", "2", prog("spawn"), "1"], env, 0)
+    refused(["-H", "localhost:3", "-n", "1", prog("spawn"), "3"], env, 2)
+    # As for the job's own ranks, --oversubscribe lets it place more than the slots.
+    r = run(["-H", "localhost:2", "--oversubscribe", "-n", "2", prog("spawn"), "2"], env=env,
+            timeout=60)
+    check_exchange(r, 2, 2)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_killing_the_launcher_leaves_no_children():
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for multi in (False, True):
+            env = tcp_env({"SPAWN_CHILD_SLEEP": "60"})
+            marker = env["PE_TEST_MARKER"]
+            nodes = ["-H", "a:2,b:2", "--map-by", "node", "--launch-agent", agent(marker)]
+            # The launcher, its daemons, two parents and two children.
+            want = 7 if multi else 5
+            p = start((nodes if multi else []) + ["-n", "2", prog("spawn"), "2"], env=env,
+                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            try:
+                check(wait_until(lambda: len(processes_with_marker(marker)) >= want, 30),
+                      f"the children did not start: {processes_with_marker(marker)}")
+                p.send_signal(sig)
+                p.wait(timeout=30)
+            finally:
+                if p.poll() is None:
+                    p.kill()
+            assert_no_leftovers(marker, timeout=10)
+
+
+def mpi4py_missing():
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import mpi4py.futures"], capture_output=True)
+    return "mpi4py not installed (python3-mpi4py)" if probe.returncode else None
+
+
+def test_mpi4py_comm_spawn():
+    why = mpi4py_missing()
+    if why:
+        print(f"  ({why}: not run)")
+        return
+    code = script(
+        "import sys\nfrom mpi4py import MPI\n"
+        "parent = MPI.Comm.Get_parent()\n"
+        "if parent == MPI.COMM_NULL:\n"
+        "    inter = MPI.COMM_WORLD.Spawn(sys.executable, [__file__], maxprocs=3)\n"
+        "    root = MPI.ROOT if MPI.COMM_WORLD.rank == 0 else MPI.PROC_NULL\n"
+        "    got = inter.gather(None, root=root)\n"
+        "    inter.bcast('from the parents', root=root)\n"
+        "    if MPI.COMM_WORLD.rank == 0:\n"
+        "        print('parent got', got)\n"
+        "    inter.Disconnect()\n"
+        "else:\n"
+        "    parent.gather((MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size), root=0)\n"
+        "    print('child', MPI.COMM_WORLD.rank, parent.bcast(None, root=0))\n"
+        "    parent.Disconnect()\n", suffix=".py")
+    env = marker_env()
+    r = run(["-n", "2", SYSTEM_PYTHON, code], env=env, timeout=90)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    check("parent got [(0, 3), (1, 3), (2, 3)]" in r.stdout, r.stdout)
+    for c in range(3):
+        check(f"child {c} from the parents" in r.stdout, r.stdout)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def futures_pool(args, env):
+    code = script(
+        "from mpi4py.futures import MPIPoolExecutor\n"
+        "import os\n"
+        "def work(x):\n"
+        "    return x * x, os.getpid()\n"
+        "if __name__ == '__main__':\n"
+        "    with MPIPoolExecutor(max_workers=2) as pool:\n"
+        "        got = list(pool.map(work, range(20)))\n"
+        "    print('sum', sum(v for v, _ in got), 'workers', len({p for _, p in got}))\n",
+        suffix=".py")
+    r = run(args + [SYSTEM_PYTHON, code], env=env, timeout=90)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    m = re.search(r"sum 2470 workers (\d)", r.stdout)
+    check(m and 1 <= int(m.group(1)) <= 2, r.stdout)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_mpi4py_futures_pool():
+    why = mpi4py_missing()
+    if why:
+        print(f"  ({why}: not run)")
+        return
+    futures_pool(["-n", "1"], marker_env())
+    # As under mpirun, MPI_UNIVERSE_SIZE is the allocation's slots: a default pool fills them.
+    code = script(
+        "from mpi4py import MPI\nfrom mpi4py.futures import MPIPoolExecutor\n"
+        "if __name__ == '__main__':\n"
+        "    print('universe', MPI.COMM_WORLD.Get_attr(MPI.UNIVERSE_SIZE))\n"
+        "    with MPIPoolExecutor() as pool:\n"
+        "        print('sum', sum(pool.map(abs, range(-10, 10))))\n", suffix=".py")
+    env = marker_env()
+    r = run(["-H", "localhost:3", "-n", "1", SYSTEM_PYTHON, code], env=env, timeout=90)
+    check(r.returncode == 0 and "universe 3" in r.stdout and "sum 100" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_spawn_across_nodes():
+    env = tcp_env()
+    la = ["--launch-agent", agent(env["PE_TEST_MARKER"])]
+    nodes = ["-H", "a:2,b:2", "--map-by", "node"] + la
+    # A free slot on each node: one child on each, messages across them.
+    r = run(nodes + ["-v", "-n", "2", prog("spawn"), "2"], env=env, timeout=60)
+    check_exchange(r, 2, 2)
+    for host in "ab":
+        check(re.search(rf"@{host} pmix info: namespace \S+\.spawn1 registered: 2 ranks, 1 here",
+                        r.stderr), r.stderr)
+    # "host" puts them where it says.
+    r = run(nodes + ["-v", "-n", "2", prog("spawn"), "1", "b"], env=env, timeout=60)
+    check_exchange(r, 2, 1)
+    check(re.search(r"@b pmix info: namespace \S+\.spawn1 registered: 1 ranks, 1 here", r.stderr),
+          r.stderr)
+    # So does "add-host" (a host of the job's; a node without its ranks has no daemon).
+    r = run(nodes + ["-v", "-x", "SPAWN_HOST_KEY=add-host", "-n", "2", prog("spawn"), "1", "b"],
+            env=env, timeout=60)
+    check_exchange(r, 2, 1)
+    check(re.search(r"@b pmix info: namespace \S+\.spawn1 registered: 1 ranks, 1 here", r.stderr),
+          r.stderr)
+    r = run(["-H", "a:3,b:3", "--map-by", "node"] + la + ["-n", "2", prog("spawn_multiple")],
+            env=env, timeout=60)
+    check(r.returncode == 0 and "parent: 3 children, appnum sum 2: ok" in r.stdout,
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    r = run(nodes + ["-n", "2", prog("spawn"), "2", "-", "0"], env=env, timeout=60)
+    check(r.returncode == 3 and "spawned process 0 of MPI_Comm_spawn #1" in r.stderr,
+          f"exit {r.returncode}: {r.stderr}")
+    refused(nodes + ["-n", "2", prog("spawn"), "3"], env, 2)
+    # Through relaying daemons (a tree of radix 1).
+    r = run(["-H", "a:2,b:2,c:2", "--map-by", "node", "--tree-radix", "1"] + la +
+            ["-n", "3", prog("spawn"), "3"], env=env, timeout=60)
+    check_exchange(r, 3, 3)
+    if not mpi4py_missing():
+        futures_pool(["-H", "a:1,b:1", "--oversubscribe"] + la + ["-n", "2"], env)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+def test_spawn_across_netns_hosts():
+    why = netns.available()
+    if why:
+        print(f"  ({why}: not run)")
+        return
+    with netns.NetnsBed(2) as bed:
+        env = marker_env({"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "pe0"})
+        h1, h2 = bed.nodes
+        cmd = ["ip", "netns", "exec", bed.front, EXEC, "--launch-agent", "ip netns exec {host}",
+               "-H", f"{h1}:1,{h2}:2", "-n", "2", prog("spawn"), "1", h2]
+        try:
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+        except subprocess.TimeoutExpired as e:
+            raise TestFailure("the spawn across hosts did not finish within 90 s") from e
+        check_exchange(r, 2, 1)
+        net = subprocess.run(["ip", "netns", "exec", h2, "readlink", "/proc/self/ns/net"],
+                             capture_output=True, text=True).stdout.strip()
+        check(f"answered 200 from" in r.stdout and net in r.stdout,
+              f"the child is not on {h2} ({net}): {r.stdout}")
+        assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
+if __name__ == "__main__":
+    build()
+    main([test_spawn_exchanges_messages_over_the_intercommunicator,
+          test_spawn_multiple_gives_each_command_its_appnum,
+          test_failing_child_is_reported_and_ends_the_job,
+          test_spawn_beyond_the_slots_is_refused_at_once,
+          test_killing_the_launcher_leaves_no_children,
+          test_mpi4py_comm_spawn, test_mpi4py_futures_pool,
+          test_spawn_across_nodes, test_spawn_across_netns_hosts])
