@@ -165,8 +165,13 @@ def test_elastic_job_goes_on_when_slurm_sets_a_node_down():
         p.kill()
         raise TestFailure("the elastic job did not end within 90 s of the node going down") from e
     finally:
-        if down:
+        if down:  # back in service before the next test, which needs all four nodes
             sh(["scontrol", "update", f"nodename={down}", "state=resume"], env)
+            for _ in range(40):
+                r = sh(["sinfo", "-h", "-n", down, "-o", "%t"], env)
+                if r.stdout.strip() in ("idle", "alloc", "mix"):
+                    break
+                time.sleep(0.25)
         if p.poll() is None:
             p.kill()
             p.wait()
@@ -232,7 +237,7 @@ def test_a_second_test_bed_beside_the_first():
         check(first_pids <= alive, f"the first test bed's daemons {first_pids - alive} were stopped")
         check(testbed(["status"], second).returncode == 1, "the second test bed still says it is up")
         r = sh(["sinfo", "-h", "-N", "-o", "%t"], env)
-        check(sorted(set(r.stdout.split())) in (["alloc"], ["mix"]), f"the first test bed's nodes: {r.stdout}")
+        check(sorted(set(r.stdout.split())) in (["alloc"], ["mix"]), f"the first test bed's nodes: {r.stdout} {r.stderr}")
     finally:
         if step:
             step.kill()
