@@ -3,6 +3,7 @@ munged, slurmctld and four slurmd).  `salloc -N 4 pytorch_exec` starts one pytor
 with srun; `srun --mpi=pmix ... pytorch_exec PROGRAM` is the direct launch.  Open MPI programs and
 a torch gloo allreduce run both ways, and the torch backend "dc" under srun.  Needs root and SLURM (skips otherwise)."""
 import glob
+import hashlib
 import os
 import re
 import shutil
@@ -251,6 +252,10 @@ if __name__ == "__main__":
     missing = [b for b in ("munged", "slurmctld", "slurmd", "srun", "salloc") if not shutil.which(b)]
     if missing:
         skip(f"SLURM is not installed ({', '.join(missing)} missing: apt-get install munge slurm-wlm)")
+    # A test bed of this build tree's own (unless PE_SLURM_DIR names one): test runs of other trees
+    # on the machine at the same time (their jobs, their node-down test) stay out of this one's way.
+    tree = hashlib.sha1(os.path.abspath(BUILDDIR).encode()).hexdigest()[:10]
+    os.environ.setdefault("PE_SLURM_DIR", f"/var/tmp/pytorch_exec-slurm-{tree}")
     was_up = subprocess.run([TESTBED, "status"], capture_output=True).returncode == 0
     r = subprocess.run([TESTBED, "start"], capture_output=True, text=True, timeout=120)
     if r.returncode != 0:
