@@ -9,6 +9,7 @@
 
 #include "dc/gpu/probe.hpp"
 #include "dc/gpu/status.hpp"
+#include "testlib.hpp"
 
 using namespace pytorch_exec::dc;
 
@@ -81,4 +82,21 @@ TEST(GpuBuild, TypesAndOpsMapOntoNccl) {
 TEST(GpuBuild, VersionStrings) {
   EXPECT_EQ(gpu::nccl_version_string(23007), "2.30.7");
   EXPECT_EQ(gpu::cuda_version_string(13020), "13.2");
+}
+
+TEST(GpuBuild, DeviceCallsWithoutAGpuAreOneErrorOnEveryRankAndTheGroupStaysUsable) {
+  if (gpu::probe().devices > 0) GTEST_SKIP() << "a GPU is visible: gpu_check tests the device path";
+  ASSERT_TRUE(ProcessGroup::has_gpu_path());
+  auto g = ProcessGroup::threads(2);
+  auto errors = dctest::errors_of(g, [](ProcessGroup& pg, int) {
+    float x = 1;
+    pg.allreduce_device_sync(&x, 1, DType::F32, Op::Sum, nullptr);
+  });
+  for (const auto& e : errors)
+    EXPECT_EQ(e.rfind("allreduce_device_sync: no GPU visible (", 0), 0u) << e;
+  dctest::on_all(g, [](ProcessGroup& pg, int r) {
+    float x = static_cast<float>(r + 1);
+    pg.allreduce(&x, 1, DType::F32, Op::Sum);
+    EXPECT_EQ(x, 3.0f);
+  });
 }
