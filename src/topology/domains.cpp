@@ -18,10 +18,6 @@ void fill_cpus(const Topology& t, Domain& d, hwloc_bitmap_t set) {
   d.os_cpus = cpuset_os_cpus(set);
 }
 
-}  // namespace
-
-namespace {
-
 // The package (socket) above a device, or nullptr.
 hwloc_obj_t package_of(const Topology& t, hwloc_obj_t o) {
   hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t.raw(), o);

@@ -1,7 +1,8 @@
 // The plan of the GPU path's levels: the rings (NCCL communicators or host rings) a job builds
 // and which shard of the cross-node step each rank owns.  A pure function of each node's
 // topology analysis and its ranks' placement (--display-topology, --display-map, --dry-run show
-// it; the DataChannel's GPU path builds the same levels).
+// it).  The DataChannel's GPU path is to build these levels; today it uses one NCCL communicator
+// of all ranks (src/dc/gpu/device.cpp).
 //
 //   level 1  inside each locality domain (NVLink island, root complex): NCCL among its ranks;
 //   level 2  across the domains of a node: "rail" p joins the p-th rank of every domain (p below
@@ -44,7 +45,7 @@ struct GpuPlan {
   bool gpus = false;          // every rank has a GPU: the plan applies
   bool flat = false;          // one node, one domain: one NCCL communicator of all ranks
   int shards = 0;             // of the cross-node step (0 on one node)
-  std::vector<Ring> rings;    // by level, then node, domain, index; rings of one rank are left out
+  std::vector<Ring> rings;    // by level, node, domain, index; one-rank rings left out (not flat)
   std::vector<int> shard_of;  // by global rank: the cross-node shard it owns, -1 none
   std::string note;           // why there is no plan, or ""
 };
