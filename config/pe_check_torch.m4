@@ -2,7 +2,8 @@
 # --with-torch[=PYTHON]: the Python whose torch the extension is built for; default: auto, the
 # first of python3 on PATH and the quick start's virtualenv ($PYTORCH_EXEC_VENV, else
 # /var/cache/pytorch_exec/venv-torch) that imports torch 2.x.  Builds with torch's include and
-# library paths and its _GLIBCXX_USE_CXX11_ABI.
+# library paths and its _GLIBCXX_USE_CXX11_ABI.  Sets pe_torch_nccl_dir when torch carries the
+# nvidia-nccl wheel (site-packages/nvidia/nccl); run before PE_CHECK_NCCL.
 AC_DEFUN([PE_CHECK_TORCH], [
   AC_ARG_WITH([torch],
     [AS_HELP_STRING([--with-torch@<:@=PYTHON@:>@],
@@ -11,6 +12,7 @@ AC_DEFUN([PE_CHECK_TORCH], [
   pe_have_torch=no
   pe_torch_summary=no
   TORCH_PYTHON=""; TORCH_CPPFLAGS=""; TORCH_LIBS=""; TORCH_PYTHON_VERSION=""
+  pe_torch_nccl_dir=""  # the nvidia-nccl wheel beside torch: the NCCL torch loads (PE_CHECK_NCCL)
   pe_torch_venv="${PYTORCH_EXEC_VENV:-/var/cache/pytorch_exec/venv-torch}"
   AS_CASE([$with_torch],
     [no], [pe_torch_cands=""],
@@ -39,6 +41,8 @@ print(torch.__version__, int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.__path__[[0
           TORCH_CPPFLAGS="$TORCH_CPPFLAGS -D_GLIBCXX_USE_CXX11_ABI=$pe_tabi"
           TORCH_LIBS="-L$pe_tdir/lib -Wl,-rpath,$pe_tdir/lib -ltorch_python -ltorch_cpu -ltorch -lc10"
           pe_torch_summary="yes (torch $pe_tver, $TORCH_PYTHON)"
+          AS_IF([test -f "$pe_tdir/../nvidia/nccl/include/nccl.h"],
+            [pe_torch_nccl_dir=`cd "$pe_tdir/../nvidia/nccl" && pwd`])
           break],
          [AC_MSG_RESULT([no (no C++ headers or no Python.h)])])],
       [AC_MSG_RESULT([no])])

@@ -134,6 +134,19 @@ class ProcessGroup {
                 double timeout = -1);
   void gather(const void* in, void* out, size_t bytes, int root, double timeout = -1);
   void scatter(const void* in, void* out, size_t bytes, int root, double timeout = -1);
+  // Device memory (the GPU path, when configure found CUDA and NCCL; without it each call throws
+  // Error saying so).  `buf`: CUDA memory on the current device, the same device on every call
+  // of the group; `stream`: a cudaStream_t (nullptr: the legacy default stream).
+  // allreduce_device enqueues an in-place allreduce on `stream` and returns (stream-ordered, like
+  // NCCL); allreduce_device_sync also waits for it, at most `timeout`.  The first call, on every
+  // rank, creates the group's NCCL communicator (rank 0's unique id goes over the group); it is
+  // cached, and aborted on an error or timeout, after which the calls throw.  No GPU visible: an
+  // Error on this rank before anything is exchanged.  Today one communicator of all ranks; the
+  // planned levels (NCCL per locality domain, host-staged rings across nodes) are not built yet.
+  static bool has_gpu_path();
+  void allreduce_device(void* buf, size_t count, DType t, Op op, void* stream, double timeout = -1);
+  void allreduce_device_sync(void* buf, size_t count, DType t, Op op, void* stream,
+                             double timeout = -1);
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);

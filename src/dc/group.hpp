@@ -19,6 +19,10 @@
 
 namespace pytorch_exec::dc {
 
+namespace gpu {
+struct DeviceState;  // the GPU path's communicators (gpu/device.cpp); incomplete here
+}  // namespace gpu
+
 struct ProcessGroup::Impl {
   Settings s;
   std::string key;  // unique name of this group (shm segment names)
@@ -42,6 +46,7 @@ struct ProcessGroup::Impl {
   Comm flat_c;                     // all ranks, over the intra-node transport on a single node
   uint64_t seq = 0;
   int splits = 0;
+  std::shared_ptr<gpu::DeviceState> gpu;  // made by the first device-memory call
   std::string failed;
 
   // Fills the layout and the Comms from world, node_of, shared_cpus and rank; creates the shm

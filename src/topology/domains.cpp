@@ -6,6 +6,8 @@
 #include <map>
 #include <sstream>
 
+#include "topology/gpu_levels.hpp"
+
 namespace pe::topo {
 namespace {
 
@@ -16,31 +18,44 @@ void fill_cpus(const Topology& t, Domain& d, hwloc_bitmap_t set) {
   d.os_cpus = cpuset_os_cpus(set);
 }
 
-void nearest_nics(const Topology& t, Domain& d, const std::vector<hwloc_obj_t>& from) {
+// The package (socket) above a device, or nullptr.
+hwloc_obj_t package_of(const Topology& t, hwloc_obj_t o) {
+  hwloc_obj_t anc = hwloc_get_non_io_ancestor_obj(t.raw(), o);
+  while (anc && anc->type != HWLOC_OBJ_PACKAGE) anc = anc->parent;
+  return anc;
+}
+
+}  // namespace
+
+NearestNics nearest_nics(const Topology& t, const std::vector<hwloc_obj_t>& from) {
+  NearestNics r;
   int best = 1 << 30;
   for (size_t n = 0; n < t.nics().size(); ++n) {
-    int worst = 0;
+    const Nic& nic = t.nics()[n];
+    // The worst over `from` of (path class, then: in another package).  Two NUMA nodes of one
+    // package are SYS apart like two packages, but nearer.
+    int worst = -1;
     std::string cls;
     for (hwloc_obj_t o : from) {
-      Path p = pci_path(t, o, t.nics()[n].obj);
-      if (p.rank() > worst) {
-        worst = p.rank();
+      Path p = pci_path(t, o, nic.obj);
+      int key = p.rank() * 2 + (package_of(t, o) == package_of(t, nic.obj) ? 0 : 1);
+      if (key > worst) {
+        worst = key;
         cls = p.str();
       }
     }
     // At equal distance an RDMA device (an OpenFabrics name, not a plain netdev) comes first.
-    bool rdma = t.nics()[n].netdevs.empty() || t.nics()[n].name != t.nics()[n].netdevs.front();
+    bool rdma = nic.netdevs.empty() || nic.name != nic.netdevs.front();
     worst = worst * 2 + (rdma ? 0 : 1);
     if (worst < best) {
       best = worst;
-      d.nics.clear();
-      d.nic_path = cls;
+      r.nics.clear();
+      r.path = cls;
     }
-    if (worst == best) d.nics.push_back(static_cast<int>(n));
+    if (worst == best) r.nics.push_back(static_cast<int>(n));
   }
+  return r;
 }
-
-}  // namespace
 
 Analysis analyse(const Topology& t) {
   Analysis a;
@@ -76,7 +91,9 @@ Analysis analyse(const Topology& t) {
     }
     d.numa = gpus[static_cast<size_t>(d.gpus.front())].numa;
     fill_cpus(t, d, set);
-    nearest_nics(t, d, objs);
+    NearestNics near = nearest_nics(t, objs);
+    d.nics = near.nics;
+    d.nic_path = near.path;
     a.domains.push_back(d);
   }
   if (gpus.empty()) {
@@ -146,6 +163,12 @@ std::string format_topology(const Topology& t, const Analysis& a) {
     for (int n : d.nics) os << " " << nics[static_cast<size_t>(n)].name;
     if (!d.nic_path.empty()) os << " (" << d.nic_path << ")";
     os << "; cpus " << d.cpuset << "; NUMA " << d.numa << "\n";
+  }
+  if (!gpus.empty()) {
+    // The levels a job of one rank per GPU on this machine alone would build.
+    NodeRanks n{&t, &a, {}, place_ranks(t, a, PlacementOptions{static_cast<int>(gpus.size())})};
+    for (size_t i = 0; i < gpus.size(); ++i) n.ranks.push_back(static_cast<int>(i));
+    os << "\nWith one rank per GPU:\n" << format_gpu_plan(plan_gpu_levels({n}));
   }
   return os.str();
 }

@@ -29,6 +29,16 @@ struct Analysis {
 
 Analysis analyse(const Topology& t);
 
+// The NICs nearest a set of PCI devices (a domain's or a rank's GPUs): the lowest worst path
+// class from those devices (PIX before PXB, PHB, NODE, SYS; at SYS, one in the same package
+// before one in another), an RDMA device before a plain network interface at equal distance; in
+// Topology::nics() order.
+struct NearestNics {
+  std::vector<int> nics;  // positions in Topology::nics()
+  std::string path;       // their path class, "" without NICs
+};
+NearestNics nearest_nics(const Topology& t, const std::vector<hwloc_obj_t>& from);
+
 // The --display-topology printout: GPU/NIC matrix in nvidia-smi style, domains and cpusets.
 std::string format_topology(const Topology& t, const Analysis& a);
 

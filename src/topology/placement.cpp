@@ -101,6 +101,42 @@ void bind(const Topology& t, const Analysis& a, BindTo how, bool have_gpus,
   hwloc_bitmap_free(set);
 }
 
+// Rail alignment: a rank with GPUs gets the NICs nearest its own GPUs (nearest_nics).  The GPU
+// blocks that find the same nearest NICs share them out in order (with m blocks and n NICs:
+// block k gets NIC k mod n when m >= n, else NICs k, k+m, ...); ranks on one block get the same
+// NICs.  A rank without GPUs gets its domain's NICs.
+void assign_nics(const Topology& t, const Analysis& a, std::vector<RankPlacement>& ranks) {
+  std::map<std::vector<int>, std::vector<std::vector<int>>> sharing;  // nearest NICs -> blocks
+  std::map<std::vector<int>, std::vector<int>> chosen;                // block -> its NICs
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const Domain& d = a.domains[static_cast<size_t>(ranks[i].domain)];
+    if (ranks[i].gpus.empty()) {
+      for (int n : d.nics) ranks[i].nics.push_back(t.nics()[static_cast<size_t>(n)].name);
+      continue;
+    }
+    std::vector<hwloc_obj_t> objs;
+    for (int idx : ranks[i].gpus)
+      for (const auto& g : t.gpus())
+        if (g.index == idx) objs.push_back(g.obj);
+    NearestNics near = nearest_nics(t, objs);
+    ranks[i].nic_path = near.path;
+    if (near.nics.empty()) continue;
+    auto& blocks = sharing[near.nics];
+    if (std::find(blocks.begin(), blocks.end(), ranks[i].gpus) == blocks.end())
+      blocks.push_back(ranks[i].gpus);
+  }
+  for (const auto& [nics, blocks] : sharing) {
+    const size_t n = nics.size(), m = blocks.size();
+    for (size_t k = 0; k < m; ++k)
+      for (size_t j = m >= n ? k % n : k; j < n; j += m >= n ? n : m)
+        chosen[blocks[k]].push_back(nics[j]);
+  }
+  for (size_t i = 0; i < ranks.size(); ++i)
+    if (!ranks[i].gpus.empty())
+      for (int n : chosen[ranks[i].gpus])
+        ranks[i].nics.push_back(t.nics()[static_cast<size_t>(n)].name);
+}
+
 // "a, b or c".
 template <typename E, size_t N>
 std::string list_choices(const E (&choices)[N]) {
@@ -200,11 +236,8 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
     for (size_t i = 0; i < ranks.size(); ++i)
       ranks[i].domain = static_cast<int>(o.map_by == MapBy::Numa ? i % nd : i * nd / ranks.size());
   }
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    ranks[i].local_rank = static_cast<int>(i);
-    for (int n : a.domains[static_cast<size_t>(ranks[i].domain)].nics)
-      ranks[i].nics.push_back(t.nics()[static_cast<size_t>(n)].name);
-  }
+  for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
+  assign_nics(t, a, ranks);
   bind(t, a, o.bind_to, ngpus > 0, ranks);
   return ranks;
 }
@@ -215,6 +248,7 @@ std::string describe_placement(const RankPlacement& r) {
      << ", NIC ";
   if (r.nics.empty()) os << "none";
   for (size_t i = 0; i < r.nics.size(); ++i) os << (i ? "," : "") << r.nics[i];
+  if (!r.nic_path.empty() && !r.nics.empty()) os << " (" << r.nic_path << ")";
   os << ", cpus " << (r.cpuset.empty() ? "unbound" : r.cpuset);
   return os.str();
 }

@@ -9,6 +9,9 @@
 // Binding: default = the cpus nearest the rank's GPU(s) when there are GPUs, none otherwise;
 // core = one core per rank among those cpus (its domain's without GPUs), wrapping when there
 // are more ranks than cores; numa = its domain's NUMA node; gpu = as default (GPUs required).
+// NICs (rail alignment): the NICs nearest the rank's own GPUs by PCIe path (PIX, PXB, PHB, NODE,
+// SYS; RDMA before Ethernet); GPU blocks with the same nearest NICs share them out, so that two
+// GPUs behind one switch pair with its two NICs one each.  Without GPUs: the domain's NICs.
 #pragma once
 
 #include <string>
@@ -35,7 +38,10 @@ struct RankPlacement {
   int local_rank = 0;
   std::vector<int> gpus;  // GPU indexes (CUDA/NVML numbering); empty without GPUs
   int domain = 0;
-  std::vector<std::string> nics;  // nearest NIC names
+  // NICs: with GPUs, those nearest the rank's own GPUs, shared out among the ranks that find the
+  // same ones (rail alignment); without GPUs, its domain's.
+  std::vector<std::string> nics;
+  std::string nic_path;           // path class from its GPUs to them ("PIX", ...), "" without GPUs
   std::vector<int> os_cpus;       // binding; empty: unbound
   std::string cpuset;             // the same in hwloc list syntax, "" when unbound
 };
@@ -45,7 +51,7 @@ struct RankPlacement {
 std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
                                        const PlacementOptions& o);
 
-// "GPU 0, domain 0, NIC mlx5_0, cpus 0-17,36-53"
+// "GPU 0, domain 0, NIC mlx5_0 (PIX), cpus 0-17,36-53"
 std::string describe_placement(const RankPlacement& r);
 // One line per rank: "local rank 0: " + describe_placement.
 std::string format_placement(const std::vector<RankPlacement>& p);

@@ -131,4 +131,18 @@ TEST(Reduce, HalfAndBfloatConversionsRoundToNearestEven) {
     ASSERT_EQ(float_to_half(half_to_float(static_cast<uint16_t>(h))), h);
 }
 
+// Built without the GPU path, the device-memory calls say so (with it: tests/gpu).
+TEST(DeviceMemory, WithoutTheGpuPathEachCallIsOneError) {
+  if (ProcessGroup::has_gpu_path()) GTEST_SKIP() << "built with the GPU path: see tests/gpu";
+  auto g = ProcessGroup::threads(2);
+  auto errors = errors_of(g, [](ProcessGroup& pg, int) {
+    float x = 1;
+    pg.allreduce_device(&x, 1, DType::F32, Op::Sum, nullptr);
+  });
+  for (const auto& e : errors)
+    EXPECT_EQ(e,
+              "allreduce_device: this libpytorch_dc was built without the GPU path (configure "
+              "found no CUDA or no NCCL)");
+}
+
 }  // namespace

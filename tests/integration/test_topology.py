@@ -43,6 +43,24 @@ def test_dry_run_maps_a_dgx2_and_starts_nothing():
     check("rank 7 (local 7): GPU 14,15, domain 0, NIC none, cpus 24-25" in r.stdout, r.stdout)
 
 
+def test_dry_run_shows_rail_aligned_nics_and_the_gpu_levels():
+    # Issue 18's machine: one NVLink island, each H100 behind its own switch and mlx5.
+    r = run(["--dry-run", "-n", "4", "--topology-file", fixture("xe8640-4xH100-4xmlx5"), "./train"])
+    check(r.returncode == 0, r.stderr)
+    check("rank 1 (local 1): GPU 1, domain 0, NIC mlx5_2 (PIX), cpus" in r.stdout, r.stdout)
+    check("rank 3 (local 3): GPU 3, domain 0, NIC mlx5_3 (PIX), cpus" in r.stdout, r.stdout)
+    check("GPU levels: one NCCL communicator of all 4 ranks" in r.stdout, r.stdout)
+    # Two Lassen nodes: NCCL per socket, shared memory across, one ring per shard across nodes.
+    r = run(["--dry-run", "-H", "a:4,b:4", "--topology-file", fixture("lassen-ac922-4xV100-4xmlx5"), "./train"])
+    check(r.returncode == 0, r.stderr)
+    for line in ["level 1 (nccl) node 1 domain 1: ranks 6 7", "level 2 (shm) node 0 rail 1: ranks 1 3",
+                 "level 3 (tcp/mpi) shard 1: ranks 2 (mlx5_2) 6 (mlx5_2)"]:
+        check(line in r.stdout, r.stdout)
+    r = run(["--display-topology", "--topology-file", fixture("lassen-ac922-4xV100-4xmlx5")])
+    check("With one rank per GPU:" in r.stdout and "level 2 (shm) node 0 rail 0: ranks 0 2" in r.stdout,
+          r.stdout)
+
+
 def test_binding_is_real_and_announced():
     r = run(["-n", "2", "--bind-to", "core", "--report-bindings"] + DUMP)
     check(r.returncode == 0, r.stderr)

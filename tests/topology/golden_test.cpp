@@ -1,4 +1,4 @@
-// Golden outputs over the five real machines: the --display-topology printout and the rank
+// Golden outputs over the six real machines: the --display-topology printout and the rank
 // placement for several -n / --map-by / --bind-to / --gpus-per-rank choices.  Regenerate with
 // PE_REGEN_GOLDEN=1 (writes tests/topology/golden/*.txt in the source tree) and review the diff.
 #include <gtest/gtest.h>
@@ -13,9 +13,9 @@ using namespace pe::topo;
 
 namespace {
 
-const char* kFixtures[] = {"dgx2-16xV100-nvswitch", "power8-4xP100-nvlink",
+const char* kFixtures[] = {"dgx2-16xV100-nvswitch",      "power8-4xP100-nvlink",
                            "lassen-ac922-4xV100-4xmlx5", "relion-x1904gt-2xP100-mlx5",
-                           "supermicro-x9drg-k40m-mlx5"};
+                           "supermicro-x9drg-k40m-mlx5", "xe8640-4xH100-4xmlx5"};
 
 std::string report(const std::string& fixture) {
   auto t = load_topology(LoadOptions{std::string(PE_FIXTURES) + "/" + fixture + ".xml"});

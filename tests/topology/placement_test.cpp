@@ -3,23 +3,12 @@
 
 #include <set>
 
+#include "fixtures.hpp"
 #include "topology/placement.hpp"
 
 using namespace pe::topo;
 
 namespace {
-
-struct Loaded {
-  std::unique_ptr<Topology> t;
-  Analysis a;
-};
-
-Loaded load(const std::string& name) {
-  Loaded l;
-  l.t = load_topology(LoadOptions{std::string(PE_FIXTURES) + "/" + name + ".xml"});
-  l.a = analyse(*l.t);
-  return l;
-}
 
 std::vector<int> gpu_of(const std::vector<RankPlacement>& p) {
   std::vector<int> v;
@@ -52,11 +41,9 @@ TEST(PathTest, LassenGpusPairUpBehindSwitchesAndReachTheirSocketsNics) {
   EXPECT_EQ(gpu_path(*l.t, l.a.nvlinks, 0, 1).str(), "PIX");
   EXPECT_EQ(gpu_path(*l.t, l.a.nvlinks, 0, 2).str(), "SYS");
   ASSERT_EQ(l.a.domains.size(), 2u);
-  std::vector<std::string> nics0, nics1;
-  for (int n : l.a.domains[0].nics) nics0.push_back(l.t->nics()[static_cast<size_t>(n)].name);
-  for (int n : l.a.domains[1].nics) nics1.push_back(l.t->nics()[static_cast<size_t>(n)].name);
-  EXPECT_EQ(nics0, (std::vector<std::string>{"mlx5_0", "mlx5_1"}));  // RDMA before Ethernet
-  EXPECT_EQ(nics1, (std::vector<std::string>{"mlx5_2", "mlx5_3"}));
+  EXPECT_EQ(nic_names(*l.t, l.a.domains[0].nics),
+            (std::vector<std::string>{"mlx5_0", "mlx5_1"}));  // RDMA before Ethernet
+  EXPECT_EQ(nic_names(*l.t, l.a.domains[1].nics), (std::vector<std::string>{"mlx5_2", "mlx5_3"}));
   EXPECT_EQ(l.a.domains[0].nic_path, "NODE");
 }
 

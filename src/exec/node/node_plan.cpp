@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "topology/gpu_levels.hpp"
 
 namespace pe {
 
@@ -75,7 +76,20 @@ std::string format_job_map(const JobMap& map, const std::vector<const NodePlan*>
       os << "\n";
     }
   }
+  os << format_gpu_levels(map, plans);
   return os.str();
+}
+
+std::string format_gpu_levels(const JobMap& map, const std::vector<const NodePlan*>& plans) {
+  std::vector<topo::NodeRanks> nodes;
+  bool gpus = false;
+  for (size_t i = 0; i < map.nodes.size(); ++i) {
+    const NodePlan* plan = i < plans.size() ? plans[i] : nullptr;
+    if (!plan) return "";  // placement unknown somewhere: no plan
+    nodes.push_back({plan->topology.get(), &plan->analysis, map.nodes[i].ranks, plan->ranks});
+    gpus = gpus || !plan->topology->gpus().empty();
+  }
+  return gpus ? topo::format_gpu_plan(topo::plan_gpu_levels(nodes)) : "";
 }
 
 }  // namespace pe

@@ -35,5 +35,8 @@ RankLocality locality_of(const topo::RankPlacement& p);
 // The --display-map / --dry-run printout; plans[i] (may be null: placement unknown there) is
 // node i's.
 std::string format_job_map(const JobMap& map, const std::vector<const NodePlan*>& plans);
+// Its last part: the GPU levels the job would build (topo::plan_gpu_levels); "" when a node's
+// placement is unknown or no node has GPUs.
+std::string format_gpu_levels(const JobMap& map, const std::vector<const NodePlan*>& plans);
 
 }  // namespace pe

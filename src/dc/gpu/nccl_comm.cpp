@@ -1,0 +1,101 @@
+#include "dc/gpu/nccl_comm.hpp"
+
+#include <thread>
+
+#include "dc/gpu/status.hpp"
+
+namespace pytorch_exec::dc::gpu {
+namespace {
+
+// NCCL's own abort pattern polls ncclCommGetAsyncError; this is the pause between two polls.
+void pause() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
+
+}  // namespace
+
+NcclComm::NcclComm(int rank, int size, const ncclUniqueId& id, const Deadline& d) {
+  check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclUniqueId copy = id;
+  check_nccl(ncclCommInitRankConfig(&comm_, size, copy, rank, &config), "ncclCommInitRankConfig");
+  settle(d, "ncclCommInitRankConfig");
+}
+
+NcclComm::~NcclComm() {
+  if (comm_) {
+    // Finalize would wait for the peers; destruction must not hang.
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+  }
+}
+
+void NcclComm::abort(const std::string& why) {
+  if (!comm_) return;
+  aborted_why_ = why;
+  ncclCommAbort(comm_);
+  comm_ = nullptr;
+}
+
+void NcclComm::check_async(const char* during) {
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+  if (r != ncclSuccess) state = r;
+  if (state == ncclSuccess || state == ncclInProgress) return;
+  std::string what = nccl_error_text(during, state);
+  abort(what);
+  throw Error(what);
+}
+
+void NcclComm::settle(const Deadline& d, const char* during) {
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    check_nccl(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+    if (state == ncclSuccess) return;
+    if (state != ncclInProgress) {
+      std::string what = nccl_error_text(during, state);
+      abort(what);
+      throw Error(what);
+    }
+    if (d.passed()) {
+      abort(std::string(during) + ": timed out");
+      d.expire(std::string("the other ranks in ") + during);
+    }
+    pause();
+  }
+}
+
+void NcclComm::allreduce(void* buf, size_t count, DType t, Op op, cudaStream_t stream,
+                         const Deadline& d) {
+  if (!comm_)
+    throw Error("the NCCL communicator was aborted after an earlier error: " + aborted_why_);
+  check_async("an earlier NCCL operation");
+  ncclResult_t r = ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream);
+  if (r == ncclInProgress) settle(d, "ncclAllReduce");  // non-blocking: enqueued when settled
+  if (r != ncclSuccess && r != ncclInProgress) {
+    std::string what = nccl_error_text("ncclAllReduce", r);
+    abort(what);
+    throw Error(what);
+  }
+}
+
+void NcclComm::wait(cudaStream_t stream, const Deadline& d) {
+  if (!comm_)
+    throw Error("the NCCL communicator was aborted after an earlier error: " + aborted_why_);
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(stream);
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) {
+      std::string what = cuda_error_text("cudaStreamQuery", e);
+      abort(what);
+      throw Error(what);
+    }
+    check_async("ncclAllReduce");
+    if (d.passed()) {
+      abort("ncclAllReduce: timed out");
+      d.expire("the other ranks' part of ncclAllReduce");
+    }
+    pause();
+  }
+}
+
+}  // namespace pytorch_exec::dc::gpu

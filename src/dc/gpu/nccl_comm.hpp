@@ -1,0 +1,46 @@
+// One NCCL communicator, created non-blocking so that every wait is bounded: creation and each
+// synchronous wait poll ncclCommGetAsyncError against a Deadline, and an error or a timeout
+// aborts the communicator (ncclCommAbort) and throws dc::Error / dc::TimeoutError naming the call.
+// After an abort the communicator is unusable (every call throws).  Threads: the one that uses it.
+#pragma once
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <string>
+
+#include "dc/transport.hpp"
+#include "pytorch_exec/dc.hpp"
+
+namespace pytorch_exec::dc::gpu {
+
+class NcclComm {
+ public:
+  // ncclCommInitRankConfig on the current device; `id` comes from rank 0's ncclGetUniqueId.
+  NcclComm(int rank, int size, const ncclUniqueId& id, const Deadline& d);
+  ~NcclComm();
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+
+  // Enqueues an in-place allreduce on `stream` (stream-ordered: returns once it is enqueued).
+  // Throws if an earlier operation failed.
+  void allreduce(void* buf, size_t count, DType t, Op op, cudaStream_t stream, const Deadline& d);
+  // Waits until `stream` has done its work, or until an error or the deadline: then aborts.
+  void wait(cudaStream_t stream, const Deadline& d);
+  // ncclCommAbort, once; `why` is kept for later calls' errors.
+  void abort(const std::string& why);
+  bool aborted() const { return comm_ == nullptr; }
+  int device() const { return device_; }
+
+ private:
+  // Throws (after aborting) when NCCL reports an asynchronous error.
+  void check_async(const char* during);
+  // Polls until NCCL is no longer ncclInProgress for this communicator.
+  void settle(const Deadline& d, const char* during);
+
+  ncclComm_t comm_ = nullptr;
+  int device_ = -1;
+  std::string aborted_why_;
+};
+
+}  // namespace pytorch_exec::dc::gpu

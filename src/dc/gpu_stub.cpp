@@ -1,0 +1,27 @@
+// ProcessGroup's device-memory calls in a libpytorch_dc built without the GPU path (configure
+// found no CUDA or no NCCL): each is one Error saying so.
+#include "dc/group.hpp"
+
+namespace pytorch_exec::dc {
+
+namespace {
+
+[[noreturn]] void no_gpu_path(const char* call) {
+  throw Error(std::string(call) +
+              ": this libpytorch_dc was built without the GPU path (configure found no CUDA or no "
+              "NCCL)");
+}
+
+}  // namespace
+
+bool ProcessGroup::has_gpu_path() { return false; }
+
+void ProcessGroup::allreduce_device(void*, size_t, DType, Op, void*, double) {
+  no_gpu_path("allreduce_device");
+}
+
+void ProcessGroup::allreduce_device_sync(void*, size_t, DType, Op, void*, double) {
+  no_gpu_path("allreduce_device_sync");
+}
+
+}  // namespace pytorch_exec::dc
