@@ -5,11 +5,12 @@ daemons started by a launch agent on this machine (as in test_multinode.py)."""
 import os
 import random
 import re
+import signal
 import subprocess
 import time
 
 from harness import (EXEC, assert_no_leftovers, check, main, processes_with_marker, run, script,
-                     wait_until)
+                     tmpdir, wait_until)
 from test_multinode import BIN, agent, build_mpi, daemon_of, job_env
 
 # Generation 0: the first rank of node b kills its own daemon (its parent); every other rank
@@ -62,6 +63,42 @@ def test_mpi_programs_run_in_the_reformed_group():
 def test_a_spare_takes_the_place_of_a_lost_node():
     reformed_on_a_and_c(["--nnodes", "2:2", "--spares", "1"],
                         re.escape("re-forming the group on 2 node(s), a spare taking its place"))
+
+
+def test_a_frozen_daemon_is_lost_by_its_silence():
+    """Node b's daemon is stopped (SIGSTOP: its connection stays open, nothing is sent): the
+    heartbeat finds it silent, and the group re-forms on a and c as after a death."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    d = tmpdir()
+    body = script(f"""#!/bin/sh
+if [ "$PYTORCH_EXEC_GENERATION" = 0 ]; then echo up > {d}/up.$RANK; exec sleep 60; fi
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE"
+""")
+    p = subprocess.Popen([EXEC, "--nnodes", "2:3", "--kill-grace", "1", "--heartbeat-interval", "0.5",
+                          "--heartbeat-timeout", "2", "-H", "a:1,b:1,c:1", "--launch-agent",
+                          agent(marker), body], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    frozen = None
+    try:
+        check(wait_until(lambda: len(os.listdir(d)) == 3, timeout=30), "the ranks did not start")
+        frozen = daemon_of(marker, "b")
+        os.kill(frozen, signal.SIGSTOP)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if frozen:
+            try:
+                os.kill(frozen, signal.SIGCONT)  # if pytorch_exec has not killed it already
+            except ProcessLookupError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0, f"exit {p.returncode}: {err[-2000:]}")
+    check(re.search(r"node b: lost contact with its daemon \(no heartbeat for 2 s\); re-forming the "
+                    r"group on the 2 node\(s\) left", err), err[-2000:])
+    check(sorted(out.splitlines()) == ["gen 1 rank 0 of 2 node a", "gen 1 rank 1 of 2 node c"], out)
+    assert_no_leftovers(marker, timeout=10)
 
 
 def test_below_the_minimum_the_job_fails():
@@ -126,6 +163,7 @@ def test_random_losses():
 
 if __name__ == "__main__":
     main([test_a_lost_node_reforms_the_group, test_mpi_programs_run_in_the_reformed_group,
-          test_a_spare_takes_the_place_of_a_lost_node, test_below_the_minimum_the_job_fails,
+          test_a_spare_takes_the_place_of_a_lost_node, test_a_frozen_daemon_is_lost_by_its_silence,
+          test_below_the_minimum_the_job_fails,
           test_node_counts_are_checked_against_the_allocation,
           test_random_losses])

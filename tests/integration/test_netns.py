@@ -123,7 +123,7 @@ def test_cut_link_ends_the_job_naming_the_host():
 
 
 def test_elastic_job_reforms_after_a_cut_link():
-    """--nnodes 2:3: host 4 is cut off while its rank runs; the front end notices (keepalive),
+    """--nnodes 2:3: host 4 is cut off while its rank runs; the front end notices (heartbeat),
     stops the others and re-forms the group on hosts 1 and 2, which finishes."""
     env = marker_env()
     d = tmpdir()

@@ -181,6 +181,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Port{12345});
   round_trip(Lost{"gone"});
   round_trip(Joined{});
+  round_trip(Heartbeat{});
   round_trip(routed(kAllNodes, Msg::Signal, encode(Signal{SIGINT})));
   EXPECT_STREQ(msg_name(999), "unknown");
   EXPECT_THROW(decode_any(999, ""), wire::WireError);

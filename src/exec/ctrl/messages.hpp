@@ -73,6 +73,8 @@ enum class Msg : uint16_t {
   Joined = 39,
   // Either way: a frame for (or from) another node of the tree (tree.hpp).
   Routed = 40,
+  // Either way, between neighbours of the tree only (never routed): I am alive (heartbeat.hpp).
+  Heartbeat = 50,
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
@@ -317,6 +319,14 @@ struct Joined {  // after the handshake, with the front end or, in a tree, with 
   void io(IO&) {}
 };
 
+// Sent every heartbeat interval over each link of the tree, both ways (heartbeat.hpp).
+struct Heartbeat {
+  static constexpr Msg kType = Msg::Heartbeat;
+  static constexpr const char* kName = "heartbeat";
+  template <class IO>
+  void io(IO&) {}
+};
+
 // Routed frames to every node.
 inline constexpr uint32_t kAllNodes = 0xffffffffu;
 
@@ -332,10 +342,10 @@ struct Routed {
   }
 };
 
-using AllMessages = std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin,
-                               StdinClose, ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready,
-                               Output, Exit, Abort, Fence, StartFailed, StdinDrained, Port, Lost,
-                               Joined, Routed>;
+using AllMessages =
+    std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin, StdinClose,
+               ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
+               StartFailed, StdinDrained, Port, Lost, Joined, Routed, Heartbeat>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

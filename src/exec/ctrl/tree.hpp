@@ -112,6 +112,11 @@ class TreeRelay {
   void child_closed(int node, const std::string& why);
   bool has_children() const { return !tree_children(self_, radix_, nnodes_).empty(); }
   size_t connected_children() const { return children_.size(); }
+  // The link to a connected child, else null (heartbeats go to neighbours only).
+  Link* child(int node) const {
+    auto it = children_.find(node);
+    return it == children_.end() ? nullptr : it->second.get();
+  }
 
  private:
   int self_, nnodes_, radix_;

@@ -37,6 +37,14 @@ const OptionDef<RawOptions> kOptions[] = {
      "control-plane fan-out: at most N daemons talk to pytorch_exec, each relaying for N more "
      "(default 32)",
      &RawOptions::tree_radix},
+    {"heartbeat-interval", 0, "Processes", "SECONDS",
+     "every daemon and pytorch_exec send a heartbeat to their neighbours in the control plane "
+     "this often (default 1)",
+     &RawOptions::heartbeat_interval},
+    {"heartbeat-timeout", 0, "Processes", "SECONDS",
+     "a daemon silent this long (a frozen host, a cut link) is lost, as if it had died "
+     "(default 3)",
+     &RawOptions::heartbeat_timeout},
     {"oversubscribe", 0, "Processes", nullptr,
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
      "-n is never limited)",
@@ -115,8 +123,8 @@ const OptionDef<RawOptions> kOptions[] = {
     {"help", 'h', "Debugging", nullptr, "print this help and exit", &RawOptions::help},
 };
 
-const std::vector<std::string> kGroups = {"Processes",        "Mapping and binding", "Environment",
-                                          "Output",           "Failure handling",    "Elastic",
+const std::vector<std::string> kGroups = {"Processes", "Mapping and binding", "Environment",
+                                          "Output",    "Failure handling",    "Elastic",
                                           "Debugging"};
 
 int parse_count(const std::string& opt, const std::string& v, long long min) {
@@ -127,6 +135,16 @@ int parse_count(const std::string& opt, const std::string& v, long long min) {
                      ", got '" + v + "'");
   }
   return static_cast<int>(*n);
+}
+
+// --heartbeat-interval, --heartbeat-timeout.
+void validate_heartbeat(const RawOptions& raw, LaunchConfig& c) {
+  if (raw.heartbeat_interval)
+    c.heartbeat_interval = positive_seconds("--heartbeat-interval", *raw.heartbeat_interval);
+  if (raw.heartbeat_timeout)
+    c.heartbeat_timeout = positive_seconds("--heartbeat-timeout", *raw.heartbeat_timeout);
+  if (c.heartbeat_timeout <= c.heartbeat_interval)
+    throw UsageError("--heartbeat-timeout must be longer than --heartbeat-interval");
 }
 
 // -n, --nproc-per-node, -H, --hostfile, -N.
@@ -145,6 +163,7 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
   }
   if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
   if (raw.tree_radix) c.tree_radix = parse_count("--tree-radix", *raw.tree_radix, 1);
+  validate_heartbeat(raw, c);
   if (raw.launch_agent) {
     auto words = split_words(*raw.launch_agent);  // '""' is one empty word: no program either
     if (words.empty() || words[0].empty()) throw UsageError("--launch-agent: the command is empty");

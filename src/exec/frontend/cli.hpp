@@ -26,6 +26,8 @@ struct RawOptions {
   std::optional<std::string> npernode;  // -N
   std::optional<std::string> launch_agent;
   std::optional<std::string> tree_radix;
+  std::optional<std::string> heartbeat_interval;
+  std::optional<std::string> heartbeat_timeout;
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
   bool oversubscribe = false;

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 
 #include "common/auth.hpp"
 #include "common/error.hpp"
@@ -28,6 +29,12 @@ std::string execd_path() {
   if (n <= 0) return "pytorch_execd";
   std::string self(buf, static_cast<size_t>(n));
   return self.substr(0, self.rfind('/') + 1) + "pytorch_execd";
+}
+
+std::string seconds_word(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", s);
+  return buf;
 }
 
 }  // namespace
@@ -90,6 +97,11 @@ std::vector<std::string> DaemonLauncher::daemon_argv(int node, bool slurm) const
     argv.insert(argv.end(),
                 {"--node", map_.nodes.at(static_cast<size_t>(node)).host, "--secret-stdin"});
   }
+  LaunchConfig defaults;
+  if (cfg_.heartbeat_interval != defaults.heartbeat_interval)
+    argv.insert(argv.end(), {"--heartbeat-interval", seconds_word(cfg_.heartbeat_interval)});
+  if (cfg_.heartbeat_timeout != defaults.heartbeat_timeout)
+    argv.insert(argv.end(), {"--heartbeat-timeout", seconds_word(cfg_.heartbeat_timeout)});
   return argv;
 }
 

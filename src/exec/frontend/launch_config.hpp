@@ -14,18 +14,20 @@ namespace pe {
 enum class StdinMode { None, OneRank, All };
 
 struct LaunchConfig {
-  int np = 1;                     // ranks asked for (-n, else the default); an allocation
-                                  // decides when not given: the job's size is the JobMap's
-  bool np_given = false;          // -n (or --nproc-per-node on one machine) was given
-  std::string hosts;              // -H
-  std::string hostfile;           // --hostfile
-  int npernode = 0;               // -N
-  std::string program;            // resolved path of the program (as typed for a dry run)
-  std::string program_arg0;       // the program as the user typed it (argv[0] of workers)
-  std::vector<std::string> args;  // arguments after the program
-  bool oversubscribe = false;     // more ranks than slots (allocations, hostfiles)
-  std::string launch_agent;       // --launch-agent "CMD {host}"; empty: ssh (or srun)
-  int tree_radix = 32;            // --tree-radix: daemons per relay in the control plane
+  int np = 1;                       // ranks asked for (-n, else the default); an allocation
+                                    // decides when not given: the job's size is the JobMap's
+  bool np_given = false;            // -n (or --nproc-per-node on one machine) was given
+  std::string hosts;                // -H
+  std::string hostfile;             // --hostfile
+  int npernode = 0;                 // -N
+  std::string program;              // resolved path of the program (as typed for a dry run)
+  std::string program_arg0;         // the program as the user typed it (argv[0] of workers)
+  std::vector<std::string> args;    // arguments after the program
+  bool oversubscribe = false;       // more ranks than slots (allocations, hostfiles)
+  std::string launch_agent;         // --launch-agent "CMD {host}"; empty: ssh (or srun)
+  int tree_radix = 32;              // --tree-radix: daemons per relay in the control plane
+  double heartbeat_interval = 1.0;  // seconds between heartbeats on the control plane's links
+  double heartbeat_timeout = 3.0;   // a daemon silent this long is lost
 
   // Mapping and binding.
   topo::MapBy map_by = topo::MapBy::Default;

@@ -64,6 +64,16 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       tree_(static_cast<int>(map.nodes.size()), cfg.tree_radix,
             {[this](int node, wire::Frame& f) { dispatch_.dispatch(f, node); },
              [this](int node, const std::string& why) { node_lost(node, why); }}),
+      beats_(
+          loop, ctrl::HeartbeatSettings{cfg.heartbeat_interval, cfg.heartbeat_timeout},
+          [this](int node) {
+            if (auto* link = nodes_[static_cast<size_t>(node)].direct)
+              link->send(ctrl::Heartbeat{});
+          },
+          [this](int node) {
+            tree_.lose(node,
+                       "lost contact with its daemon (" + ctrl::silence(beats_.settings()) + ")");
+          }),
       modex_(tree_),
       launcher_(loop, cfg, env, map, host, slurm_,
                 [this](const std::vector<int>& nodes, const std::string& why) {
@@ -176,8 +186,12 @@ void RemoteWorkers::on_authenticated(int node, std::unique_ptr<ctrl::Connection>
     n.direct = link.get();
     n.seen = peer_address(c->fd());
     logger("ctrl")->info("node {} ({}) connected from {}", node, n.host, n.seen);
+    beats_.watch(node);
   }
-  c->on_frame([this, node](wire::Frame& f) { tree_.frame_from(node, f); });
+  c->on_frame([this, node](wire::Frame& f) {
+    beats_.heard(node);
+    if (f.type != static_cast<uint16_t>(ctrl::Msg::Heartbeat)) tree_.frame_from(node, f);
+  });
   c->on_closed([this, node](const std::string& why) {
     loop_.post([this, node, why] { tree_.link_closed(node, why); });
   });
@@ -216,6 +230,7 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
   for (int i = 0; i < tree_.size(); ++i) {
     if (!ctrl::in_subtree(node, i, cfg_.tree_radix)) continue;
     Node& m = nodes_[static_cast<size_t>(i)];
+    beats_.forget(i);
     m.ready = false;
     m.live = 0;
     m.stdin_inflight = 0;

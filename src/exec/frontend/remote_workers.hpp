@@ -17,6 +17,7 @@
 
 #include "common/event_loop.hpp"
 #include "exec/ctrl/connection.hpp"
+#include "exec/ctrl/heartbeat.hpp"
 #include "exec/frontend/daemon_launcher.hpp"
 #include "exec/frontend/modex_relay.hpp"
 #include "exec/frontend/workers.hpp"
@@ -89,6 +90,7 @@ class RemoteWorkers : public WorkerSet {
   std::vector<int> members_, owner_;
   bool remap_ = false;
   ctrl::TreeRoot tree_;
+  ctrl::Heartbeats beats_;  // with the front end's children in the tree, by node
   ModexRelay modex_;
   ctrl::Dispatcher<int> dispatch_;  // frames by the node they came from
   DaemonLauncher launcher_;

@@ -1,0 +1,69 @@
+#include "exec/ctrl/heartbeat.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+namespace pe::ctrl {
+
+std::string silence(const HeartbeatSettings& s) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "no heartbeat for %g s", s.timeout);
+  return buf;
+}
+
+Heartbeats::Heartbeats(EventLoop& loop, HeartbeatSettings s, SendFn send, SilentFn on_silent,
+                       ClockFn clock)
+    : loop_(loop),
+      s_(s),
+      send_(std::move(send)),
+      on_silent_(std::move(on_silent)),
+      clock_(std::move(clock)) {
+  timer_ = loop_.timer([this] {
+    tick();
+    timer_.arm(std::min(s_.interval, s_.timeout / 4));
+  });
+  last_tick_ = last_sent_ = clock_();
+  timer_.arm(std::min(s_.interval, s_.timeout / 4));
+}
+
+Heartbeats::~Heartbeats() = default;
+
+double Heartbeats::steady_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void Heartbeats::watch(int id) { heard_[id] = clock_(); }
+
+void Heartbeats::heard(int id) {
+  auto it = heard_.find(id);
+  if (it != heard_.end()) it->second = std::max(it->second, clock_());
+}
+
+void Heartbeats::forget(int id) { heard_.erase(id); }
+
+void Heartbeats::tick() {
+  double now = clock_();
+  bool stalled = now - last_tick_ >= s_.timeout / 2;
+  last_tick_ = now;
+  if (now - last_sent_ >= s_.interval || stalled) {
+    last_sent_ = now;
+    std::vector<int> ids;
+    for (const auto& [id, t] : heard_) ids.push_back(id);
+    for (int id : ids) send_(id);  // may forget links (a failed write)
+  }
+  std::vector<int> silent;
+  for (auto& [id, t] : heard_) {
+    if (stalled)
+      t = now;
+    else if (now - t >= s_.timeout)
+      silent.push_back(id);
+  }
+  for (int id : silent) {
+    if (!heard_.erase(id)) continue;
+    on_silent_(id);  // may watch or forget others
+  }
+}
+
+}  // namespace pe::ctrl

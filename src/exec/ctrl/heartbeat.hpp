@@ -1,0 +1,62 @@
+// Liveness of a process's neighbours in the control-plane tree, for silent losses that no
+// closed connection reports (a link cut, a frozen host).  Every `interval` seconds a Heartbeat
+// frame goes over each watched link; a link from which nothing at all has arrived for `timeout`
+// seconds is silent: on_silent(id) is called once and the link is no longer watched.  The front
+// end watches its own children only, each relay its children and its parent, so a loss is found
+// where it happens and reported up the tree (a relay sends Lost), without waking every node.
+//
+// A process that was itself stalled (its timer late by half the timeout or more: swapped out,
+// stopped, an overloaded machine) declares nobody silent on that tick: what its neighbours sent
+// may be waiting unread in its sockets.  Every watched link is then counted as heard.
+//
+// Threading: everything runs on the event-loop thread.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "common/event_loop.hpp"
+
+namespace pe::ctrl {
+
+struct HeartbeatSettings {
+  double interval = 1.0;  // seconds between heartbeats
+  double timeout = 3.0;   // seconds of silence after which a neighbour is lost
+};
+
+// "no heartbeat for 3 s"
+std::string silence(const HeartbeatSettings& s);
+
+class Heartbeats {
+ public:
+  using SendFn = std::function<void(int id)>;
+  using SilentFn = std::function<void(int id)>;
+  using ClockFn = std::function<double()>;  // seconds; the steady clock unless a test says
+  Heartbeats(EventLoop& loop, HeartbeatSettings s, SendFn send, SilentFn on_silent,
+             ClockFn clock = steady_seconds);
+  ~Heartbeats();
+
+  // Starts watching link `id` (heard now) and sending it heartbeats.
+  void watch(int id);
+  // Something arrived on link `id`.
+  void heard(int id);
+  void forget(int id);
+  const HeartbeatSettings& settings() const { return s_; }
+  // Heartbeats that are due go out, silent links are reported.  The timer calls it, often
+  // enough that a silence is found within a quarter of the timeout of its end.
+  void tick();
+  static double steady_seconds();
+
+ private:
+  EventLoop& loop_;
+  HeartbeatSettings s_;
+  SendFn send_;
+  SilentFn on_silent_;
+  ClockFn clock_;
+  std::map<int, double> heard_;  // last time something arrived, by link
+  double last_tick_ = 0, last_sent_ = 0;
+  Event timer_;
+};
+
+}  // namespace pe::ctrl
