@@ -101,6 +101,43 @@ echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE"
     assert_no_leftovers(marker, timeout=10)
 
 
+def test_a_host_that_comes_back_waits_its_cooldown():
+    """--hostfile a,b,c: b's daemon dies in generation 0, the group re-forms on a and c; b, still
+    listed, is kept out for its cool-down, then started again and admitted after the last call:
+    generation 2 runs on a, c and b, in that order (survivors first)."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    hostfile = os.path.join(tmpdir(), "hosts")
+    with open(hostfile, "w") as f:
+        f.write("a\nb\nc\n")
+    body = script("""#!/bin/sh
+case "$PYTORCH_EXEC_GENERATION" in
+0) if [ "$PE_NODE" = b ]; then kill -9 $PPID; fi; exec sleep 60 ;;
+1) exec sleep 60 ;;
+esac
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE restarts $TORCHELASTIC_RESTART_COUNT"
+""")
+    r = run(["-v", "--kill-grace", "1", "--nnodes", "2:3", "--host-cooldown", "1.5", "--last-call",
+             "0.5", "--hostfile", hostfile, "--launch-agent", agent(marker), body], env=env,
+            timeout=90)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    check(sorted(r.stdout.splitlines()) == ["gen 2 rank 0 of 3 node a restarts 2",
+                                            "gen 2 rank 1 of 3 node c restarts 2",
+                                            "gen 2 rank 2 of 3 node b restarts 2"], r.stdout)
+    said = [line for line in r.stderr.splitlines() if re.search(r"node(\(s\))? b\b", line)]
+    steps = [r"node b is kept out for 1.5 s \(cool-down\)",
+             r"node b: lost contact with its daemon .*re-forming the group on the 2 node\(s\) left",
+             r"node b: lost 1 time\(s\): kept out for another .* s \(cool-down\)",
+             r"node b arrives with 1 rank\(s\): starting its daemon",
+             r"node\(s\) b joined; re-forming the group on 3 node\(s\)"]
+    at = 0
+    for line in said:
+        if at < len(steps) and re.search(steps[at], line):
+            at += 1
+    check(at == len(steps), f"missing, in this order: {steps[at:]}\n" + "\n".join(said))
+    assert_no_leftovers(marker, timeout=10)
+
+
 def test_below_the_minimum_the_job_fails():
     env = job_env()
     marker = env["PE_TEST_MARKER"]
@@ -164,6 +201,7 @@ def test_random_losses():
 if __name__ == "__main__":
     main([test_a_lost_node_reforms_the_group, test_mpi_programs_run_in_the_reformed_group,
           test_a_spare_takes_the_place_of_a_lost_node, test_a_frozen_daemon_is_lost_by_its_silence,
+          test_a_host_that_comes_back_waits_its_cooldown,
           test_below_the_minimum_the_job_fails,
           test_node_counts_are_checked_against_the_allocation,
           test_random_losses])

@@ -61,6 +61,10 @@ class TreeRoot {
   void link_closed(int node, const std::string& why);
   // Marks `node` and every node below it lost, drops their links, reports once.
   void lose(int node, const std::string& why);
+  // Elastic arrivals, for children of the root only: a new node (returns its index), or a lost
+  // node's place taken again (a new daemon connects for it).
+  int add_node();
+  void revive(int node);
 
   void send(int node, uint16_t type, std::string_view payload);
   void broadcast(uint16_t type, std::string_view payload);

@@ -116,6 +116,22 @@ const OptionDef<RawOptions> kOptions[] = {
      "re-form the group after a lost node at most N times (default: no limit; --max-restarts "
      "counts failures only)",
      &RawOptions::max_scale_events},
+    {"host-discovery", 0, "Elastic", "CMD",
+     "with --nnodes: run CMD (sh -c) every --host-discovery-interval seconds; it prints the "
+     "hosts that may be used, one host[:slots] per line; new ones join the job (also the first "
+     "nodes when neither -H nor --hostfile is given)",
+     &RawOptions::host_discovery},
+    {"host-discovery-interval", 0, "Elastic", "SECONDS",
+     "seconds between runs of the --host-discovery command (default 1)",
+     &RawOptions::host_discovery_interval},
+    {"last-call", 0, "Elastic", "SECONDS",
+     "a node that arrives while the job runs is admitted after SECONDS, with every other node "
+     "that arrived meanwhile, in one re-forming (default 1)",
+     &RawOptions::last_call},
+    {"host-cooldown", 0, "Elastic", "SECONDS",
+     "a host whose node was lost is not admitted again for SECONDS, doubled on each further "
+     "loss (default 10)",
+     &RawOptions::host_cooldown},
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
@@ -258,6 +274,37 @@ void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
   if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
 }
 
+// --host-discovery, --host-discovery-interval, --last-call, --host-cooldown.
+void validate_arrivals(const RawOptions& raw, LaunchConfig& c) {
+  const std::pair<const std::optional<std::string>*, const char*> need_nnodes[] = {
+      {&raw.host_discovery, "--host-discovery"},
+      {&raw.host_discovery_interval, "--host-discovery-interval"},
+      {&raw.last_call, "--last-call"},
+      {&raw.host_cooldown, "--host-cooldown"}};
+  for (const auto& [given, name] : need_nnodes)
+    if (*given && !raw.nnodes) throw UsageError(std::string(name) + " needs --nnodes MIN:MAX");
+  if (raw.host_discovery) {
+    if (raw.host_discovery->empty()) throw UsageError("--host-discovery: the command is empty");
+    c.host_discovery = *raw.host_discovery;
+  }
+  if (raw.host_discovery_interval)
+    c.discovery_interval =
+        positive_seconds("--host-discovery-interval", *raw.host_discovery_interval);
+  if (raw.last_call) {
+    auto s = parse_seconds(*raw.last_call);
+    if (!s || *s > 3600)
+      throw UsageError("--last-call: '" + *raw.last_call +
+                       "' is not a number of seconds in [0, 3600]");
+    c.last_call = *s;
+  }
+  if (raw.host_cooldown) {
+    auto s = parse_seconds(*raw.host_cooldown);
+    if (!s)
+      throw UsageError("--host-cooldown: '" + *raw.host_cooldown + "' is not a number of seconds");
+    c.host_cooldown = *s;
+  }
+}
+
 // --nnodes N or MIN:MAX (torchrun's spelling), --max-scale-events N.
 void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
   if (raw.max_scale_events) {
@@ -268,6 +315,7 @@ void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
     if (!raw.nnodes) throw UsageError("--spares needs --nnodes MIN:MAX");
     c.spares = parse_count("--spares", *raw.spares, 0);
   }
+  validate_arrivals(raw, c);
   if (!raw.nnodes) return;
   const std::string& v = *raw.nnodes;
   auto colon = v.find(':');

@@ -50,6 +50,10 @@ struct RawOptions {
   std::optional<std::string> nnodes;
   std::optional<std::string> max_scale_events;
   std::optional<std::string> spares;
+  std::optional<std::string> host_discovery;
+  std::optional<std::string> host_discovery_interval;
+  std::optional<std::string> last_call;
+  std::optional<std::string> host_cooldown;
   std::optional<std::string> run_id;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };

@@ -53,6 +53,7 @@ std::string shell_quote(const std::string& s) {
 struct DaemonLauncher::Launcher {
   std::string what;  // argv[0], for messages
   std::vector<int> nodes;
+  int incarnation = 0;
   ChildProcess proc;
   Event out_ev, err_ev;
   LineBuffer out_buf, err_buf;
@@ -143,13 +144,23 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
       start(launch_command(static_cast<int>(i)), {static_cast<int>(i)}, true);
     return;
   }
-  std::vector<std::string> hosts;
   std::vector<int> all;
-  for (size_t i = 0; i < map_.nodes.size(); ++i) {
-    hosts.push_back(map_.nodes[i].host);
-    all.push_back(static_cast<int>(i));
-  }
-  std::string count = std::to_string(map_.nodes.size());
+  for (size_t i = 0; i < map_.nodes.size(); ++i) all.push_back(static_cast<int>(i));
+  start(srun_argv(all), std::move(all), false);
+}
+
+void DaemonLauncher::launch_node(int node, int incarnation) {
+  if (slurm_)
+    start(srun_argv({node}), {node}, false, incarnation);
+  else
+    start(launch_command(node), {node}, true, incarnation);
+}
+
+// One srun step that starts the daemons of `nodes`.
+std::vector<std::string> DaemonLauncher::srun_argv(const std::vector<int>& nodes) const {
+  std::vector<std::string> hosts;
+  for (int i : nodes) hosts.push_back(map_.nodes.at(static_cast<size_t>(i)).host);
+  std::string count = std::to_string(nodes.size());
   std::vector<std::string> argv{"srun",
                                 "--nodes=" + count,
                                 "--ntasks=" + count,
@@ -165,20 +176,21 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
                                 "--input=none"};
   auto d = daemon_argv(0, true);
   argv.insert(argv.end(), d.begin(), d.end());
-  start(std::move(argv), std::move(all), false);
+  return argv;
 }
 
 void DaemonLauncher::start(std::vector<std::string> argv, std::vector<int> nodes,
-                           bool secret_on_stdin) {
+                           bool secret_on_stdin, int incarnation) {
   auto l = std::make_unique<Launcher>();
   l->what = argv[0];
   l->nodes = std::move(nodes);
+  l->incarnation = incarnation;
   SpawnSpec spec;
   auto path = env_.count("PATH") ? env_.at("PATH") : std::string("/usr/bin:/bin");
   try {
     spec.path = resolve_program(argv[0], "", path);
   } catch (const Error& e) {
-    return on_exit_(l->nodes, std::string("cannot start its daemon: ") + e.what());
+    return on_exit_(l->nodes, std::string("cannot start its daemon: ") + e.what(), incarnation);
   }
   spec.argv = std::move(argv);
   EnvMap env = environment_from(environ);
@@ -227,14 +239,17 @@ void DaemonLauncher::forward_output(Launcher& l, bool out) {
 }
 
 void DaemonLauncher::on_sigchld() {
-  for (auto& l : launchers_) {
+  for (size_t i = 0; i < launchers_.size(); ++i) {  // on_exit_ may start another
+    Launcher* l = launchers_[i].get();
     if (l->exited) continue;
     int status = 0;
     if (::waitpid(l->proc.pid, &status, WNOHANG) != l->proc.pid) continue;
     l->exited = true;
     logger("ctrl")->info("{} (pid {}) {}", l->what, l->proc.pid, describe_wait_status(status));
-    on_exit_(l->nodes, "its daemon could not be started (" + l->what + " " +
-                           describe_wait_status(status) + ")");
+    on_exit_(
+        l->nodes,
+        "its daemon could not be started (" + l->what + " " + describe_wait_status(status) + ")",
+        l->incarnation);
   }
 }
 

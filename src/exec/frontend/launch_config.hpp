@@ -64,8 +64,12 @@ struct LaunchConfig {
   // Elastic membership (--nnodes MIN:MAX): 0 when not elastic.
   int nnodes_min = 0;
   int nnodes_max = 0;
-  int max_scale_events = -1;  // -1: no limit
-  int spares = 0;             // nodes started beyond nnodes_max, idle until one is lost
+  int max_scale_events = -1;        // -1: no limit
+  int spares = 0;                   // nodes started beyond nnodes_max, idle until one is lost
+  std::string host_discovery;       // --host-discovery CMD: prints host[:slots] lines
+  double discovery_interval = 1.0;  // seconds between its runs
+  double last_call = 1.0;           // seconds an arrival waits for others to join with it
+  double host_cooldown = 10.0;      // a lost host is kept out this long, doubled each time
 
   std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id
   int verbosity = 0;

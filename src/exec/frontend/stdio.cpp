@@ -88,10 +88,13 @@ void make_own_dir(const std::string& d) {
 void OutputSink::open_files() {
   if (opts_.dir.empty()) return;
   std::string dir = opts_.dir;
-  for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
-    make_dir(dir.substr(0, pos));
-  make_own_dir(dir);
-  for (size_t r = 0; r < tails_.size(); ++r) {
+  if (!files_open_) {
+    for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
+      make_dir(dir.substr(0, pos));
+    make_own_dir(dir);
+    files_open_ = true;
+  }
+  for (size_t r = files_out_.size(); r < tails_.size(); ++r) {
     std::string rd = dir + "/rank." + std::to_string(r);
     make_own_dir(rd);
     for (const char* name : {"stdout", "stderr"}) {
@@ -103,6 +106,12 @@ void OutputSink::open_files() {
       (name[3] == 'o' ? files_out_ : files_err_).emplace_back(fd);
     }
   }
+}
+
+void OutputSink::grow(int nranks) {
+  if (nranks <= static_cast<int>(tails_.size())) return;
+  tails_.resize(static_cast<size_t>(nranks));
+  if (files_open_) open_files();
 }
 
 void OutputSink::write(int generation, int rank, Stream s, std::string_view lines) {

@@ -37,8 +37,11 @@ std::vector<std::string> last_lines(std::string_view text, size_t max_lines);
 class OutputSink {
  public:
   OutputSink(OutputOptions o, int nranks, int out_fd = 1, int err_fd = 2);
-  // Creates DIR/rank.N/{stdout,stderr}; throws SystemError with the path.
+  // Creates DIR/rank.N/{stdout,stderr} (of ranks that have none yet); throws SystemError with
+  // the path.
   void open_files();
+  // Elastic arrivals: the job has `nranks` ranks now (more tails, and files once open).
+  void grow(int nranks);
   // `lines` are whole lines ending with '\n'.
   void write(int generation, int rank, Stream s, std::string_view lines);
   std::vector<std::string> stderr_tail(int rank, size_t max_lines) const;
@@ -50,6 +53,7 @@ class OutputSink {
   OutputOptions opts_;
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
+  bool files_open_ = false;
   std::vector<UniqueFd> files_out_, files_err_;
   std::vector<std::string> tails_;
 };
