@@ -103,7 +103,11 @@ def run_then(args, env, upd, ranks, action):
         check(len(os.listdir(upd)) == ranks, "ranks did not start")
         t0 = time.monotonic()
         action()
-        out, err = p.communicate(timeout=60)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise TestFailure(f"{' '.join(args)} did not finish: {p.communicate()[1][-3000:]}")
         return p, out, err, time.monotonic() - t0
     finally:
         if p.poll() is None:
@@ -112,8 +116,11 @@ def run_then(args, env, upd, ranks, action):
 
 
 def run_and_cut(args, env, upd, host):
-    """Three ranks; `host` is cut off once they run."""
-    return run_then(args, env, upd, 3, lambda: BED.cut(host))
+    """Three ranks; `host` is cut off once they run (and joined again afterwards)."""
+    try:
+        return run_then(args, env, upd, 3, lambda: BED.cut(host))
+    finally:
+        BED.uncut(host)
 
 
 def test_cut_link_ends_the_job_naming_the_host():
@@ -172,7 +179,7 @@ def test_elastic_job_grows_when_its_hostfile_lists_a_new_host():
     env = marker_env()
     d, hostfile = tmpdir(), os.path.join(tmpdir(), "hosts")
     write_hosts(hostfile, "1,2")
-    p, out, err, took = run_then(["--nnodes", "2:3", "--hostfile", hostfile,
+    p, out, err, took = run_then(["-v", "--nnodes", "2:3", "--hostfile", hostfile,
                                   script(GROWING.format(d=d))], env, d, 2,
                                  lambda: write_hosts(hostfile, "1,2,3"))
     check(p.returncode == 0, f"exit {p.returncode}: {err}")

@@ -61,6 +61,24 @@ TEST(HeartbeatTest, ALateTickDeclaresNobodySilent) {
   EXPECT_EQ(b.silent, std::vector<int>{1});
 }
 
+TEST(HeartbeatTest, ALinkMayHaveALongerTimeoutAndBeatsGoOutFromAHeldLoop) {
+  Bed b;
+  b.beats.watch(1);
+  b.beats.watch(2, 10);  // a daemon's parent
+  b.run_until(b.now + 5);
+  EXPECT_EQ(b.silent, std::vector<int>{1});
+  b.run_until(b.now + 5);
+  EXPECT_EQ(b.silent, (std::vector<int>{1, 2}));
+  Bed held;
+  held.beats.watch(1);
+  held.now += 0.5;
+  held.beats.beat();  // not due yet
+  held.now += 0.6;
+  held.beats.beat();
+  held.beats.beat();
+  EXPECT_EQ(held.sent[1], 1);
+}
+
 TEST(HeartbeatTest, AForgottenLinkGetsNothing) {
   Bed b;
   b.beats.watch(1);
@@ -68,5 +86,5 @@ TEST(HeartbeatTest, AForgottenLinkGetsNothing) {
   b.run_until(b.now + 5);
   EXPECT_TRUE(b.silent.empty());
   EXPECT_EQ(b.sent.count(1), 0u);
-  EXPECT_EQ(silence(HeartbeatSettings{1, 2.5}), "no heartbeat for 2.5 s");
+  EXPECT_EQ(silence(2.5), "no heartbeat for 2.5 s");
 }

@@ -7,9 +7,9 @@
 
 namespace pe::ctrl {
 
-std::string silence(const HeartbeatSettings& s) {
+std::string silence(double seconds) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "no heartbeat for %g s", s.timeout);
+  std::snprintf(buf, sizeof buf, "no heartbeat for %g s", seconds);
   return buf;
 }
 
@@ -34,30 +34,37 @@ double Heartbeats::steady_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-void Heartbeats::watch(int id) { heard_[id] = clock_(); }
+void Heartbeats::watch(int id, double timeout) {
+  heard_[id] = Watched{clock_(), timeout > 0 ? timeout : s_.timeout};
+}
 
 void Heartbeats::heard(int id) {
   auto it = heard_.find(id);
-  if (it != heard_.end()) it->second = std::max(it->second, clock_());
+  if (it != heard_.end()) it->second.at = std::max(it->second.at, clock_());
 }
 
 void Heartbeats::forget(int id) { heard_.erase(id); }
+
+void Heartbeats::beat() {
+  double now = clock_();
+  if (now - last_sent_ < s_.interval) return;
+  last_sent_ = now;
+  std::vector<int> ids;
+  for (const auto& [id, t] : heard_) ids.push_back(id);
+  for (int id : ids) send_(id);  // may forget links (a failed write)
+}
 
 void Heartbeats::tick() {
   double now = clock_();
   bool stalled = now - last_tick_ >= s_.timeout / 2;
   last_tick_ = now;
-  if (now - last_sent_ >= s_.interval || stalled) {
-    last_sent_ = now;
-    std::vector<int> ids;
-    for (const auto& [id, t] : heard_) ids.push_back(id);
-    for (int id : ids) send_(id);  // may forget links (a failed write)
-  }
+  if (stalled) last_sent_ = 0;
+  beat();
   std::vector<int> silent;
-  for (auto& [id, t] : heard_) {
+  for (auto& [id, w] : heard_) {
     if (stalled)
-      t = now;
-    else if (now - t >= s_.timeout)
+      w.at = now;
+    else if (now - w.at >= w.timeout)
       silent.push_back(id);
   }
   for (int id : silent) {

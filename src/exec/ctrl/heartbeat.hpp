@@ -1,9 +1,10 @@
 // Liveness of a process's neighbours in the control-plane tree, for silent losses that no
 // closed connection reports (a link cut, a frozen host).  Every `interval` seconds a Heartbeat
 // frame goes over each watched link; a link from which nothing at all has arrived for `timeout`
-// seconds is silent: on_silent(id) is called once and the link is no longer watched.  The front
-// end watches its own children only, each relay its children and its parent, so a loss is found
-// where it happens and reported up the tree (a relay sends Lost), without waking every node.
+// seconds (its own timeout, if watch() gave one) is silent: on_silent(id) is called once and
+// the link is no longer watched.  The front end watches its own children only, each daemon its
+// children and (for longer) its parent, so a loss is found where it happens and reported up the
+// tree (a relay sends Lost), without waking every node.
 //
 // A process that was itself stalled (its timer late by half the timeout or more: swapped out,
 // stopped, an overloaded machine) declares nobody silent on that tick: what its neighbours sent
@@ -26,7 +27,7 @@ struct HeartbeatSettings {
 };
 
 // "no heartbeat for 3 s"
-std::string silence(const HeartbeatSettings& s);
+std::string silence(double seconds);
 
 class Heartbeats {
  public:
@@ -37,11 +38,15 @@ class Heartbeats {
              ClockFn clock = steady_seconds);
   ~Heartbeats();
 
-  // Starts watching link `id` (heard now) and sending it heartbeats.
-  void watch(int id);
+  // Starts watching link `id` (heard now) and sending it heartbeats; it is silent after
+  // `timeout` seconds (0: the settings' timeout).
+  void watch(int id, double timeout = 0);
   // Something arrived on link `id`.
   void heard(int id);
   void forget(int id);
+  // Sends the heartbeats that are due now, from a loop that is held up elsewhere (pytorch_exec
+  // waiting for its terminal): its neighbours keep hearing from it.
+  void beat();
   const HeartbeatSettings& settings() const { return s_; }
   // Heartbeats that are due go out, silent links are reported.  The timer calls it, often
   // enough that a silence is found within a quarter of the timeout of its end.
@@ -54,7 +59,11 @@ class Heartbeats {
   SendFn send_;
   SilentFn on_silent_;
   ClockFn clock_;
-  std::map<int, double> heard_;  // last time something arrived, by link
+  struct Watched {
+    double at = 0;       // last time something arrived
+    double timeout = 0;  // silent after this long
+  };
+  std::map<int, Watched> heard_;  // by link
   double last_tick_ = 0, last_sent_ = 0;
   Event timer_;
 };

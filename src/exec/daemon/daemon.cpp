@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,6 +21,10 @@ namespace {
 
 constexpr int kKeepaliveSeconds = 10;
 constexpr int kUpstream = -1;  // the parent's link, for the heartbeats
+// The parent is given longer than the children: a front end stopped for a moment (Ctrl-Z) or
+// a relay that is slow should not end the node's ranks at once.  At least this long, and three
+// heartbeat timeouts.
+constexpr double kMinUpstreamTimeout = 10;
 constexpr size_t kMaxHandshakeFrame = 4096;
 // Output queued toward the front end: above the high mark the ranks' pipes are no longer read,
 // until it is down to the low mark.
@@ -131,7 +136,7 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
     throw Error("the front end at " + peer + " failed to prove it knows the job's secret");
   conn_ = std::make_unique<ctrl::Connection>(loop_, std::move(fd), peer);
   int epoch = ++conn_epoch_;
-  beats_->watch(kUpstream);
+  beats_->watch(kUpstream, upstream_timeout());
   conn_->on_frame([this](wire::Frame& f) {
     beats_->heard(kUpstream);
     if (f.type != static_cast<uint16_t>(ctrl::Msg::Heartbeat)) on_frame(f);
@@ -176,8 +181,12 @@ void Daemon::start_heartbeats() {
       [this](int id) { on_silent(id); });
 }
 
+double Daemon::upstream_timeout() const {
+  return std::max(kMinUpstreamTimeout, 3 * opts_.heartbeat.timeout);
+}
+
 void Daemon::on_silent(int id) {
-  std::string why = ctrl::silence(opts_.heartbeat);
+  std::string why = ctrl::silence(id == kUpstream ? upstream_timeout() : opts_.heartbeat.timeout);
   if (id != kUpstream) {
     logger("ctrl")->info("child node {}: {}", id, why);
     if (relay_) relay_->child_closed(id, why);

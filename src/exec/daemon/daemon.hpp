@@ -55,6 +55,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_closed(const std::string& why);
   void start_heartbeats();
   void on_silent(int id);
+  double upstream_timeout() const;
   void send_port();
   // AgentListener
   void on_output(int generation, int rank, Stream s, std::string_view lines) override;

@@ -26,7 +26,8 @@ const OptionDef<ExecdRawOptions> kExecdOptions[] = {
      "send a heartbeat to the parent and children in the tree this often (default 1)",
      &ExecdRawOptions::heartbeat_interval},
     {"heartbeat-timeout", 0, "", "SECONDS",
-     "a neighbour silent this long is lost: the parent means exiting (default 3)",
+     "a child silent this long is lost (default 3); the parent gets three times as long, at "
+     "least 10 s, then this daemon kills its ranks and exits",
      &ExecdRawOptions::heartbeat_timeout},
     {"version", 0, "", nullptr, "print the version and exit", &ExecdRawOptions::version},
     {"help", 'h', "", nullptr, "print this help and exit", &ExecdRawOptions::help},

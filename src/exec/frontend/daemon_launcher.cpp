@@ -146,7 +146,8 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
   }
   std::vector<int> all;
   for (size_t i = 0; i < map_.nodes.size(); ++i) all.push_back(static_cast<int>(i));
-  start(srun_argv(all), std::move(all), false);
+  auto argv = srun_argv(all);
+  start(std::move(argv), std::move(all), false);
 }
 
 void DaemonLauncher::launch_node(int node, int incarnation) {

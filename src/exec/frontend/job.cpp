@@ -80,6 +80,7 @@ int JobController::run() {
   if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
+  sink_.while_blocked(cfg_.heartbeat_interval, [this] { workers_->keep_alive(); });
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
     signal_events_.push_back(loop_.watch_signal(sig, [this, sig] { on_signal(sig); }));
   ::signal(SIGPIPE, SIG_IGN);

@@ -72,8 +72,8 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
               link->send(ctrl::Heartbeat{});
           },
           [this](int node) {
-            tree_.lose(node,
-                       "lost contact with its daemon (" + ctrl::silence(beats_.settings()) + ")");
+            tree_.lose(node, "lost contact with its daemon (" +
+                                 ctrl::silence(beats_.settings().timeout) + ")");
           }),
       modex_(tree_),
       launcher_(loop, cfg, env, map, host, slurm_,

@@ -40,6 +40,7 @@ class RemoteWorkers : public WorkerSet {
   void use_map(const JobMap& map) override;
   void add_node(int slot) override;
   void start(const GenerationInfo& gen) override;
+  void keep_alive() override { beats_.beat(); }
   void signal_all(int sig) override;
   void notify_failure(int generation, int rank, int exit_code, bool aborted) override;
   size_t live() const override;

@@ -39,6 +39,9 @@ class WorkerSet {
   virtual void add_node(int slot);
   // Starts every worker of a generation.  Throws Error when they cannot be started.
   virtual void start(const GenerationInfo& gen) = 0;
+  // The front end's loop is held up (its terminal does not take output): daemons must keep
+  // hearing from it.
+  virtual void keep_alive() {}
   virtual void signal_all(int sig) = 0;
   // A rank of `generation` failed: every node tells its ranks through a PMIx event
   // (NodeAgent::notify_failure).
