@@ -53,7 +53,9 @@ TEST(MembershipTest, ArrivalsAreAppendedAndWaitUntilReady) {
   EXPECT_EQ(m.offer("c", 2, 0).slot, -1);  // already there: nothing to do, nothing to say
   EXPECT_EQ(m.offer("c", 2, 0).why, "");
   EXPECT_EQ(m.next_generation(), (Slots{0, 1}));  // starting: not yet
+  EXPECT_EQ(m.starting(), 1);
   m.ready(2);
+  EXPECT_EQ(m.starting(), 0);
   EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "b", "c"}));
 }
 

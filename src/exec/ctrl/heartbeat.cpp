@@ -22,10 +22,10 @@ Heartbeats::Heartbeats(EventLoop& loop, HeartbeatSettings s, SendFn send, Silent
       clock_(std::move(clock)) {
   timer_ = loop_.timer([this] {
     tick();
-    timer_.arm(std::min(s_.interval, s_.timeout / 4));
+    timer_.arm(std::min(s_.interval, s_.timeout) / 10);
   });
   last_tick_ = last_sent_ = clock_();
-  timer_.arm(std::min(s_.interval, s_.timeout / 4));
+  timer_.arm(std::min(s_.interval, s_.timeout) / 10);
 }
 
 Heartbeats::~Heartbeats() = default;

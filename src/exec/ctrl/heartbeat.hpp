@@ -48,8 +48,8 @@ class Heartbeats {
   // waiting for its terminal): its neighbours keep hearing from it.
   void beat();
   const HeartbeatSettings& settings() const { return s_; }
-  // Heartbeats that are due go out, silent links are reported.  The timer calls it, often
-  // enough that a silence is found within a quarter of the timeout of its end.
+  // Heartbeats that are due go out, silent links are reported.  The timer calls it ten times
+  // per interval (or timeout, if shorter), so a silence is found soon after it is long enough.
   void tick();
   static double steady_seconds();
 

@@ -239,6 +239,14 @@ void DaemonLauncher::forward_output(Launcher& l, bool out) {
   }
 }
 
+void DaemonLauncher::kill_node(int node, int incarnation) {
+  for (auto& l : launchers_)
+    if (!l->exited && l->incarnation == incarnation && l->nodes == std::vector<int>{node}) {
+      logger("ctrl")->info("{} (pid {}) of a silent node: killing it", l->what, l->proc.pid);
+      ::kill(-l->proc.pid, SIGKILL);
+    }
+}
+
 void DaemonLauncher::on_sigchld() {
   for (size_t i = 0; i < launchers_.size(); ++i) {  // on_exit_ may start another
     Launcher* l = launchers_[i].get();

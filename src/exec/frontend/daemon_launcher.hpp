@@ -39,6 +39,9 @@ class DaemonLauncher {
   void launch(const std::vector<std::string>& addresses, int port, const std::string& secret);
   // After launch(): starts the daemon of node `node` of the map (an elastic arrival) the same way.
   void launch_node(int node, int incarnation);
+  // Node `node` is lost by its silence: its own launcher (of that incarnation) is killed, so
+  // that a frozen or cut-off daemon is not waited for at the end.  Not for srun's step.
+  void kill_node(int node, int incarnation);
   // The daemon command line and launcher command for node `node` (for tests).
   std::vector<std::string> launch_command(int node) const;
   // Path of pytorch_execd (next to pytorch_exec).

@@ -97,7 +97,10 @@ int JobController::run() {
         " killed process(es) to exit; giving up");
     finish(exit_status_ ? exit_status_ : 1);
   });
-  last_call_ = loop_.timer([this] { on_last_call(); });
+  last_call_ = loop_.timer([this] {
+    last_call_.disarm();
+    on_last_call();
+  });
   workers_->prepare([this] {
     if (state_ != State::Preparing) return;
     for (size_t i = 0; i < membership_.size(); ++i) membership_.ready(static_cast<int>(i));
@@ -243,6 +246,7 @@ std::string JobController::reform_without(const std::string& host, const std::st
   logger("exec")->info("node {} is kept out for {} s (cool-down)", host, out);
   if (!member) {  // a spare, or a node that had not joined yet: nothing to re-form
     say((arriving ? "arriving node " : "spare node ") + host + ": " + why);
+    if (arriving) loop_.post([this] { on_last_call(); });  // the others need not wait for it
     return "";
   }
   int left = membership_.left();
@@ -276,7 +280,9 @@ void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
       continue;
     }
     kept_out_.erase(h.host);
-    logger("exec")->info("node {} arrives with {} rank(s): starting its daemon", h.host, ranks);
+    logger("exec")->info("node {} arrives with {} rank(s): starting its daemon; last call {} s",
+                         h.host, ranks, cfg_.last_call);
+    if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
     set_node(base_map_, static_cast<size_t>(o.slot), h.host, ranks);
     try {
       workers_->add_node(o.slot);
@@ -287,8 +293,8 @@ void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
   }
 }
 
-// A new node's daemon is ready: it joins after the last call (others may come meanwhile), at
-// the next generation if one is starting anyway, or waits as a spare.
+// A new node's daemon is ready: it joins when the last call is over (others may come
+// meanwhile), at the next generation if one is starting anyway, or waits as a spare.
 void JobController::on_node_ready(const std::string& host) {
   int slot = membership_.find(host);
   if (slot < 0) return;
@@ -298,17 +304,24 @@ void JobController::on_node_ready(const std::string& host) {
                          members_.size());
   } else if (state_ != State::Running) {
     logger("exec")->info("node {} is ready: it joins the next generation", host);
+  } else if (last_call_.pending()) {
+    logger("exec")->info("node {} is ready: it joins when the last call is over", host);
   } else {
-    logger("exec")->info("node {} is ready: it joins after the last call ({} s)", host,
-                         cfg_.last_call);
-    if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
+    logger("exec")->info("node {} is ready: the last call is over", host);
+    on_last_call();
   }
 }
 
+// The last call (--last-call after the first arrival) is over: the arrivals that are ready join
+// in one re-forming, once every arrival still starting is ready or lost.
 void JobController::on_last_call() {
-  if (state_ != State::Running) return;
+  if (state_ != State::Running || last_call_.pending()) return;
   std::vector<int> next = membership_.next_generation();
   if (next == members_) return;
+  if (int n = membership_.starting()) {
+    logger("exec")->info("last call over: waiting for {} more node(s) to start", n);
+    return;
+  }
   std::string names;
   for (int s : next)
     if (!contains(members_, s)) names += (names.empty() ? "" : ", ") + membership_.node(s).host;

@@ -93,6 +93,12 @@ int Membership::left() const {
       std::count_if(nodes_.begin(), nodes_.end(), [this](const Node& n) { return counts(n); }));
 }
 
+int Membership::starting() const {
+  return static_cast<int>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) {
+    return n.state == State::Starting && !n.initial;
+  }));
+}
+
 int Membership::find(const std::string& host) const {
   for (size_t i = 0; i < nodes_.size(); ++i)
     if (nodes_[i].host == host && nodes_[i].state != State::Lost) return static_cast<int>(i);

@@ -60,6 +60,8 @@ class Membership {
   std::vector<int> next_generation() const;
   // The nodes that count toward --nnodes MIN: the same, without the limit.
   int left() const;
+  // Nodes offered while the job runs whose daemons are not ready yet.
+  int starting() const;
   // The slot of `host` while its node is not lost, else -1.
   int find(const std::string& host) const;
   const Node& node(int slot) const { return nodes_.at(static_cast<size_t>(slot)); }

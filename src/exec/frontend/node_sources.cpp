@@ -21,7 +21,7 @@ extern char** environ;
 namespace pe {
 namespace {
 
-constexpr double kTick = 0.25;          // seconds between looks at the hostfile
+constexpr double kTick = 0.1;           // seconds between looks at the hostfile
 constexpr double kReportEvery = 1.0;    // the hosts go to the membership this often anyway
 constexpr double kCommandTimeout = 30;  // seconds a discovery command may take
 constexpr double kReapRetry = 0.01;

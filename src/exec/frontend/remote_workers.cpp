@@ -74,6 +74,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
           [this](int node) {
             tree_.lose(node, "lost contact with its daemon (" +
                                  ctrl::silence(beats_.settings().timeout) + ")");
+            if (!slurm_) launcher_.kill_node(node, nodes_[static_cast<size_t>(node)].incarnation);
           }),
       modex_(tree_),
       launcher_(loop, cfg, env, map, host, slurm_,
