@@ -125,8 +125,9 @@ const OptionDef<RawOptions> kOptions[] = {
      "seconds between runs of the --host-discovery command (default 1)",
      &RawOptions::host_discovery_interval},
     {"last-call", 0, "Elastic", "SECONDS",
-     "a node that arrives while the job runs is admitted after SECONDS, with every other node "
-     "that arrived meanwhile, in one re-forming (default 1)",
+     "a node that arrives while the job runs is admitted SECONDS after it arrived (once its "
+     "daemon is ready), with every other node that arrived meanwhile, in one re-forming "
+     "(default 1)",
      &RawOptions::last_call},
     {"host-cooldown", 0, "Elastic", "SECONDS",
      "a host whose node was lost is not admitted again for SECONDS, doubled on each further "
