@@ -1,7 +1,9 @@
 """Elastic membership (--nnodes MIN:MAX): a node's daemon dies in the middle of a job; the others
 are stopped and the group re-forms on the nodes left, with a new generation and WORLD_SIZE, and
-finishes.  Below MIN the job fails naming the node.  The "nodes" are names given with -H, their
-daemons started by a launch agent on this machine (as in test_multinode.py)."""
+finishes.  Below MIN the job fails naming the node.  A frozen daemon (SIGSTOP) is lost by its
+silence; a host that comes back waits its cool-down and joins after the survivors.  The "nodes"
+are names given with -H or a hostfile, their daemons started by a launch agent on this machine
+(as in test_multinode.py)."""
 import os
 import random
 import re

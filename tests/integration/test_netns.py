@@ -1,8 +1,9 @@
 """Multi-node jobs across network namespaces: four separate hosts with their own addresses
 (netns.py), daemons started with --launch-agent "ip netns exec {host}", the front end in a fifth
 namespace.  torch's MASTER_ADDR must be reachable from the other hosts; Open MPI programs wire up
-over TCP between them; cutting a host's link ends the job with its name and leaves nothing
-behind.  Needs root (skips otherwise)."""
+over TCP between them; cutting a host's link ends the job with its name (the heartbeat finds it
+silent) and leaves nothing behind; an elastic job re-forms without a cut-off host and grows when
+its hostfile or discovery command lists a new one.  Needs root (skips otherwise)."""
 import os
 import re
 import shutil
