@@ -54,19 +54,20 @@ void Heartbeats::beat() {
   for (int id : ids) send_(id);  // may forget links (a failed write)
 }
 
+// A late tick judges nobody: what arrived meanwhile is read before the next tick (the loop
+// serves sockets before timers).  Only one tick in a row is let off, so that a process that
+// is late all the time still finds silent neighbours.
 void Heartbeats::tick() {
   double now = clock_();
-  bool stalled = now - last_tick_ >= s_.timeout / 2;
+  bool stalled = now - last_tick_ >= s_.timeout / 2 && !let_off_;
+  let_off_ = stalled;
   last_tick_ = now;
   if (stalled) last_sent_ = 0;
   beat();
+  if (stalled) return;
   std::vector<int> silent;
-  for (auto& [id, w] : heard_) {
-    if (stalled)
-      w.at = now;
-    else if (now - w.at >= w.timeout)
-      silent.push_back(id);
-  }
+  for (const auto& [id, w] : heard_)
+    if (now - w.at >= w.timeout) silent.push_back(id);
   for (int id : silent) {
     if (!heard_.erase(id)) continue;
     on_silent_(id);  // may watch or forget others

@@ -8,7 +8,7 @@
 //
 // A process that was itself stalled (its timer late by half the timeout or more: swapped out,
 // stopped, an overloaded machine) declares nobody silent on that tick: what its neighbours sent
-// may be waiting unread in its sockets.  Every watched link is then counted as heard.
+// may be waiting unread in its sockets.  The next tick judges, after they were read.
 //
 // Threading: everything runs on the event-loop thread.
 #pragma once
@@ -65,6 +65,7 @@ class Heartbeats {
   };
   std::map<int, Watched> heard_;  // by link
   double last_tick_ = 0, last_sent_ = 0;
+  bool let_off_ = false;  // the last tick was late and judged nobody
   Event timer_;
 };
 
