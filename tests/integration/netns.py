@@ -73,6 +73,10 @@ class NetnsBed:
         """Takes node i's link down: a partition."""
         _ip("-n", self.nodes[i - 1], "link", "set", "pe0", "down")
 
+    def uncut(self, i):
+        """Brings node i's link up again."""
+        _ip("-n", self.nodes[i - 1], "link", "set", "pe0", "up")
+
     def down(self):
         for ns in self.nodes + [self.front]:
             _ip("netns", "del", ns, check=False)

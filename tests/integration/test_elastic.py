@@ -1,15 +1,18 @@
 """Elastic membership (--nnodes MIN:MAX): a node's daemon dies in the middle of a job; the others
 are stopped and the group re-forms on the nodes left, with a new generation and WORLD_SIZE, and
-finishes.  Below MIN the job fails naming the node.  The "nodes" are names given with -H, their
-daemons started by a launch agent on this machine (as in test_multinode.py)."""
+finishes.  Below MIN the job fails naming the node.  A frozen daemon (SIGSTOP) is lost by its
+silence; a host that comes back waits its cool-down and joins after the survivors.  The "nodes"
+are names given with -H or a hostfile, their daemons started by a launch agent on this machine
+(as in test_multinode.py)."""
 import os
 import random
 import re
+import signal
 import subprocess
 import time
 
 from harness import (EXEC, assert_no_leftovers, check, main, processes_with_marker, run, script,
-                     wait_until)
+                     tmpdir, wait_until)
 from test_multinode import BIN, agent, build_mpi, daemon_of, job_env
 
 # Generation 0: the first rank of node b kills its own daemon (its parent); every other rank
@@ -62,6 +65,79 @@ def test_mpi_programs_run_in_the_reformed_group():
 def test_a_spare_takes_the_place_of_a_lost_node():
     reformed_on_a_and_c(["--nnodes", "2:2", "--spares", "1"],
                         re.escape("re-forming the group on 2 node(s), a spare taking its place"))
+
+
+def test_a_frozen_daemon_is_lost_by_its_silence():
+    """Node b's daemon is stopped (SIGSTOP: its connection stays open, nothing is sent): the
+    heartbeat finds it silent, and the group re-forms on a and c as after a death."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    d = tmpdir()
+    body = script(f"""#!/bin/sh
+if [ "$PYTORCH_EXEC_GENERATION" = 0 ]; then echo up > {d}/up.$RANK; exec sleep 60; fi
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE"
+""")
+    p = subprocess.Popen([EXEC, "--nnodes", "2:3", "--kill-grace", "1", "--heartbeat-interval", "0.5",
+                          "--heartbeat-timeout", "2", "-H", "a:1,b:1,c:1", "--launch-agent",
+                          agent(marker), body], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    frozen = None
+    try:
+        check(wait_until(lambda: len(os.listdir(d)) == 3, timeout=30), "the ranks did not start")
+        frozen = daemon_of(marker, "b")
+        os.kill(frozen, signal.SIGSTOP)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if frozen:
+            try:
+                os.kill(frozen, signal.SIGCONT)  # if pytorch_exec has not killed it already
+            except ProcessLookupError:
+                pass
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(p.returncode == 0, f"exit {p.returncode}: {err[-2000:]}")
+    check(re.search(r"node b: lost contact with its daemon \(no heartbeat for 2 s\); re-forming the "
+                    r"group on the 2 node\(s\) left", err), err[-2000:])
+    check(sorted(out.splitlines()) == ["gen 1 rank 0 of 2 node a", "gen 1 rank 1 of 2 node c"], out)
+    assert_no_leftovers(marker, timeout=10)
+
+
+def test_a_host_that_comes_back_waits_its_cooldown():
+    """--hostfile a,b,c: b's daemon dies in generation 0, the group re-forms on a and c; b, still
+    listed, is kept out for its cool-down, then started again and admitted after the last call:
+    generation 2 runs on a, c and b, in that order (survivors first)."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    hostfile = os.path.join(tmpdir(), "hosts")
+    with open(hostfile, "w") as f:
+        f.write("a\nb\nc\n")
+    body = script("""#!/bin/sh
+case "$PYTORCH_EXEC_GENERATION" in
+0) if [ "$PE_NODE" = b ]; then kill -9 $PPID; fi; exec sleep 60 ;;
+1) exec sleep 60 ;;
+esac
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE restarts $TORCHELASTIC_RESTART_COUNT"
+""")
+    r = run(["-v", "--kill-grace", "1", "--nnodes", "2:3", "--host-cooldown", "1.5", "--last-call",
+             "0.5", "--hostfile", hostfile, "--launch-agent", agent(marker), body], env=env,
+            timeout=90)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    check(sorted(r.stdout.splitlines()) == ["gen 2 rank 0 of 3 node a restarts 2",
+                                            "gen 2 rank 1 of 3 node c restarts 2",
+                                            "gen 2 rank 2 of 3 node b restarts 2"], r.stdout)
+    said = [line for line in r.stderr.splitlines() if re.search(r"node(\(s\))? b\b", line)]
+    steps = [r"node b is kept out for 1.5 s \(cool-down\)",
+             r"node b: lost contact with its daemon .*re-forming the group on the 2 node\(s\) left",
+             r"node b: lost 1 time\(s\): kept out for another .* s \(cool-down\)",
+             r"node b arrives with 1 rank\(s\): starting its daemon",
+             r"node\(s\) b joined; re-forming the group on 3 node\(s\)"]
+    at = 0
+    for line in said:
+        if at < len(steps) and re.search(steps[at], line):
+            at += 1
+    check(at == len(steps), f"missing, in this order: {steps[at:]}\n" + "\n".join(said))
+    assert_no_leftovers(marker, timeout=10)
 
 
 def test_below_the_minimum_the_job_fails():
@@ -126,6 +202,8 @@ def test_random_losses():
 
 if __name__ == "__main__":
     main([test_a_lost_node_reforms_the_group, test_mpi_programs_run_in_the_reformed_group,
-          test_a_spare_takes_the_place_of_a_lost_node, test_below_the_minimum_the_job_fails,
+          test_a_spare_takes_the_place_of_a_lost_node, test_a_frozen_daemon_is_lost_by_its_silence,
+          test_a_host_that_comes_back_waits_its_cooldown,
+          test_below_the_minimum_the_job_fails,
           test_node_counts_are_checked_against_the_allocation,
           test_random_losses])

@@ -1,8 +1,9 @@
 """Multi-node jobs across network namespaces: four separate hosts with their own addresses
 (netns.py), daemons started with --launch-agent "ip netns exec {host}", the front end in a fifth
 namespace.  torch's MASTER_ADDR must be reachable from the other hosts; Open MPI programs wire up
-over TCP between them; cutting a host's link ends the job with its name and leaves nothing
-behind.  Needs root (skips otherwise)."""
+over TCP between them; cutting a host's link ends the job with its name (the heartbeat finds it
+silent) and leaves nothing behind; an elastic job re-forms without a cut-off host and grows when
+its hostfile or discovery command lists a new one.  Needs root (skips otherwise)."""
 import os
 import re
 import shutil
@@ -89,25 +90,38 @@ def test_mpi_across_hosts():
           f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
 
 
-def run_and_cut(args, env, upd, host):
-    """Starts pytorch_exec ARGS (three ranks, each writing upd/up.RANK once running), cuts `host`
-    off, and waits for the job: (process, stdout, stderr, seconds from the cut to its end)."""
+def run_then(args, env, upd, ranks, action):
+    """Starts pytorch_exec ARGS (`ranks` ranks, each writing upd/up.RANK once running), calls
+    action() once they all run, and waits for the job: (process, stdout, stderr, seconds from
+    the action to its end)."""
     cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}",
            "--kill-grace", "1"] + args
     p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 30
-        while len(os.listdir(upd)) < 3 and time.monotonic() < deadline:
+        while len(os.listdir(upd)) < ranks and time.monotonic() < deadline:
             time.sleep(0.05)
-        check(len(os.listdir(upd)) == 3, "ranks did not start")
+        check(len(os.listdir(upd)) == ranks, "ranks did not start")
         t0 = time.monotonic()
-        BED.cut(host)
-        out, err = p.communicate(timeout=60)
+        action()
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise TestFailure(f"{' '.join(args)} did not finish: {p.communicate()[1][-3000:]}")
         return p, out, err, time.monotonic() - t0
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+def run_and_cut(args, env, upd, host):
+    """Three ranks; `host` is cut off once they run (and joined again afterwards)."""
+    try:
+        return run_then(args, env, upd, 3, lambda: BED.cut(host))
+    finally:
+        BED.uncut(host)
 
 
 def test_cut_link_ends_the_job_naming_the_host():
@@ -123,7 +137,7 @@ def test_cut_link_ends_the_job_naming_the_host():
 
 
 def test_elastic_job_reforms_after_a_cut_link():
-    """--nnodes 2:3: host 4 is cut off while its rank runs; the front end notices (keepalive),
+    """--nnodes 2:3: host 4 is cut off while its rank runs; the front end notices (heartbeat),
     stops the others and re-forms the group on hosts 1 and 2, which finishes."""
     env = marker_env()
     d = tmpdir()
@@ -139,6 +153,60 @@ def test_elastic_job_reforms_after_a_cut_link():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
 
 
+# Elastic arrivals: generation 0 runs until stopped; later ones say where they run.
+GROWING = ("#!/bin/sh\nif [ $PYTORCH_EXEC_GENERATION = 0 ]; then echo up > {d}/up.$RANK; "
+           "exec sleep 120; fi\necho gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE "
+           "$(ip -4 -o addr show pe0 | awk '{{print $4}}')\n")
+
+
+def write_hosts(path, spec):
+    """Replaces the file at once (as an editor or a scheduler would): '1,3:2' -> host lines."""
+    with open(path + ".new", "w") as f:
+        f.write("".join(f"{BED.nodes[int(x.split(':')[0]) - 1]}:{x.split(':')[1] if ':' in x else 1}\n"
+                        for x in spec.split(",")))
+    os.rename(path + ".new", path)
+
+
+def grown_rows(out, where):
+    """The rows generation 1 should print on hosts `where` (host number per rank)."""
+    return sorted(out.splitlines()), sorted(f"gen 1 rank {r} of {len(where)} {BED.addr(h)}/24"
+                                            for r, h in enumerate(where))
+
+
+def test_elastic_job_grows_when_its_hostfile_lists_a_new_host():
+    """--nnodes 2:3 --hostfile with hosts 1 and 2; once they run, host 3 is added to the file:
+    its daemon is started, and after the last call the group re-forms on three hosts, host 3's
+    rank last."""
+    env = marker_env()
+    d, hostfile = tmpdir(), os.path.join(tmpdir(), "hosts")
+    write_hosts(hostfile, "1,2")
+    p, out, err, took = run_then(["-v", "--nnodes", "2:3", "--hostfile", hostfile,
+                                  script(GROWING.format(d=d))], env, d, 2,
+                                 lambda: write_hosts(hostfile, "1,2,3"))
+    check(p.returncode == 0, f"exit {p.returncode}: {err}")
+    check(f"node(s) {BED.nodes[2]} joined; re-forming the group on 3 node(s)" in err, err)
+    got, want = grown_rows(out, [1, 2, 3])
+    check(got == want, f"{got} != {want}")
+    print(f"  arrival: larger group done {took:.1f} s after the hostfile changed")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
+
+
+def test_elastic_job_grows_with_the_discovery_command():
+    """--host-discovery prints hosts 1 and 2, then 1, 2, 3 (two slots) and 4, with --nnodes 2:3:
+    hosts 3 joins with two ranks, host 4 waits as a spare."""
+    env = marker_env()
+    d, listed = tmpdir(), os.path.join(tmpdir(), "listed")
+    write_hosts(listed, "1,2")
+    p, out, err, _ = run_then(["-v", "--nnodes", "2:3", "--host-discovery", f"cat {listed}",
+                               script(GROWING.format(d=d))], env, d, 2,
+                              lambda: write_hosts(listed, "1,2,3:2,4"))
+    check(p.returncode == 0, f"exit {p.returncode}: {err[-3000:]}")
+    got, want = grown_rows(out, [1, 2, 3, 3])
+    check(got == want, f"{got} != {want}")
+    check(re.search(rf"node {BED.nodes[3]} .*waits as a spare", err), err[-3000:])
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
+
+
 if __name__ == "__main__":
     why = netns.available()
     if why:
@@ -147,4 +215,6 @@ if __name__ == "__main__":
         main([test_each_host_has_its_address, test_master_addr_faces_the_other_hosts_when_the_front_end_is_node_0,
               test_torch_gloo_allreduce_across_hosts,
               test_mpi_across_hosts, test_cut_link_ends_the_job_naming_the_host,
-              test_elastic_job_reforms_after_a_cut_link])
+              test_elastic_job_reforms_after_a_cut_link,
+              test_elastic_job_grows_when_its_hostfile_lists_a_new_host,
+              test_elastic_job_grows_with_the_discovery_command])

@@ -295,3 +295,31 @@ TEST(CliTest, ElasticNodeCounts) {
                 .find("--max-scale-events: expected a non-negative integer"),
             std::string::npos);
 }
+
+TEST(CliTest, HeartbeatAndArrivals) {
+  auto c = config({"prog"});
+  EXPECT_EQ(c.heartbeat_interval, 1.0);
+  EXPECT_EQ(c.heartbeat_timeout, 3.0);
+  EXPECT_EQ(c.last_call, 1.0);
+  EXPECT_EQ(c.host_cooldown, 10.0);
+  c = config({"--heartbeat-interval", "0.2", "--heartbeat-timeout", "1.5", "prog"});
+  EXPECT_EQ(c.heartbeat_interval, 0.2);
+  EXPECT_EQ(c.heartbeat_timeout, 1.5);
+  EXPECT_EQ(usage_error({"--heartbeat-interval", "3", "prog"}),
+            "--heartbeat-timeout must be longer than --heartbeat-interval");
+  EXPECT_EQ(usage_error({"--heartbeat-timeout", "0", "prog"}),
+            "--heartbeat-timeout: '0' is not a number of seconds in (0, 3600]");
+  c = config({"--nnodes", "1:4", "--host-discovery", "./list-hosts", "--host-discovery-interval",
+              "5", "--last-call", "0", "--host-cooldown", "30", "prog"});
+  EXPECT_EQ(c.host_discovery, "./list-hosts");
+  EXPECT_EQ(c.discovery_interval, 5.0);
+  EXPECT_EQ(c.last_call, 0.0);
+  EXPECT_EQ(c.host_cooldown, 30.0);
+  for (const char* opt :
+       {"--host-discovery", "--host-discovery-interval", "--last-call", "--host-cooldown"})
+    EXPECT_EQ(usage_error({opt, "1", "prog"}), std::string(opt) + " needs --nnodes MIN:MAX");
+  EXPECT_EQ(usage_error({"--nnodes", "2", "--host-discovery", "", "prog"}),
+            "--host-discovery: the command is empty");
+  EXPECT_EQ(usage_error({"--nnodes", "2", "--last-call", "-1", "prog"}),
+            "--last-call: '-1' is not a number of seconds in [0, 3600]");
+}

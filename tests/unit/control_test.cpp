@@ -212,6 +212,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Port{12345});
   round_trip(Lost{"gone"});
   round_trip(Joined{});
+  round_trip(Heartbeat{});
   round_trip(routed(kAllNodes, Msg::Signal, encode(Signal{SIGINT})));
   round_trip(Output{1, 2, 1, "child line\n", 3});
   e.spawn = 2;

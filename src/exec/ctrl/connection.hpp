@@ -83,6 +83,7 @@ class ConnLink : public Link {
   ConnLink(EventLoop& loop, std::unique_ptr<Connection> conn)
       : loop_(loop), conn_(std::move(conn)) {}
   ~ConnLink() override;
+  using Link::send;
   void send(uint16_t type, std::string_view payload) override { conn_->send(type, payload); }
   void finish() override { conn_->finish(); }
   Connection& conn() { return *conn_; }

@@ -83,6 +83,8 @@ enum class Msg : uint16_t {
   Publish = 43,
   Lookup = 44,
   Unpublish = 45,
+  // Either way, between neighbours of the tree only (never routed): I am alive (heartbeat.hpp).
+  Heartbeat = 50,
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
@@ -426,6 +428,13 @@ struct Unpublish {
     f(keys, 1u << 16);
   }
 };
+// Sent every heartbeat interval over each link of the tree, both ways (heartbeat.hpp).
+struct Heartbeat {
+  static constexpr Msg kType = Msg::Heartbeat;
+  static constexpr const char* kName = "heartbeat";
+  template <class IO>
+  void io(IO&) {}
+};
 
 // Routed frames to every node.
 inline constexpr uint32_t kAllNodes = 0xffffffffu;
@@ -446,7 +455,7 @@ using AllMessages =
     std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin, StdinClose,
                ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
                StartFailed, StdinDrained, Port, Lost, Joined, Routed, SpawnReq, SpawnResp,
-               SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish>;
+               SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish, Heartbeat>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

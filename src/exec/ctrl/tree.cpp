@@ -103,6 +103,18 @@ void TreeRoot::lose(int node, const std::string& why) {
   cb_.on_lost(node, why);
 }
 
+int TreeRoot::add_node() {
+  nodes_.emplace_back();
+  return static_cast<int>(nodes_.size()) - 1;
+}
+
+void TreeRoot::revive(int node) {
+  Node& n = nodes_.at(static_cast<size_t>(node));
+  if (!n.lost || tree_parent(node, radix_) >= 0)
+    throw wire::WireError("node " + std::to_string(node) + " cannot be started again");
+  n = Node{};
+}
+
 void TreeRoot::send(int node, uint16_t type, std::string_view payload) {
   Node& n = nodes_.at(static_cast<size_t>(node));
   if (n.link) return n.link->send(type, payload);

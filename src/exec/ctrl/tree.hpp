@@ -61,6 +61,10 @@ class TreeRoot {
   void link_closed(int node, const std::string& why);
   // Marks `node` and every node below it lost, drops their links, reports once.
   void lose(int node, const std::string& why);
+  // Elastic arrivals, for children of the root only: a new node (returns its index), or a lost
+  // node's place taken again (a new daemon connects for it).
+  int add_node();
+  void revive(int node);
 
   void send(int node, uint16_t type, std::string_view payload);
   void broadcast(uint16_t type, std::string_view payload);
@@ -112,6 +116,11 @@ class TreeRelay {
   void child_closed(int node, const std::string& why);
   bool has_children() const { return !tree_children(self_, radix_, nnodes_).empty(); }
   size_t connected_children() const { return children_.size(); }
+  // The link to a connected child, else null (heartbeats go to neighbours only).
+  Link* child(int node) const {
+    auto it = children_.find(node);
+    return it == children_.end() ? nullptr : it->second.get();
+  }
 
  private:
   int self_, nnodes_, radix_;

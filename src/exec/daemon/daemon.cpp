@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,6 +21,11 @@ namespace pe {
 namespace {
 
 constexpr int kKeepaliveSeconds = 10;
+constexpr int kUpstream = -1;  // the parent's link, for the heartbeats
+// The parent is given longer than the children: a front end stopped for a moment (Ctrl-Z) or
+// a relay that is slow should not end the node's ranks at once.  At least this long, and three
+// heartbeat timeouts.
+constexpr double kMinUpstreamTimeout = 10;
 constexpr size_t kMaxHandshakeFrame = 4096;
 // Output queued toward the front end: above the high mark the ranks' pipes are no longer read,
 // until it is down to the low mark.
@@ -142,7 +148,11 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
     throw Error("the front end at " + peer + " failed to prove it knows the job's secret");
   conn_ = std::make_unique<ctrl::Connection>(loop_, std::move(fd), peer);
   int epoch = ++conn_epoch_;
-  conn_->on_frame([this](wire::Frame& f) { on_frame(f); });
+  beats_->watch(kUpstream, upstream_timeout());
+  conn_->on_frame([this](wire::Frame& f) {
+    beats_->heard(kUpstream);
+    if (f.type != static_cast<uint16_t>(ctrl::Msg::Heartbeat)) on_frame(f);
+  });
   conn_->on_closed([this, epoch](const std::string& why) {
     loop_.post([this, epoch, why] {
       if (epoch == conn_epoch_) on_closed(why);
@@ -154,6 +164,7 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
 
 int Daemon::run() {
   ::signal(SIGPIPE, SIG_IGN);
+  start_heartbeats();
   handshake(opts_.connect);
   // srun and the launch agents forward signals; the workers get them, the front end decides.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
@@ -164,9 +175,37 @@ int Daemon::run() {
   loop_.run();
   agent_ = nullptr;
   runner_.reset();  // kills and reaps whatever is left
+  beats_.reset();
   relay_.reset();
   opts_.secret.assign(opts_.secret.size(), '\0');
   return status_;
+}
+
+// Heartbeats go to the parent and to each child; a silent parent is a lost front end (this
+// node gives up: its workers are killed), a silent child is reported up like a closed one.
+void Daemon::start_heartbeats() {
+  beats_ = std::make_unique<ctrl::Heartbeats>(
+      loop_, opts_.heartbeat,
+      [this](int id) {
+        ctrl::Link* link = id == kUpstream ? conn_.get() : relay_ ? relay_->child(id) : nullptr;
+        if (link) link->send(ctrl::Heartbeat{});
+      },
+      [this](int id) { on_silent(id); });
+}
+
+double Daemon::upstream_timeout() const {
+  return std::max(kMinUpstreamTimeout, 3 * opts_.heartbeat.timeout);
+}
+
+void Daemon::on_silent(int id) {
+  std::string why = ctrl::silence(id == kUpstream ? upstream_timeout() : opts_.heartbeat.timeout);
+  if (id != kUpstream) {
+    logger("ctrl")->info("child node {}: {}", id, why);
+    if (relay_) relay_->child_closed(id, why);
+    return;
+  }
+  if (conn_) conn_->close();
+  on_closed(why + " from " + (redirected_ ? "the parent daemon" : "upstream"));
 }
 
 void Daemon::on_closed(const std::string& why) {
@@ -189,6 +228,8 @@ void Daemon::on_frame(wire::Frame& f) {
   if (f.type == static_cast<uint16_t>(ctrl::Msg::Routed)) {
     ctrl::Routed r = ctrl::decode<ctrl::Routed>(f.payload);
     if (r.inner.type == static_cast<uint16_t>(ctrl::Msg::Job)) return before_job_.dispatch(r.inner);
+    // A node that joins a running job hears what goes to everyone before its job arrives.
+    if (r.node == ctrl::kAllNodes) return;
   }
   if (!before_job_.handles(f.type))
     throw wire::WireError(std::string("unexpected ") + ctrl::msg_name(f.type) + " before the job");
@@ -243,6 +284,7 @@ void Daemon::on_redirect(ctrl::Redirect& m) {
   redirected_ = true;
   loop_.post([this, targets] {
     conn_.reset();
+    beats_->forget(kUpstream);
     try {
       handshake(targets);
       redirected_ = false;
@@ -288,10 +330,17 @@ void Daemon::start_relay() {
 
 void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
   ctrl::Connection* c = conn.get();
-  c->on_frame([this, node](wire::Frame& f) { relay_->from_child(node, f); });
-  c->on_closed([this, node](const std::string& why) {
-    loop_.post([this, node, why] { relay_->child_closed(node, why); });
+  c->on_frame([this, node](wire::Frame& f) {
+    beats_->heard(node);
+    if (f.type != static_cast<uint16_t>(ctrl::Msg::Heartbeat)) relay_->from_child(node, f);
   });
+  c->on_closed([this, node](const std::string& why) {
+    loop_.post([this, node, why] {
+      beats_->forget(node);
+      relay_->child_closed(node, why);
+    });
+  });
+  beats_->watch(node);
   relay_->add_child(node, std::make_unique<ctrl::ConnLink>(loop_, std::move(conn)));
   logger("ctrl")->info("child node {} ({}) connected", node,
                        job_.map.nodes[static_cast<size_t>(node)].host);

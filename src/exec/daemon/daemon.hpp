@@ -15,6 +15,7 @@
 
 #include "common/event_loop.hpp"
 #include "exec/ctrl/connection.hpp"
+#include "exec/ctrl/heartbeat.hpp"
 #include "exec/node/node_agent.hpp"
 #include "exec/node/node_runner.hpp"
 #include "pmix_rdzv/modex_router.hpp"
@@ -26,6 +27,7 @@ struct DaemonOptions {
   std::string node;                                  // this node's name in the job map
   std::string secret;                                // raw bytes
   double connect_timeout = 30.0;
+  ctrl::HeartbeatSettings heartbeat;  // with the parent and the children in the tree
 };
 
 class Daemon : public AgentListener, public pmix::ModexRouter {
@@ -51,6 +53,9 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status, std::string data,
                 const char* what);
   void on_closed(const std::string& why);
+  void start_heartbeats();
+  void on_silent(int id);
+  double upstream_timeout() const;
   void send_port();
   // AgentListener
   void on_output(int generation, int rank, Stream s, std::string_view lines) override;
@@ -81,6 +86,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   std::unique_ptr<ctrl::TreeRelay> relay_;
   std::unique_ptr<ctrl::Acceptor> acceptor_;
   std::vector<Event> signal_events_;
+  std::unique_ptr<ctrl::Heartbeats> beats_;  // link -1: upstream; others: children by node
   NodeJob job_;
   bool have_job_ = false;
   bool idle_ = false;  // a spare: not in the current generation

@@ -22,6 +22,13 @@ const OptionDef<ExecdRawOptions> kExecdOptions[] = {
     {"connect-timeout", 0, "", "SECONDS",
      "time allowed for each connection attempt and the handshake (default 30)",
      &ExecdRawOptions::connect_timeout},
+    {"heartbeat-interval", 0, "", "SECONDS",
+     "send a heartbeat to the parent and children in the tree this often (default 1)",
+     &ExecdRawOptions::heartbeat_interval},
+    {"heartbeat-timeout", 0, "", "SECONDS",
+     "a child silent this long is lost (default 3); the parent gets three times as long, at "
+     "least 10 s, then this daemon kills its ranks and exits",
+     &ExecdRawOptions::heartbeat_timeout},
     {"version", 0, "", nullptr, "print the version and exit", &ExecdRawOptions::version},
     {"help", 'h', "", nullptr, "print this help and exit", &ExecdRawOptions::help},
 };
@@ -50,6 +57,7 @@ ExecdRawOptions parse_execd_command_line(int argc, const char* const* argv) {
 std::string execd_help_text() {
   return "usage: pytorch_execd --connect ADDR:PORT[,ADDR:PORT...] (--node NAME | --slurm)\n"
          "                     [--secret-stdin | --secret-file FILE] [--connect-timeout SECONDS]\n"
+         "                     [--heartbeat-interval SECONDS] [--heartbeat-timeout SECONDS]\n"
          "pytorch_execd is started by pytorch_exec on every node of a multi-node job; see "
          "pytorch_exec(1).\n"
          "The job's secret comes from PYTORCH_EXEC_SECRET, --secret-stdin or --secret-file.\n\n" +
@@ -58,13 +66,14 @@ std::string execd_help_text() {
 
 DaemonOptions validate_execd_options(const ExecdRawOptions& raw, const std::string& slurm_node) {
   DaemonOptions o;
-  if (raw.connect_timeout) {
-    const std::string& v = *raw.connect_timeout;
-    char* end = nullptr;
-    o.connect_timeout = std::strtod(v.c_str(), &end);
-    if (!end || *end || !(o.connect_timeout > 0 && o.connect_timeout <= 3600))
-      throw UsageError("--connect-timeout: '" + v + "' is not a number of seconds in (0, 3600]");
-  }
+  if (raw.connect_timeout)
+    o.connect_timeout = positive_seconds("--connect-timeout", *raw.connect_timeout);
+  if (raw.heartbeat_interval)
+    o.heartbeat.interval = positive_seconds("--heartbeat-interval", *raw.heartbeat_interval);
+  if (raw.heartbeat_timeout)
+    o.heartbeat.timeout = positive_seconds("--heartbeat-timeout", *raw.heartbeat_timeout);
+  if (o.heartbeat.timeout <= o.heartbeat.interval)
+    throw UsageError("--heartbeat-timeout must be longer than --heartbeat-interval");
   if (!raw.connect || raw.connect->empty()) throw UsageError("--connect is required");
   o.connect = parse_connect(*raw.connect);
   o.node = raw.slurm ? slurm_node : raw.node.value_or("");

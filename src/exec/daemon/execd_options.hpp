@@ -2,6 +2,7 @@
 // (option_table.hpp):
 //   pytorch_execd --connect ADDR:PORT[,ADDR:PORT...] (--node NAME | --slurm)
 //                 [--secret-stdin | --secret-file FILE] [--connect-timeout SECONDS]
+//                 [--heartbeat-interval SECONDS] [--heartbeat-timeout SECONDS]
 // Parsing and validation are pure; reading the secret is left to main_execd.cpp.
 #pragma once
 
@@ -22,6 +23,8 @@ struct ExecdRawOptions {
   bool secret_stdin = false;
   std::optional<std::string> secret_file;
   std::optional<std::string> connect_timeout;
+  std::optional<std::string> heartbeat_interval;
+  std::optional<std::string> heartbeat_timeout;
 };
 
 // Parses argv (argv[0] is pytorch_execd itself).  Throws UsageError (one line) for unknown

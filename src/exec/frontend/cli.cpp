@@ -37,6 +37,14 @@ const OptionDef<RawOptions> kOptions[] = {
      "control-plane fan-out: at most N daemons talk to pytorch_exec, each relaying for N more "
      "(default 32)",
      &RawOptions::tree_radix},
+    {"heartbeat-interval", 0, "Processes", "SECONDS",
+     "every daemon and pytorch_exec send a heartbeat to their neighbours in the control plane "
+     "this often (default 1)",
+     &RawOptions::heartbeat_interval},
+    {"heartbeat-timeout", 0, "Processes", "SECONDS",
+     "a daemon silent this long (a frozen host, a cut link) is lost, as if it had died "
+     "(default 3)",
+     &RawOptions::heartbeat_timeout},
     {"oversubscribe", 0, "Processes", nullptr,
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
      "-n is never limited)",
@@ -109,6 +117,23 @@ const OptionDef<RawOptions> kOptions[] = {
      "re-form the group after a lost node at most N times (default: no limit; --max-restarts "
      "counts failures only)",
      &RawOptions::max_scale_events},
+    {"host-discovery", 0, "Elastic", "CMD",
+     "with --nnodes: run CMD (sh -c) every --host-discovery-interval seconds; it prints the "
+     "hosts that may be used, one host[:slots] per line; new ones join the job (also the first "
+     "nodes when neither -H nor --hostfile is given)",
+     &RawOptions::host_discovery},
+    {"host-discovery-interval", 0, "Elastic", "SECONDS",
+     "seconds between runs of the --host-discovery command (default 1)",
+     &RawOptions::host_discovery_interval},
+    {"last-call", 0, "Elastic", "SECONDS",
+     "a node that arrives while the job runs is admitted SECONDS after it arrived (once its "
+     "daemon is ready), with every other node that arrived meanwhile, in one re-forming "
+     "(default 1)",
+     &RawOptions::last_call},
+    {"host-cooldown", 0, "Elastic", "SECONDS",
+     "a host whose node was lost is not admitted again for SECONDS, doubled on each further "
+     "loss (default 10)",
+     &RawOptions::host_cooldown},
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
@@ -116,8 +141,8 @@ const OptionDef<RawOptions> kOptions[] = {
     {"help", 'h', "Debugging", nullptr, "print this help and exit", &RawOptions::help},
 };
 
-const std::vector<std::string> kGroups = {"Processes",        "Mapping and binding", "Environment",
-                                          "Output",           "Failure handling",    "Elastic",
+const std::vector<std::string> kGroups = {"Processes", "Mapping and binding", "Environment",
+                                          "Output",    "Failure handling",    "Elastic",
                                           "Debugging"};
 
 int parse_count(const std::string& opt, const std::string& v, long long min) {
@@ -128,6 +153,16 @@ int parse_count(const std::string& opt, const std::string& v, long long min) {
                      ", got '" + v + "'");
   }
   return static_cast<int>(*n);
+}
+
+// --heartbeat-interval, --heartbeat-timeout.
+void validate_heartbeat(const RawOptions& raw, LaunchConfig& c) {
+  if (raw.heartbeat_interval)
+    c.heartbeat_interval = positive_seconds("--heartbeat-interval", *raw.heartbeat_interval);
+  if (raw.heartbeat_timeout)
+    c.heartbeat_timeout = positive_seconds("--heartbeat-timeout", *raw.heartbeat_timeout);
+  if (c.heartbeat_timeout <= c.heartbeat_interval)
+    throw UsageError("--heartbeat-timeout must be longer than --heartbeat-interval");
 }
 
 // -n, --nproc-per-node, -H, --hostfile, -N.
@@ -146,6 +181,7 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
   }
   if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
   if (raw.tree_radix) c.tree_radix = parse_count("--tree-radix", *raw.tree_radix, 1);
+  validate_heartbeat(raw, c);
   if (raw.launch_agent) {
     auto words = split_words(*raw.launch_agent);  // '""' is one empty word: no program either
     if (words.empty() || words[0].empty()) throw UsageError("--launch-agent: the command is empty");
@@ -240,6 +276,37 @@ void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
   if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
 }
 
+// --host-discovery, --host-discovery-interval, --last-call, --host-cooldown.
+void validate_arrivals(const RawOptions& raw, LaunchConfig& c) {
+  const std::pair<const std::optional<std::string>*, const char*> need_nnodes[] = {
+      {&raw.host_discovery, "--host-discovery"},
+      {&raw.host_discovery_interval, "--host-discovery-interval"},
+      {&raw.last_call, "--last-call"},
+      {&raw.host_cooldown, "--host-cooldown"}};
+  for (const auto& [given, name] : need_nnodes)
+    if (*given && !raw.nnodes) throw UsageError(std::string(name) + " needs --nnodes MIN:MAX");
+  if (raw.host_discovery) {
+    if (raw.host_discovery->empty()) throw UsageError("--host-discovery: the command is empty");
+    c.host_discovery = *raw.host_discovery;
+  }
+  if (raw.host_discovery_interval)
+    c.discovery_interval =
+        positive_seconds("--host-discovery-interval", *raw.host_discovery_interval);
+  if (raw.last_call) {
+    auto s = parse_seconds(*raw.last_call);
+    if (!s || *s > 3600)
+      throw UsageError("--last-call: '" + *raw.last_call +
+                       "' is not a number of seconds in [0, 3600]");
+    c.last_call = *s;
+  }
+  if (raw.host_cooldown) {
+    auto s = parse_seconds(*raw.host_cooldown);
+    if (!s)
+      throw UsageError("--host-cooldown: '" + *raw.host_cooldown + "' is not a number of seconds");
+    c.host_cooldown = *s;
+  }
+}
+
 // --nnodes N or MIN:MAX (torchrun's spelling), --max-scale-events N.
 void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
   if (raw.max_scale_events) {
@@ -250,6 +317,7 @@ void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
     if (!raw.nnodes) throw UsageError("--spares needs --nnodes MIN:MAX");
     c.spares = parse_count("--spares", *raw.spares, 0);
   }
+  validate_arrivals(raw, c);
   if (!raw.nnodes) return;
   const std::string& v = *raw.nnodes;
   auto colon = v.find(':');

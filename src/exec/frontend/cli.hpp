@@ -26,6 +26,8 @@ struct RawOptions {
   std::optional<std::string> npernode;  // -N
   std::optional<std::string> launch_agent;
   std::optional<std::string> tree_radix;
+  std::optional<std::string> heartbeat_interval;
+  std::optional<std::string> heartbeat_timeout;
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
   bool oversubscribe = false;
@@ -48,6 +50,10 @@ struct RawOptions {
   std::optional<std::string> nnodes;
   std::optional<std::string> max_scale_events;
   std::optional<std::string> spares;
+  std::optional<std::string> host_discovery;
+  std::optional<std::string> host_discovery_interval;
+  std::optional<std::string> last_call;
+  std::optional<std::string> host_cooldown;
   std::optional<std::string> run_id;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };

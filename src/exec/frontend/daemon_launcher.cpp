@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 
 #include "common/auth.hpp"
 #include "common/error.hpp"
@@ -30,6 +31,12 @@ std::string execd_path() {
   return self.substr(0, self.rfind('/') + 1) + "pytorch_execd";
 }
 
+std::string seconds_word(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.6g", s);
+  return buf;
+}
+
 }  // namespace
 
 std::string shell_quote(const std::string& s) {
@@ -46,6 +53,7 @@ std::string shell_quote(const std::string& s) {
 struct DaemonLauncher::Launcher {
   std::string what;  // argv[0], for messages
   std::vector<int> nodes;
+  int incarnation = 0;
   ChildProcess proc;
   Event out_ev, err_ev;
   LineBuffer out_buf, err_buf;
@@ -90,6 +98,11 @@ std::vector<std::string> DaemonLauncher::daemon_argv(int node, bool slurm) const
     argv.insert(argv.end(),
                 {"--node", map_.nodes.at(static_cast<size_t>(node)).host, "--secret-stdin"});
   }
+  LaunchConfig defaults;
+  if (cfg_.heartbeat_interval != defaults.heartbeat_interval)
+    argv.insert(argv.end(), {"--heartbeat-interval", seconds_word(cfg_.heartbeat_interval)});
+  if (cfg_.heartbeat_timeout != defaults.heartbeat_timeout)
+    argv.insert(argv.end(), {"--heartbeat-timeout", seconds_word(cfg_.heartbeat_timeout)});
   return argv;
 }
 
@@ -131,13 +144,24 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
       start(launch_command(static_cast<int>(i)), {static_cast<int>(i)}, true);
     return;
   }
-  std::vector<std::string> hosts;
   std::vector<int> all;
-  for (size_t i = 0; i < map_.nodes.size(); ++i) {
-    hosts.push_back(map_.nodes[i].host);
-    all.push_back(static_cast<int>(i));
-  }
-  std::string count = std::to_string(map_.nodes.size());
+  for (size_t i = 0; i < map_.nodes.size(); ++i) all.push_back(static_cast<int>(i));
+  auto argv = srun_argv(all);
+  start(std::move(argv), std::move(all), false);
+}
+
+void DaemonLauncher::launch_node(int node, int incarnation) {
+  if (slurm_)
+    start(srun_argv({node}), {node}, false, incarnation);
+  else
+    start(launch_command(node), {node}, true, incarnation);
+}
+
+// One srun step that starts the daemons of `nodes`.
+std::vector<std::string> DaemonLauncher::srun_argv(const std::vector<int>& nodes) const {
+  std::vector<std::string> hosts;
+  for (int i : nodes) hosts.push_back(map_.nodes.at(static_cast<size_t>(i)).host);
+  std::string count = std::to_string(nodes.size());
   std::vector<std::string> argv{"srun",
                                 "--nodes=" + count,
                                 "--ntasks=" + count,
@@ -156,20 +180,21 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
   if (cfg_.nnodes_min > 0) argv.push_back("--no-kill");
   auto d = daemon_argv(0, true);
   argv.insert(argv.end(), d.begin(), d.end());
-  start(std::move(argv), std::move(all), false);
+  return argv;
 }
 
 void DaemonLauncher::start(std::vector<std::string> argv, std::vector<int> nodes,
-                           bool secret_on_stdin) {
+                           bool secret_on_stdin, int incarnation) {
   auto l = std::make_unique<Launcher>();
   l->what = argv[0];
   l->nodes = std::move(nodes);
+  l->incarnation = incarnation;
   SpawnSpec spec;
   auto path = env_.count("PATH") ? env_.at("PATH") : std::string("/usr/bin:/bin");
   try {
     spec.path = resolve_program(argv[0], "", path);
   } catch (const Error& e) {
-    return on_exit_(l->nodes, std::string("cannot start its daemon: ") + e.what());
+    return on_exit_(l->nodes, std::string("cannot start its daemon: ") + e.what(), incarnation);
   }
   spec.argv = std::move(argv);
   EnvMap env = environment_from(environ);
@@ -217,15 +242,26 @@ void DaemonLauncher::forward_output(Launcher& l, bool out) {
   }
 }
 
+void DaemonLauncher::kill_node(int node, int incarnation) {
+  for (auto& l : launchers_)
+    if (!l->exited && l->incarnation == incarnation && l->nodes == std::vector<int>{node}) {
+      logger("ctrl")->info("{} (pid {}) of a silent node: killing it", l->what, l->proc.pid);
+      ::kill(-l->proc.pid, SIGKILL);
+    }
+}
+
 void DaemonLauncher::on_sigchld() {
-  for (auto& l : launchers_) {
+  for (size_t i = 0; i < launchers_.size(); ++i) {  // on_exit_ may start another
+    Launcher* l = launchers_[i].get();
     if (l->exited) continue;
     int status = 0;
     if (::waitpid(l->proc.pid, &status, WNOHANG) != l->proc.pid) continue;
     l->exited = true;
     logger("ctrl")->info("{} (pid {}) {}", l->what, l->proc.pid, describe_wait_status(status));
-    on_exit_(l->nodes, "its daemon could not be started (" + l->what + " " +
-                           describe_wait_status(status) + ")");
+    on_exit_(
+        l->nodes,
+        "its daemon could not be started (" + l->what + " " + describe_wait_status(status) + ")",
+        l->incarnation);
   }
 }
 

@@ -24,7 +24,9 @@ class DaemonLauncher {
  public:
   // The nodes of a launcher that exited or could not be started, and what to say of them
   // ("its daemon could not be started (srun exited with status 1)").
-  using ExitFn = std::function<void(const std::vector<int>& nodes, const std::string& how)>;
+  // `incarnation` is what launch_node was given (0 for launch()).
+  using ExitFn =
+      std::function<void(const std::vector<int>& nodes, const std::string& how, int incarnation)>;
   // `slurm`: srun starts them all, else the launch agent starts each.
   DaemonLauncher(EventLoop& loop, const LaunchConfig& cfg, const EnvMap& env, const JobMap& map,
                  std::string host, bool slurm, ExitFn on_exit);
@@ -35,6 +37,11 @@ class DaemonLauncher {
   // Starts every node's daemon; they connect back to `addresses` at `port`.  A node whose
   // launcher cannot be started is reported through on_exit at once.
   void launch(const std::vector<std::string>& addresses, int port, const std::string& secret);
+  // After launch(): starts the daemon of node `node` of the map (an elastic arrival) the same way.
+  void launch_node(int node, int incarnation);
+  // Node `node` is lost by its silence: its own launcher (of that incarnation) is killed, so
+  // that a frozen or cut-off daemon is not waited for at the end.  Not for srun's step.
+  void kill_node(int node, int incarnation);
   // The daemon command line and launcher command for node `node` (for tests).
   std::vector<std::string> launch_command(int node) const;
   // Path of pytorch_execd (next to pytorch_exec).
@@ -42,7 +49,9 @@ class DaemonLauncher {
 
  private:
   struct Launcher;
-  void start(std::vector<std::string> argv, std::vector<int> nodes, bool secret_on_stdin);
+  void start(std::vector<std::string> argv, std::vector<int> nodes, bool secret_on_stdin,
+             int incarnation = 0);
+  std::vector<std::string> srun_argv(const std::vector<int>& nodes) const;
   void forward_output(Launcher& l, bool out);
   void on_sigchld();
   std::vector<std::string> daemon_argv(int node, bool slurm) const;

@@ -16,6 +16,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "exec/ctrl/heartbeat.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/job_map.hpp"
 #include "exec/frontend/remote_workers.hpp"
@@ -45,6 +46,16 @@ void say(const std::string& line) {
   write_all(2, s.data(), s.size());
 }
 
+bool contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
+
+Membership first_members(const LaunchConfig& cfg, const JobMap& map) {
+  Membership m(MembershipSettings{cfg.nnodes_max, cfg.tree_radix, cfg.host_cooldown});
+  for (const auto& n : map.nodes) m.add_initial(n.host, static_cast<int>(n.ranks.size()));
+  return m;
+}
+
 }  // namespace
 
 JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSetSource workers)
@@ -57,17 +68,19 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSet
           map.world_size),
       base_map_(std::move(map)),
       map_(base_map_),
-      alive_(base_map_.nodes.size(), true) {}
+      membership_(first_members(cfg_, base_map_)),
+      members_(membership_.next_generation()) {}
 
 JobController::~JobController() = default;
 
 int JobController::run() {
   if (!cfg_.dry_run) setup_stdin(source_.local);
-  workers_ =
-      source_.make(WorkerSetContext{loop_, *this, cfg_, env_, base_map_, job_id_, stdin_how_});
+  workers_ = source_.make(WorkerSetContext{loop_, *this, cfg_, env_, base_map_, job_id_, stdin_how_,
+                                           [this](const std::string& h) { on_node_ready(h); }});
   if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
+  sink_.while_blocked(cfg_.heartbeat_interval, [this] { workers_->keep_alive(); });
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
     signal_events_.push_back(loop_.watch_signal(sig, [this, sig] { on_signal(sig); }));
   ::signal(SIGPIPE, SIG_IGN);
@@ -84,10 +97,20 @@ int JobController::run() {
         " killed process(es) to exit; giving up");
     finish(exit_status_ ? exit_status_ : 1);
   });
+  last_call_ = loop_.timer([this] {
+    last_call_.disarm();
+    on_last_call();
+  });
   workers_->prepare([this] {
-    if (state_ == State::Preparing) start_generation();
+    if (state_ != State::Preparing) return;
+    for (size_t i = 0; i < membership_.size(); ++i) membership_.ready(static_cast<int>(i));
+    start_generation();
+    if (NodeSources::wanted(cfg_) && state_ != State::Done)
+      sources_ = std::make_unique<NodeSources>(
+          loop_, cfg_, [this](const std::vector<HostSlots>& h) { on_hosts(h); });
   });
   if (state_ != State::Done) loop_.run();
+  sources_.reset();  // a discovery command still running is killed
   workers_.reset();  // stops daemons and reaps what is left before the status is returned
   return exit_status_;
 }
@@ -99,11 +122,15 @@ void JobController::start_generation() {
   gen.generation = generation_;
   gen.restart_count = restarts_ + scale_events_;  // torchrun counts membership changes too
   gen.max_restarts = cfg_.max_restarts;
-  std::vector<bool> use = in_use();
-  if (std::find(use.begin(), use.end(), false) != use.end()) {
-    map_ = reform_map(base_map_, use);
+  std::vector<int> next = membership_.next_generation();
+  bool whole = next.size() == base_map_.nodes.size();
+  for (size_t i = 0; whole && i < next.size(); ++i) whole = next[i] == static_cast<int>(i);
+  if (!whole || next != members_) {
+    map_ = reform_map(base_map_, next);
     workers_->use_map(map_);
   }
+  membership_.set_generation(next);
+  members_ = std::move(next);
   gen.master_addr = workers_->master_addr();
   gen.master_port = workers_->master_port();
   gen.dc_token = auth::to_hex(auth::random_bytes(kDcTokenBytes));
@@ -114,6 +141,7 @@ void JobController::start_generation() {
                        generation_, map_.world_size, map_.nodes.size(), gen.master_addr,
                        gen.master_port);
   try {
+    sink_.grow(map_.world_size);
     workers_->start(gen);
     if (workers_->stdin_backlog() == 0) on_stdin_drained();
   } catch (const Error& e) {
@@ -210,32 +238,26 @@ void JobController::on_start_failed(const std::string& host, const std::string& 
   if (state_ != State::Done) fail_with_node(host, why);
 }
 
-// The nodes of the next generation: every node left, at most --nnodes MAX of them (the others
-// are spares), in their order.
-std::vector<bool> JobController::in_use() const {
-  std::vector<bool> use = alive_;
-  int n = 0;
-  for (size_t i = 0; i < use.size(); ++i)
-    if (use[i] && cfg_.nnodes_max > 0 && ++n > cfg_.nnodes_max) use[i] = false;
-  return use;
-}
-
 // "" when the job goes on without `host` (or already did), else why it cannot.
 std::string JobController::reform_without(const std::string& host, const std::string& why) {
-  size_t node = 0;
-  while (node < base_map_.nodes.size() && base_map_.nodes[node].host != host) ++node;
-  if (node == base_map_.nodes.size() || !alive_[node]) return "";  // already gone
-  bool was_in_use = in_use()[node];
+  int slot = membership_.find(host);
+  if (slot < 0) return "";  // already gone
+  bool member =
+      contains(state_ == State::Preparing ? membership_.next_generation() : members_, slot);
   // A rank's failure just before (its peer went away) does not end an elastic job; a signal
   // or a failure of another kind does.
   if (state_ == State::Interrupted || (state_ == State::Failing && !failure_))
     return "the job is ending";
-  alive_[node] = false;
-  if (!was_in_use) {  // a spare: nothing to re-form
-    say("spare node " + host + ": " + why);
+  const Membership::Node& node = membership_.node(slot);
+  bool arriving = node.state == Membership::State::Starting && !node.initial;
+  double out = membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
+  logger("exec")->info("node {} is kept out for {} s (cool-down)", host, out);
+  if (!member) {  // a spare, or a node that had not joined yet: nothing to re-form
+    say((arriving ? "arriving node " : "spare node ") + host + ": " + why);
+    if (arriving) loop_.post([this] { on_last_call(); });  // the others need not wait for it
     return "";
   }
-  int left = static_cast<int>(std::count(alive_.begin(), alive_.end(), true));
+  int left = membership_.left();
   if (left < cfg_.nnodes_min)
     return std::to_string(left) + " node(s) left, --nnodes needs at least " +
            std::to_string(cfg_.nnodes_min);
@@ -252,6 +274,80 @@ std::string JobController::reform_without(const std::string& host, const std::st
   stop_workers(SIGTERM);
   if (workers_->live() == 0) on_all_stopped();
   return "";
+}
+
+// Hosts a node source lists: those not in the job, and not kept out, get a slot and a daemon.
+void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
+  if (state_ != State::Running && state_ != State::Restarting && state_ != State::Reforming) return;
+  for (const auto& h : hosts) {
+    int ranks = cfg_.npernode > 0 ? cfg_.npernode : h.slots;
+    Membership::Offer o = membership_.offer(h.host, ranks, ctrl::Heartbeats::steady_seconds());
+    if (o.slot < 0) {
+      if (!o.why.empty() && kept_out_[h.host].empty())
+        logger("exec")->info("node {}: {}", h.host, kept_out_[h.host] = o.why);
+      continue;
+    }
+    kept_out_.erase(h.host);
+    logger("exec")->info("node {} arrives with {} rank(s): starting its daemon; last call {} s",
+                         h.host, ranks, cfg_.last_call);
+    if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
+    set_node(base_map_, static_cast<size_t>(o.slot), h.host, ranks);
+    try {
+      workers_->add_node(o.slot);
+    } catch (const Error& e) {
+      say("node " + h.host + ": " + e.what());
+      membership_.lost(o.slot, ctrl::Heartbeats::steady_seconds());
+    }
+  }
+}
+
+// A new node's daemon is ready: it joins when the last call is over (others may come
+// meanwhile), at the next generation if one is starting anyway, or waits as a spare.
+void JobController::on_node_ready(const std::string& host) {
+  int slot = membership_.find(host);
+  if (slot < 0) return;
+  membership_.ready(slot);
+  if (!contains(membership_.next_generation(), slot)) {
+    logger("exec")->info("node {} is ready: it waits as a spare ({} nodes in use)", host,
+                         members_.size());
+  } else if (state_ != State::Running) {
+    logger("exec")->info("node {} is ready: it joins the next generation", host);
+  } else if (last_call_.pending()) {
+    logger("exec")->info("node {} is ready: it joins when the last call is over", host);
+  } else {
+    logger("exec")->info("node {} is ready: the last call is over", host);
+    on_last_call();
+  }
+}
+
+// The last call (--last-call after the first arrival) is over: the arrivals that are ready join
+// in one re-forming, once every arrival still starting is ready or lost.
+void JobController::on_last_call() {
+  if (state_ != State::Running || last_call_.pending()) return;
+  std::vector<int> next = membership_.next_generation();
+  if (next == members_) return;
+  if (int n = membership_.starting()) {
+    logger("exec")->info("last call over: waiting for {} more node(s) to start", n);
+    return;
+  }
+  std::string names;
+  for (int s : next)
+    if (!contains(members_, s)) names += (names.empty() ? "" : ", ") + membership_.node(s).host;
+  for (size_t s = 0; s < membership_.size(); ++s)
+    if (membership_.node(static_cast<int>(s)).state == Membership::State::Ready &&
+        !contains(next, static_cast<int>(s)))
+      logger("exec")->info("node {} waits as a spare", membership_.node(static_cast<int>(s)).host);
+  if (cfg_.max_scale_events >= 0 && scale_events_ >= cfg_.max_scale_events) {
+    say("node(s) " + names + " not admitted: no scale events left (--max-scale-events " +
+        std::to_string(cfg_.max_scale_events) + ")");
+    return;
+  }
+  say("node(s) " + names + " joined; re-forming the group on " + std::to_string(next.size()) +
+      " node(s)");
+  state_ = State::Reforming;
+  failure_.reset();
+  stop_workers(SIGTERM);
+  if (workers_->live() == 0) on_all_stopped();
 }
 
 void JobController::fail_with_node(const std::string& host, const std::string& why) {

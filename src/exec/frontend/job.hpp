@@ -6,6 +6,7 @@
 // Threading: everything runs on the event-loop thread.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -14,6 +15,8 @@
 #include "common/event_loop.hpp"
 #include "exec/frontend/failure.hpp"
 #include "exec/frontend/launch_config.hpp"
+#include "exec/frontend/membership.hpp"
+#include "exec/frontend/node_sources.hpp"
 #include "exec/frontend/stdio.hpp"
 #include "exec/frontend/workers.hpp"
 #include "exec/node/node_agent.hpp"
@@ -43,7 +46,10 @@ class JobController : public AgentListener {
   void on_node_lost(const std::string& host, const std::string& why) override;
   void on_start_failed(const std::string& host, const std::string& why) override;
   std::string reform_without(const std::string& host, const std::string& why);
-  std::vector<bool> in_use() const;
+  // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
+  void on_hosts(const std::vector<HostSlots>& hosts);
+  void on_node_ready(const std::string& host);
+  void on_last_call();
   void fail_with_node(const std::string& host, const std::string& why);
   void on_stdin_drained() override;
   void on_signal(int sig);
@@ -59,9 +65,12 @@ class JobController : public AgentListener {
   std::string job_id_;
   EventLoop loop_;
   OutputSink sink_;
-  const JobMap base_map_;    // every node of the job
-  JobMap map_;               // the current generation's: base_map_ less the lost nodes
-  std::vector<bool> alive_;  // by node of base_map_
+  JobMap base_map_;           // every node the job has had, by slot (grows with arrivals)
+  JobMap map_;                // the current generation's: some of base_map_'s nodes
+  Membership membership_;     // the nodes by slot: starting, ready or lost; cool-downs
+  std::vector<int> members_;  // the slots of the current generation, in its order
+  std::unique_ptr<NodeSources> sources_;
+  std::map<std::string, std::string> kept_out_;  // hosts offered and not admitted: why (logged)
   std::unique_ptr<WorkerSet> workers_;
 
   State state_ = State::Preparing;
@@ -77,6 +86,7 @@ class JobController : public AgentListener {
   Event window_timer_;  // --failure-window
   Event grace_timer_;
   Event kill_timer_;
+  Event last_call_;  // --last-call: arrivals wait for others
 
   // Standard input.
   StdinHow stdin_how_ = StdinHow::DevNull;

@@ -98,21 +98,39 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
 }
 
 JobMap reform_map(const JobMap& base, const std::vector<bool>& alive) {
+  std::vector<int> nodes;
+  for (size_t i = 0; i < base.nodes.size(); ++i)
+    if (alive.at(i)) nodes.push_back(static_cast<int>(i));
+  return reform_map(base, nodes);
+}
+
+JobMap reform_map(const JobMap& base, const std::vector<int>& nodes) {
   JobMap m;
   m.slurm = base.slurm;
-  for (size_t i = 0; i < base.nodes.size(); ++i) {
-    if (!alive.at(i)) continue;
+  for (int i : nodes) {
+    const NodeMap& from = base.nodes.at(static_cast<size_t>(i));
     NodeMap n;
-    n.host = base.nodes[i].host;
+    n.host = from.host;
     n.node_rank = static_cast<int>(m.nodes.size());
-    n.slots = base.nodes[i].slots;
-    for (size_t lr = 0; lr < base.nodes[i].ranks.size(); ++lr) {
+    n.slots = from.slots;
+    for (size_t lr = 0; lr < from.ranks.size(); ++lr) {
       n.ranks.push_back(m.world_size++);
       m.ranks.push_back(RankLocation{n.node_rank, static_cast<int>(lr)});
     }
     m.nodes.push_back(std::move(n));
   }
   return m;
+}
+
+void set_node(JobMap& map, size_t slot, const std::string& host, int nranks) {
+  if (slot == map.nodes.size()) map.nodes.emplace_back();
+  NodeMap& node = map.nodes.at(slot);
+  node.host = host;
+  node.ranks.assign(static_cast<size_t>(nranks), 0);
+  node.slots = nranks;  // what the host source said (MPI_Comm_spawn places into the slots)
+  std::vector<int> all(map.nodes.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
+  map = reform_map(map, all);
 }
 
 }  // namespace pe

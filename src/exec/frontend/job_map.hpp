@@ -33,6 +33,11 @@ JobMap map_single_node(const std::string& host, int np);
 // Elastic re-forming: the map of the nodes that are left (alive[i] for base.nodes[i]), in their
 // order.  Each keeps its number of ranks; ranks and node ranks are numbered again from 0.
 JobMap reform_map(const JobMap& base, const std::vector<bool>& alive);
+// The same for the nodes base.nodes[i] of `nodes`, in that order.
+JobMap reform_map(const JobMap& base, const std::vector<int>& nodes);
+// Elastic arrivals: node `slot` of `map` (a new one when it is map.nodes.size()) is now `host`
+// with `nranks` ranks; every rank is numbered again, node by node.
+void set_node(JobMap& map, size_t slot, const std::string& host, int nranks);
 
 struct Allocation;
 

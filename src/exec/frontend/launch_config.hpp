@@ -14,18 +14,20 @@ namespace pe {
 enum class StdinMode { None, OneRank, All };
 
 struct LaunchConfig {
-  int np = 1;                     // ranks asked for (-n, else the default); an allocation
-                                  // decides when not given: the job's size is the JobMap's
-  bool np_given = false;          // -n (or --nproc-per-node on one machine) was given
-  std::string hosts;              // -H
-  std::string hostfile;           // --hostfile
-  int npernode = 0;               // -N
-  std::string program;            // resolved path of the program (as typed for a dry run)
-  std::string program_arg0;       // the program as the user typed it (argv[0] of workers)
-  std::vector<std::string> args;  // arguments after the program
-  bool oversubscribe = false;     // more ranks than slots (allocations, hostfiles)
-  std::string launch_agent;       // --launch-agent "CMD {host}"; empty: ssh (or srun)
-  int tree_radix = 32;            // --tree-radix: daemons per relay in the control plane
+  int np = 1;                       // ranks asked for (-n, else the default); an allocation
+                                    // decides when not given: the job's size is the JobMap's
+  bool np_given = false;            // -n (or --nproc-per-node on one machine) was given
+  std::string hosts;                // -H
+  std::string hostfile;             // --hostfile
+  int npernode = 0;                 // -N
+  std::string program;              // resolved path of the program (as typed for a dry run)
+  std::string program_arg0;         // the program as the user typed it (argv[0] of workers)
+  std::vector<std::string> args;    // arguments after the program
+  bool oversubscribe = false;       // more ranks than slots (allocations, hostfiles)
+  std::string launch_agent;         // --launch-agent "CMD {host}"; empty: ssh (or srun)
+  int tree_radix = 32;              // --tree-radix: daemons per relay in the control plane
+  double heartbeat_interval = 1.0;  // seconds between heartbeats on the control plane's links
+  double heartbeat_timeout = 3.0;   // a daemon silent this long is lost
 
   // Mapping and binding.
   topo::MapBy map_by = topo::MapBy::Default;
@@ -62,8 +64,12 @@ struct LaunchConfig {
   // Elastic membership (--nnodes MIN:MAX): 0 when not elastic.
   int nnodes_min = 0;
   int nnodes_max = 0;
-  int max_scale_events = -1;  // -1: no limit
-  int spares = 0;             // nodes started beyond nnodes_max, idle until one is lost
+  int max_scale_events = -1;        // -1: no limit
+  int spares = 0;                   // nodes started beyond nnodes_max, idle until one is lost
+  std::string host_discovery;       // --host-discovery CMD: prints host[:slots] lines
+  double discovery_interval = 1.0;  // seconds between its runs
+  double last_call = 1.0;           // seconds an arrival waits for others to join with it
+  double host_cooldown = 10.0;      // a lost host is kept out this long, doubled each time
 
   std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id
   int verbosity = 0;

@@ -13,19 +13,36 @@
 #include "exec/frontend/cli.hpp"
 #include "exec/frontend/direct_launch.hpp"
 #include "exec/frontend/job.hpp"
+#include "exec/frontend/node_sources.hpp"
 #include "exec/node/node_plan.hpp"
 
 extern char** environ;
 
 namespace {
 
+constexpr double kFirstDiscoveryTimeout = 30;  // seconds
+
 int fail(const std::string& msg, int status) {
   std::fprintf(stderr, "pytorch_exec: %s\n", msg.c_str());
   return status;
 }
 
+// The job's first nodes: -H, --hostfile, else what --host-discovery prints now, else SLURM's or
+// this machine.
+pe::Allocation first_nodes(const pe::LaunchConfig& cfg, const pe::EnvMap& env,
+                           const std::string& host) {
+  if (cfg.host_discovery.empty() || !cfg.hosts.empty() || !cfg.hostfile.empty())
+    return pe::find_allocation(cfg.hosts, cfg.hostfile, env, host);
+  pe::Allocation a;
+  a.source = "--host-discovery";
+  a.limited = true;
+  a.nodes = pe::run_discovery(cfg.host_discovery, kFirstDiscoveryTimeout);
+  if (a.nodes.empty()) throw pe::UsageError("--host-discovery: the command printed no hosts");
+  return a;
+}
+
 pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
-  pe::Allocation alloc = pe::find_allocation(cfg.hosts, cfg.hostfile, env, host);
+  pe::Allocation alloc = first_nodes(cfg, env, host);
   if (cfg.nnodes_min > 0) {  // elastic: at least MIN of the allocation's nodes, at most MAX
     if (static_cast<int>(alloc.nodes.size()) < cfg.nnodes_min)
       throw pe::UsageError("--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
@@ -100,7 +117,7 @@ int real_main(int argc, char** argv) {
   pe::check_stdin_rank(cfg, map.world_size);
   if (cfg.dry_run && (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)))
     return print_dry_run(cfg, map, host);
-  pe::WorkerSetSource workers = pe::workers_for(map, host);
+  pe::WorkerSetSource workers = pe::workers_for(map, host, pe::NodeSources::wanted(cfg));
   pe::JobController job(cfg, std::move(ctx.env), std::move(map), std::move(workers));
   return job.run();
 }

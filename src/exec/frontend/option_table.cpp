@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "common/error.hpp"
+#include "common/strings.hpp"
 
 namespace po = boost::program_options;
 
@@ -168,6 +169,13 @@ std::string describe_options(const Table& table, const std::string& title,
   std::ostringstream os;
   os << describe(table, title, groups);
   return os.str();
+}
+
+double positive_seconds(const std::string& opt, const std::string& v) {
+  auto s = parse_seconds(v);
+  if (!s || !(*s > 0 && *s <= 3600))
+    throw UsageError(opt + ": '" + v + "' is not a number of seconds in (0, 3600]");
+  return *s;
 }
 
 }  // namespace pe

@@ -58,6 +58,10 @@ ParsedArgs parse_args(const std::vector<OptionSyntax>& table, const std::vector<
 std::string describe_options(const std::vector<OptionSyntax>& table, const std::string& title,
                              const std::vector<std::string>& groups);
 
+// A number of seconds in (0, 3600] given with option `opt`, else a UsageError:
+// "OPT: 'V' is not a number of seconds in (0, 3600]".
+double positive_seconds(const std::string& opt, const std::string& v);
+
 namespace detail {
 inline void assign(bool& to, const std::vector<std::string>&) { to = true; }
 inline void assign(int& to, const std::vector<std::string>& v) { to = static_cast<int>(v.size()); }

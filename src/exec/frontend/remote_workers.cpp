@@ -31,9 +31,9 @@ double daemon_timeout(const EnvMap& env) {
 
 }  // namespace
 
-WorkerSetSource workers_for(const JobMap& map, const std::string& host) {
+WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow) {
   WorkerSetSource s;
-  s.local = map.nodes.size() == 1 && is_local_host(map.nodes[0].host, host);
+  s.local = !grow && map.nodes.size() == 1 && is_local_host(map.nodes[0].host, host);
   if (s.local) {
     s.make = [](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
       return std::make_unique<LocalWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,
@@ -42,7 +42,7 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host) {
   } else {
     s.make = [host](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
       return std::make_unique<RemoteWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,
-                                             host, c.stdin_how == StdinHow::Forward);
+                                             host, c.stdin_how == StdinHow::Forward, c.node_ready);
     };
   }
   return s;
@@ -50,7 +50,8 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host) {
 
 RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
-                             const std::string& host, bool stdin_forwarded)
+                             const std::string& host, bool stdin_forwarded,
+                             std::function<void(const std::string&)> node_ready)
     : loop_(loop),
       listener_(listener),
       cfg_(cfg),
@@ -64,6 +65,17 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       tree_(static_cast<int>(map.nodes.size()), cfg.tree_radix,
             {[this](int node, wire::Frame& f) { dispatch_.dispatch(f, node); },
              [this](int node, const std::string& why) { node_lost(node, why); }}),
+      beats_(
+          loop, ctrl::HeartbeatSettings{cfg.heartbeat_interval, cfg.heartbeat_timeout},
+          [this](int node) {
+            if (auto* link = nodes_[static_cast<size_t>(node)].direct)
+              link->send(ctrl::Heartbeat{});
+          },
+          [this](int node) {
+            tree_.lose(node, "lost contact with its daemon (" +
+                                 ctrl::silence(beats_.settings().timeout) + ")");
+            if (!slurm_) launcher_.kill_node(node, nodes_[static_cast<size_t>(node)].incarnation);
+          }),
       modex_(tree_),
       spawn_(tree_, modex_, cfg.oversubscribe,
              {[this](int n) { return nodes_[static_cast<size_t>(n)].live; },
@@ -73,10 +85,13 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
               },
               [this](int n) { return nodes_[static_cast<size_t>(n)].host; }}),
       launcher_(loop, cfg, env, map, host, slurm_,
-                [this](const std::vector<int>& nodes, const std::string& why) {
+                [this](const std::vector<int>& nodes, const std::string& why, int incarnation) {
                   for (int n : nodes)
-                    if (!tree_.attached(n) && !tree_.lost(n)) tree_.lose(n, why);
-                }) {
+                    if (nodes_[static_cast<size_t>(n)].incarnation == incarnation &&
+                        !tree_.attached(n) && !tree_.lost(n))
+                      tree_.lose(n, why);
+                }),
+      node_ready_(std::move(node_ready)) {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     nodes_[i].host = map_.nodes[i].host;
     by_host_[nodes_[i].host] = static_cast<int>(i);
@@ -87,6 +102,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       .on<Joined>([this](int n, Joined&) {
         if (nodes_[n].job_sent) throw wire::WireError("joined twice");
         nodes_[n].job_sent = true;
+        if (prepared_) remap_ = true;  // it learns the generation's map before a start
         tree_.send(n, Job{node_job_for(cfg_, map_, job_id_, n, carried_environment(), slurm_,
                                        stdin_forwarded_ ? StdinHow::Forward : StdinHow::DevNull)});
       })
@@ -167,7 +183,7 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
         on_authenticated(by_host_.at(name), std::move(conn));
       });
   addresses_ = local_ipv4_addresses();
-  double timeout = daemon_timeout(env_);
+  double timeout = daemon_timeout_ = daemon_timeout(env_);
   ready_timer_ = loop_.timer([this, timeout] {
     for (int i = 0; i < tree_.size(); ++i)
       if (!nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i))
@@ -191,8 +207,12 @@ void RemoteWorkers::on_authenticated(int node, std::unique_ptr<ctrl::Connection>
     n.direct = link.get();
     n.seen = peer_address(c->fd());
     logger("ctrl")->info("node {} ({}) connected from {}", node, n.host, n.seen);
+    beats_.watch(node);
   }
-  c->on_frame([this, node](wire::Frame& f) { tree_.frame_from(node, f); });
+  c->on_frame([this, node](wire::Frame& f) {
+    beats_.heard(node);
+    if (f.type != static_cast<uint16_t>(ctrl::Msg::Heartbeat)) tree_.frame_from(node, f);
+  });
   c->on_closed([this, node](const std::string& why) {
     loop_.post([this, node, why] { tree_.link_closed(node, why); });
   });
@@ -205,7 +225,40 @@ void RemoteWorkers::on_ready(int node, ctrl::Ready& m) {
   n.addrs = std::move(m.addrs);
   n.ready = true;
   tree_.relay_ready(node, n.addrs, m.child_port);
+  if (prepared_) {
+    n.deadline.disarm();
+    logger("ctrl")->info("node {} ({}) ready", node, n.host);
+    if (node_ready_) node_ready_(n.host);
+  }
   check_ready();
+}
+
+// The controller put the node in map_ already.  Its place in the tree is new, or a lost node's.
+void RemoteWorkers::add_node(int slot) {
+  if (ctrl::tree_parent(slot, cfg_.tree_radix) >= 0)
+    throw Error("node " + std::to_string(slot) + " would not be a child of the front end");
+  if (slot == static_cast<int>(nodes_.size())) {
+    nodes_.emplace_back();
+    tree_.add_node();
+  } else {
+    int incarnation = nodes_.at(static_cast<size_t>(slot)).incarnation;
+    auto old = by_host_.find(nodes_[static_cast<size_t>(slot)].host);
+    if (old != by_host_.end() && old->second == slot) by_host_.erase(old);
+    nodes_[static_cast<size_t>(slot)] = Node{};
+    nodes_[static_cast<size_t>(slot)].incarnation = incarnation + 1;
+    tree_.revive(slot);
+  }
+  Node& n = nodes_[static_cast<size_t>(slot)];
+  n.host = map_.nodes.at(static_cast<size_t>(slot)).host;
+  by_host_[n.host] = slot;
+  n.deadline = loop_.timer([this, slot] {
+    tree_.lose(slot, "its daemon did not report within " +
+                         std::to_string(static_cast<int>(daemon_timeout_)) +
+                         " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
+  });
+  n.deadline.arm(daemon_timeout_);
+  logger("ctrl")->info("node {} ({}): starting its daemon", slot, n.host);
+  launcher_.launch_node(slot, n.incarnation);
 }
 
 void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {
@@ -231,6 +284,7 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
   for (int i = 0; i < tree_.size(); ++i) {
     if (!ctrl::in_subtree(node, i, cfg_.tree_radix)) continue;
     Node& m = nodes_[static_cast<size_t>(i)];
+    beats_.forget(i);
     m.ready = false;
     m.live = 0;
     m.stdin_inflight = 0;

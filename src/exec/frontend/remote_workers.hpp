@@ -17,6 +17,7 @@
 
 #include "common/event_loop.hpp"
 #include "exec/ctrl/connection.hpp"
+#include "exec/ctrl/heartbeat.hpp"
 #include "exec/frontend/daemon_launcher.hpp"
 #include "exec/frontend/modex_relay.hpp"
 #include "exec/frontend/spawn_relay.hpp"
@@ -28,7 +29,8 @@ class RemoteWorkers : public WorkerSet {
  public:
   RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                 const EnvMap& env, const JobMap& map, const std::string& job_id,
-                const std::string& host, bool stdin_forwarded);
+                const std::string& host, bool stdin_forwarded,
+                std::function<void(const std::string&)> node_ready = {});
   // Closes every connection (the daemons then kill what is left and exit); the launchers are
   // waited for, then killed.
   ~RemoteWorkers() override;
@@ -37,7 +39,9 @@ class RemoteWorkers : public WorkerSet {
   std::string master_addr() override;
   int master_port() override;
   void use_map(const JobMap& map) override;
+  void add_node(int slot) override;
   void start(const GenerationInfo& gen) override;
+  void keep_alive() override { beats_.beat(); }
   void signal_all(int sig) override;
   void notify_failure(int generation, int rank, int exit_code, bool aborted) override;
   size_t live() const override;
@@ -59,7 +63,9 @@ class RemoteWorkers : public WorkerSet {
     bool ready = false;
     size_t live = 0;
     size_t stdin_inflight = 0;
-    int port = 0;  // free on the node, for MASTER_PORT
+    int port = 0;         // free on the node, for MASTER_PORT
+    int incarnation = 0;  // how often its place was taken (a launcher's exit is its own only)
+    Event deadline;       // a node added while the job runs has this long to be ready
   };
   void on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn);
   void on_ready(int node, ctrl::Ready& m);
@@ -90,6 +96,7 @@ class RemoteWorkers : public WorkerSet {
   std::vector<int> members_, owner_;
   bool remap_ = false;
   ctrl::TreeRoot tree_;
+  ctrl::Heartbeats beats_;  // with the front end's children in the tree, by node
   ModexRelay modex_;
   SpawnRelay spawn_;
   ctrl::Dispatcher<int> dispatch_;  // frames by the node they came from
@@ -98,6 +105,8 @@ class RemoteWorkers : public WorkerSet {
   std::vector<std::string> addresses_;  // where daemons can reach us
   Event ready_timer_;
   std::function<void()> ready_;
+  std::function<void(const std::string&)> node_ready_;
+  double daemon_timeout_ = 60;
   bool prepared_ = false;
 };
 

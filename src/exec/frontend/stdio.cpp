@@ -3,9 +3,11 @@
 #include <cstdint>
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 
@@ -91,10 +93,13 @@ void make_own_dir(const std::string& d) {
 void OutputSink::open_files() {
   if (opts_.dir.empty()) return;
   std::string dir = opts_.dir;
-  for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
-    make_dir(dir.substr(0, pos));
-  make_own_dir(dir);
-  for (size_t r = 0; r < tails_.size(); ++r) {
+  if (!files_open_) {
+    for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
+      make_dir(dir.substr(0, pos));
+    make_own_dir(dir);
+    files_open_ = true;
+  }
+  for (size_t r = files_out_.size(); r < tails_.size(); ++r) {
     std::string rd = dir + "/rank." + std::to_string(r);
     make_own_dir(rd);
     for (const char* name : {"stdout", "stderr"}) {
@@ -106,6 +111,12 @@ void OutputSink::open_files() {
       (name[3] == 'o' ? files_out_ : files_err_).emplace_back(fd);
     }
   }
+}
+
+void OutputSink::grow(int nranks) {
+  if (nranks <= static_cast<int>(tails_.size())) return;
+  tails_.resize(static_cast<size_t>(nranks));
+  if (files_open_) open_files();
 }
 
 void OutputSink::write(int generation, int rank, Stream s, std::string_view lines, int spawn) {
@@ -137,13 +148,30 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   if (broken) return;
   int fd = s == Stream::Out ? out_fd_ : err_fd_;
   bool ok;
-  if (opts_.tag || opts_.timestamp) {
-    std::string text = prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn));
-    ok = write_all(fd, text.data(), text.size());
-  } else {
-    ok = write_all(fd, lines.data(), lines.size());
-  }
+  if (opts_.tag || opts_.timestamp)
+    ok = write_out(fd, prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn)));
+  else
+    ok = write_out(fd, lines);
   if (!ok) broken = true;  // e.g. EPIPE: the reader went away; the job goes on
+}
+
+// Everything to the terminal or pipe `fd`, a page at a time once it can take one; while it
+// cannot, waiting_ every every_ seconds.  False on an error (the reader went away).
+bool OutputSink::write_out(int fd, std::string_view data) {
+  while (!data.empty()) {
+    struct pollfd p {
+      fd, POLLOUT, 0
+    };
+    int r = ::poll(&p, 1, static_cast<int>(every_ * 1000));
+    if (r < 0 && errno != EINTR) return false;
+    if (r == 0 && waiting_) waiting_();
+    if (r <= 0) continue;
+    ssize_t n = ::write(fd, data.data(), std::min<size_t>(data.size(), 4096));
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) return false;
+    data.remove_prefix(static_cast<size_t>(n));
+  }
+  return true;
 }
 
 std::vector<std::string> OutputSink::stderr_tail(int rank, size_t max_lines) const {

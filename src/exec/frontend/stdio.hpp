@@ -6,6 +6,7 @@
 #pragma once
 
 #include <ctime>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -37,8 +38,17 @@ std::vector<std::string> last_lines(std::string_view text, size_t max_lines);
 class OutputSink {
  public:
   OutputSink(OutputOptions o, int nranks, int out_fd = 1, int err_fd = 2);
-  // Creates DIR/rank.N/{stdout,stderr}; throws SystemError with the path.
+  // Creates DIR/rank.N/{stdout,stderr} (of ranks that have none yet); throws SystemError with
+  // the path.
   void open_files();
+  // Elastic arrivals: the job has `nranks` ranks now (more tails, and files once open).
+  void grow(int nranks);
+  // While the terminal or pipe does not take our output, `waiting` is called every `every`
+  // seconds (pytorch_exec's daemons keep hearing from it: its loop waits here).
+  void while_blocked(double every, std::function<void()> waiting) {
+    every_ = every;
+    waiting_ = std::move(waiting);
+  }
   // `lines` are whole lines ending with '\n'.  `spawn` > 0: a process of that spawned job (to
   // the terminal only).
   void write(int generation, int rank, Stream s, std::string_view lines, int spawn = 0);
@@ -48,9 +58,13 @@ class OutputSink {
 
  private:
   static constexpr size_t kTailBytes = 8192;
+  bool write_out(int fd, std::string_view data);
   OutputOptions opts_;
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
+  bool files_open_ = false;
+  double every_ = 1.0;
+  std::function<void()> waiting_;
   std::vector<UniqueFd> files_out_, files_err_;
   std::vector<std::string> tails_;
 };

@@ -2,9 +2,12 @@
 
 #include <unistd.h>
 
+#include "common/error.hpp"
 #include "common/net.hpp"
 
 namespace pe {
+
+void WorkerSet::add_node(int) { throw Error("the job cannot take more nodes"); }
 
 LocalWorkers::LocalWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                            const EnvMap& env, const JobMap& map, const std::string& job_id,

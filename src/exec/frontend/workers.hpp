@@ -33,8 +33,15 @@ class WorkerSet {
   // Elastic re-forming: the next generations run on `map`, a part of the job's nodes in their
   // order (reform_map).  Before master_addr() and start().
   virtual void use_map(const JobMap& map) = 0;
+  // Elastic arrivals: node `slot` of the job's map (a new one, or a lost node's place) is to be
+  // started; its readiness is reported through WorkerSetContext::node_ready, its loss as any
+  // other.  Throws Error when this set cannot take nodes.
+  virtual void add_node(int slot);
   // Starts every worker of a generation.  Throws Error when they cannot be started.
   virtual void start(const GenerationInfo& gen) = 0;
+  // The front end's loop is held up (its terminal does not take output): daemons must keep
+  // hearing from it.
+  virtual void keep_alive() {}
   virtual void signal_all(int sig) = 0;
   // A rank of `generation` failed: every node tells its ranks through a PMIx event
   // (NodeAgent::notify_failure).
@@ -58,6 +65,8 @@ struct WorkerSetContext {
   const JobMap& map;
   const std::string& job_id;
   StdinHow stdin_how;
+  // A node added while the job runs (add_node) is ready.
+  std::function<void(const std::string& host)> node_ready;
 };
 
 // How a job controller gets its workers: `local` (everything on this machine: standard input
@@ -67,9 +76,9 @@ struct WorkerSetSource {
   std::function<std::unique_ptr<WorkerSet>(const WorkerSetContext&)> make;
 };
 
-// A map of one node, this machine, runs in-process (LocalWorkers); any other through
-// pytorch_execd daemons (RemoteWorkers).
-WorkerSetSource workers_for(const JobMap& map, const std::string& host);
+// A map of one node, this machine, runs in-process (LocalWorkers) unless the job is to `grow`;
+// any other through pytorch_execd daemons (RemoteWorkers).
+WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow = false);
 
 // The workers on this machine, through a node agent with a PMIx server (single-node jobs).
 class LocalWorkers : public WorkerSet {
