@@ -139,38 +139,15 @@ double DcBackend::seconds(std::chrono::milliseconds t) const {
 
 c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char* name,
                                                   std::vector<at::Tensor> outputs,
-                                                  std::function<void()> run, bool async_op) {
+                                                  std::function<void()> run) {
   auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs));
-  Task t{work, name, std::move(run)};
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
-    if (async_op || busy_ || !queue_.empty()) {
-      queue_.push_back(std::move(t));
-      cv_.notify_one();
-      return work;
-    }
-    busy_ = true;  // in issue order: nothing queued or running before it
+    queue_.push_back(Task{work, name, std::move(run)});
   }
-  execute(t);
-  {
-    std::lock_guard<std::mutex> l(m_);
-    busy_ = false;
-  }
-  cv_.notify_one();  // what another thread queued meanwhile
+  cv_.notify_one();
   return work;
-}
-
-void DcBackend::execute(Task& t) {
-  std::exception_ptr error;
-  try {
-    t.run();
-  } catch (const std::exception& e) {
-    error = std::make_exception_ptr(std::runtime_error(
-        std::string("pytorch_dc: ") + t.name + " failed on rank " + std::to_string(getRank()) +
-        " of " + std::to_string(getSize()) + ": " + e.what()));
-  }
-  t.work->complete(error);
 }
 
 void DcBackend::loop() {
@@ -178,39 +155,38 @@ void DcBackend::loop() {
     Task t;
     {
       std::unique_lock<std::mutex> l(m_);
-      cv_.wait(l, [&] { return stop_ || (!queue_.empty() && !busy_); });
+      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
       if (queue_.empty()) return;
       t = std::move(queue_.front());
       queue_.pop_front();
-      busy_ = true;
     }
-    execute(t);
-    {
-      std::lock_guard<std::mutex> l(m_);
-      busy_ = false;
+    std::exception_ptr error;
+    try {
+      t.run();
+    } catch (const std::exception& e) {
+      error = std::make_exception_ptr(std::runtime_error(
+          std::string("pytorch_dc: ") + t.name + " failed on rank " + std::to_string(getRank()) +
+          " of " + std::to_string(getSize()) + ": " + e.what()));
     }
+    t.work->complete(error);
   }
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
-                                                        std::chrono::milliseconds timeout,
-                                                        bool async_op) {
+                                                        std::chrono::milliseconds timeout) {
   Reduction r = reduction_for(t, op, "allreduce");
   auto pg = pg_;
   double s = seconds(timeout);
-  return enqueue(
-      c10d::OpType::ALLREDUCE, "allreduce", {t},
-      [=] {
-        at::Tensor w = flat(t).to(r.wire);
-        pg->allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
-        copy_back(t, w);
-      },
-      async_op);
+  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, [=] {
+    at::Tensor w = flat(t).to(r.wire);
+    pg->allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
+    copy_back(t, w);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::AllreduceOptions& opts) {
-  return allreduce_one(single(tensors, "allreduce"), opts.reduceOp, opts.timeout, opts.asyncOp);
+  return allreduce_one(single(tensors, "allreduce"), opts.reduceOp, opts.timeout);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_coalesced(
@@ -223,14 +199,11 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_coalesced(
   auto pg = pg_;
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ts = tensors;
-  return enqueue(
-      c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", ts,
-      [=] {
-        at::Tensor buf = concat(ts, r.wire);
-        pg->allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), r.dtype, r.op, s);
-        split_into(buf, ts);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", ts, [=] {
+    at::Tensor buf = concat(ts, r.wire);
+    pg->allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), r.dtype, r.op, s);
+    split_into(buf, ts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -240,16 +213,12 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensor
   auto pg = pg_;
   double s = seconds(opts.timeout);
   bool root = static_cast<int>(opts.rootRank) == getRank();
-  return enqueue(
-      c10d::OpType::REDUCE, "reduce", {t},
-      [=] {
-        at::Tensor w = flat(t).to(r.wire);
-        at::Tensor out = root ? w : at::empty_like(w);  // the result matters on the root only
-        pg->allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op,
-                      s);
-        if (root) copy_back(t, w);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::REDUCE, "reduce", {t}, [=] {
+    at::Tensor w = flat(t).to(r.wire);
+    at::Tensor out = root ? w : at::empty_like(w);  // the result matters on the root only
+    pg->allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
+    if (root) copy_back(t, w);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -258,14 +227,11 @@ c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& ten
   auto pg = pg_;
   double s = seconds(opts.timeout);
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(
-      c10d::OpType::BROADCAST, "broadcast", {t},
-      [=] {
-        at::Tensor w = flat(t);
-        pg->broadcast(w.data_ptr(), bytes_of(w), dc::DType::U8, root, s);
-        copy_back(t, w);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::BROADCAST, "broadcast", {t}, [=] {
+    at::Tensor w = flat(t);
+    pg->broadcast(w.data_ptr(), bytes_of(w), dc::DType::U8, root, s);
+    copy_back(t, w);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -278,15 +244,12 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather(std::vector<std::vector<at::
   auto pg = pg_;
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> outs = outputs[0];
-  return enqueue(
-      c10d::OpType::ALLGATHER, "allgather", outs,
-      [=] {
-        at::Tensor i = flat(in);
-        at::Tensor buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
-        pg->allgather(i.data_ptr(), buf.data_ptr(), bytes_of(i), dc::DType::U8, s);
-        split_into(buf, outs);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::ALLGATHER, "allgather", outs, [=] {
+    at::Tensor i = flat(in);
+    at::Tensor buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
+    pg->allgather(i.data_ptr(), buf.data_ptr(), bytes_of(i), dc::DType::U8, s);
+    split_into(buf, outs);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -306,16 +269,13 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
   auto pg = pg_;
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(
-      c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outs,
-      [=] {
-        for (size_t k = 0; k < ins.size(); ++k) {
-          at::Tensor i = flat(ins[k]), o = flat(outs[k]);
-          pg->allgather(i.data_ptr(), o.data_ptr(), bytes_of(i), dc::DType::U8, s);
-          copy_back(outs[k], o);
-        }
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outs, [=] {
+    for (size_t k = 0; k < ins.size(); ++k) {
+      at::Tensor i = flat(ins[k]), o = flat(outs[k]);
+      pg->allgather(i.data_ptr(), o.data_ptr(), bytes_of(i), dc::DType::U8, s);
+      copy_back(outs[k], o);
+    }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -333,15 +293,12 @@ c10::intrusive_ptr<c10d::Work> DcBackend::gather(std::vector<std::vector<at::Ten
   }
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  return enqueue(
-      c10d::OpType::GATHER, "gather", outs,
-      [=] {
-        at::Tensor i = flat(in), buf;
-        if (is_root) buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
-        pg->gather(i.data_ptr(), is_root ? buf.data_ptr() : nullptr, bytes_of(i), root, s);
-        if (is_root) split_into(buf, outs);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::GATHER, "gather", outs, [=] {
+    at::Tensor i = flat(in), buf;
+    if (is_root) buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
+    pg->gather(i.data_ptr(), is_root ? buf.data_ptr() : nullptr, bytes_of(i), root, s);
+    if (is_root) split_into(buf, outs);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -359,15 +316,12 @@ c10::intrusive_ptr<c10d::Work> DcBackend::scatter(std::vector<at::Tensor>& outpu
   }
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  return enqueue(
-      c10d::OpType::SCATTER, "scatter", {out},
-      [=] {
-        at::Tensor o = flat(out), buf;
-        if (is_root) buf = concat(ins, out.scalar_type());
-        pg->scatter(is_root ? buf.data_ptr() : nullptr, o.data_ptr(), bytes_of(o), root, s);
-        copy_back(out, o);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::SCATTER, "scatter", {out}, [=] {
+    at::Tensor o = flat(out), buf;
+    if (is_root) buf = concat(ins, out.scalar_type());
+    pg->scatter(is_root ? buf.data_ptr() : nullptr, o.data_ptr(), bytes_of(o), root, s);
+    copy_back(out, o);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
@@ -381,16 +335,13 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
   auto pg = pg_;
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ins = inputs[0];
-  return enqueue(
-      c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out},
-      [=] {
-        at::Tensor buf = concat(ins, r.wire);
-        at::Tensor o = at::empty({out.numel()}, buf.options());
-        pg->reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype,
-                           r.op, s);
-        if (out.numel()) out.copy_(o.view(out.sizes()));
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out}, [=] {
+    at::Tensor buf = concat(ins, r.wire);
+    at::Tensor o = at::empty({out.numel()}, buf.options());
+    pg->reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype, r.op,
+                       s);
+    if (out.numel()) out.copy_(o.view(out.sizes()));
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::_reduce_scatter_base(
@@ -414,18 +365,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
   auto pg = pg_;
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(
-      c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outs,
-      [=] {
-        for (size_t k = 0; k < ins.size(); ++k) {
-          at::Tensor i = flat(ins[k]).to(rs[k].wire);
-          at::Tensor o = at::empty({outs[k].numel()}, i.options());
-          pg->reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()),
-                             rs[k].dtype, rs[k].op, s);
-          if (o.numel()) outs[k].copy_(o.view(outs[k].sizes()));
-        }
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outs, [=] {
+    for (size_t k = 0; k < ins.size(); ++k) {
+      at::Tensor i = flat(ins[k]).to(rs[k].wire);
+      at::Tensor o = at::empty({outs[k].numel()}, i.options());
+      pg->reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), rs[k].dtype,
+                         rs[k].op, s);
+      if (o.numel()) outs[k].copy_(o.view(outs[k].sizes()));
+    }
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -438,14 +386,11 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall_base(at::Tensor& output, at::
   auto pg = pg_;
   double s = seconds(opts.timeout);
   at::Tensor in = input, out = output;
-  return enqueue(
-      c10d::OpType::ALLTOALL_BASE, "alltoall_base", {out},
-      [=] {
-        at::Tensor i = flat(in), o = flat(out);
-        pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
-        copy_back(out, o);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::ALLTOALL_BASE, "alltoall_base", {out}, [=] {
+    at::Tensor i = flat(in), o = flat(out);
+    pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+    copy_back(out, o);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -465,22 +410,18 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outp
   auto pg = pg_;
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(
-      c10d::OpType::ALLTOALL, "alltoall", outs,
-      [=] {
-        at::Tensor i = concat(ins, ins[0].scalar_type());
-        at::Tensor o = concat(outs, outs[0].scalar_type());
-        pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
-        split_into(o, outs);
-      },
-      opts.asyncOp);
+  return enqueue(c10d::OpType::ALLTOALL, "alltoall", outs, [=] {
+    at::Tensor i = concat(ins, ins[0].scalar_type());
+    at::Tensor o = concat(outs, outs[0].scalar_type());
+    pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+    split_into(o, outs);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::barrier(const c10d::BarrierOptions& opts) {
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  return enqueue(
-      c10d::OpType::BARRIER, "barrier", {}, [=] { pg->barrier(s); }, opts.asyncOp);
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [=] { pg->barrier(s); });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::send(std::vector<at::Tensor>& tensors, int dst,

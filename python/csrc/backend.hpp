@@ -106,25 +106,20 @@ class DcBackend : public c10d::Backend {
     const char* name;
     std::function<void()> run;
   };
-  // Queues `run` for the backend's thread; the Work completes with `outputs`.  A synchronous
-  // call (`async_op` false: torch waits for it at once) runs on the calling thread instead when
-  // nothing is queued or running, which saves two thread hand-offs per call.
+  // Queues `run` for the backend's thread; the Work completes with `outputs`.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
-                                         std::vector<at::Tensor> outputs, std::function<void()> run,
-                                         bool async_op = true);
+                                         std::vector<at::Tensor> outputs,
+                                         std::function<void()> run);
   void loop();
-  // Runs a task and completes its Work (with the error, named, if it throws).
-  void execute(Task& t);
   double seconds(std::chrono::milliseconds t) const;
   c10::intrusive_ptr<c10d::Work> allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
-                                               std::chrono::milliseconds timeout, bool async_op);
+                                               std::chrono::milliseconds timeout);
 
   std::shared_ptr<dc::ProcessGroup> pg_;
   double timeout_s_;
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
-  bool busy_ = false;  // a task is running (on the backend's thread or inline on a caller's)
   bool stop_ = false;
   std::thread thread_;
 };

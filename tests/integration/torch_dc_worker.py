@@ -221,8 +221,7 @@ def collectives():
     for i, t in enumerate(ts):
         same(t, torch.full((1000,), float(i * w + w * (w - 1) / 2)), "async allreduce")
     same(fut.value()[0], ts[-1], "the future's value")
-    # a synchronous call after asynchronous ones runs after them (a synchronous call with nothing
-    # queued runs on the calling thread; with work queued, it waits its turn)
+    # a synchronous call after asynchronous ones runs after them
     ts = [torch.full((300000,), float(i)) for i in range(3)]
     works = [dist.all_reduce(t, async_op=True) for t in ts]
     last = torch.ones(10)
