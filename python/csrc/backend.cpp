@@ -110,6 +110,11 @@ void DcBackend::shutdown() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::vector<Task> done;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    done.swap(done_);
+  }
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DcBackend::getBackendOptions() {
@@ -141,13 +146,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
                                                   std::vector<at::Tensor> outputs,
                                                   std::function<void()> run) {
   auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs));
+  std::vector<Task> done;
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
     queue_.push_back(Task{work, name, std::move(run)});
+    done.swap(done_);
   }
   cv_.notify_one();
-  return work;
+  return work;  // `done` goes here, on the caller's thread
 }
 
 void DcBackend::loop() {
@@ -169,6 +176,11 @@ void DcBackend::loop() {
           " of " + std::to_string(getSize()) + ": " + e.what()));
     }
     t.work->complete(error);
+    // Not released here: the last reference to a tensor that Python also knows takes the GIL,
+    // and once the caller, woken by complete(), has let Python finalize, taking it ends this
+    // thread in the middle of a destructor (std::terminate).  The caller's next call releases it.
+    std::lock_guard<std::mutex> l(m_);
+    done_.push_back(std::move(t));
   }
 }
 

@@ -120,6 +120,7 @@ class DcBackend : public c10d::Backend {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  std::vector<Task> done_;  // run by loop(), released by a caller's thread (see loop())
   bool stop_ = false;
   std::thread thread_;
 };
