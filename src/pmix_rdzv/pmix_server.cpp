@@ -1,6 +1,7 @@
 #include "pmix_rdzv/pmix_server.hpp"
 
 #include "pmix_rdzv/pmix_server_impl.hpp"
+#include "topology/hwloc_init.hpp"
 
 #include <hwloc.h>
 #include <pmix.h>
@@ -80,7 +81,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   impl_->topo = topology;
   if (!impl_->topo) {
     impl_->own_topo = true;
-    if (hwloc_topology_init(&impl_->topo) != 0 ||
+    if (topo::init_hwloc_topology(&impl_->topo) != 0 ||
         hwloc_topology_set_io_types_filter(impl_->topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) != 0 ||
         hwloc_topology_load(impl_->topo) != 0) {
       if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);

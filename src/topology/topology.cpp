@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/log.hpp"
+#include "topology/hwloc_init.hpp"
 
 namespace pe::topo {
 namespace {
@@ -169,7 +170,7 @@ void Topology::discover() {
 std::unique_ptr<Topology> load_topology(const LoadOptions& opts) {
   const std::string& file = opts.xml_file;
   std::unique_ptr<Topology> t(new Topology());
-  if (hwloc_topology_init(&t->topo_) != 0) throw TopologyError("hwloc_topology_init failed");
+  if (init_hwloc_topology(&t->topo_) != 0) throw TopologyError("hwloc_topology_init failed");
   hwloc_topology_set_io_types_filter(t->topo_, HWLOC_TYPE_FILTER_KEEP_ALL);
   if (!file.empty()) {
     struct stat st;

@@ -83,7 +83,9 @@ echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE"
                          stderr=subprocess.PIPE, text=True)
     frozen = None
     try:
-        check(wait_until(lambda: len(os.listdir(d)) == 3, timeout=30), "the ranks did not start")
+        if not wait_until(lambda: len(os.listdir(d)) == 3, timeout=30):
+            p.kill()
+            check(False, f"the ranks did not start: {p.communicate()[1][-2000:]}")
         frozen = daemon_of(marker, "b")
         os.kill(frozen, signal.SIGSTOP)
         out, err = p.communicate(timeout=60)

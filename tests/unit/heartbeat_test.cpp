@@ -96,3 +96,18 @@ TEST(HeartbeatTest, AForgottenLinkGetsNothing) {
   EXPECT_EQ(b.sent.count(1), 0u);
   EXPECT_EQ(silence(2.5), "no heartbeat for 2.5 s");
 }
+
+TEST(HeartbeatTest, AStartingLinkIsJudgedOnlyOnceItIsReady) {
+  Bed b;
+  b.beats.watch(1, kStartingTimeout);  // busy starting: silent for 30 s, not lost
+  b.run_until(b.now + 30);
+  EXPECT_TRUE(b.silent.empty());
+  b.beats.settle(1);  // ready: the usual timeout, counted from now
+  b.run_until(b.now + 2.5);
+  EXPECT_TRUE(b.silent.empty());
+  b.run_until(b.now + 1);
+  EXPECT_EQ(b.silent, std::vector<int>{1});
+  b.beats.settle(1);  // a link no longer watched stays so
+  b.run_until(b.now + 10);
+  EXPECT_EQ(b.silent, std::vector<int>{1});
+}

@@ -43,6 +43,13 @@ void Heartbeats::heard(int id) {
   if (it != heard_.end()) it->second.at = std::max(it->second.at, clock_());
 }
 
+void Heartbeats::settle(int id) {
+  auto it = heard_.find(id);
+  if (it == heard_.end()) return;
+  it->second.at = std::max(it->second.at, clock_());
+  it->second.timeout = s_.timeout;
+}
+
 void Heartbeats::forget(int id) { heard_.erase(id); }
 
 void Heartbeats::beat() {

@@ -26,6 +26,12 @@ struct HeartbeatSettings {
   double timeout = 3.0;   // seconds of silence after which a neighbour is lost
 };
 
+// A daemon that has connected but is not ready yet is busy starting (loading the topology,
+// starting its PMIx server: seconds on a large machine, its loop not free to send heartbeats).
+// Its link is watched with this timeout until it is ready (settle()); the front end's start
+// deadline (PYTORCH_EXEC_DAEMON_TIMEOUT) is what judges a daemon that never gets there.
+constexpr double kStartingTimeout = 24 * 3600.0;
+
 // "no heartbeat for 3 s"
 std::string silence(double seconds);
 
@@ -43,6 +49,8 @@ class Heartbeats {
   void watch(int id, double timeout = 0);
   // Something arrived on link `id`.
   void heard(int id);
+  // Link `id` (watched with kStartingTimeout) is ready: from now on the settings' timeout.
+  void settle(int id);
   void forget(int id);
   // Sends the heartbeats that are due now, from a loop that is held up elsewhere (pytorch_exec
   // waiting for its terminal): its neighbours keep hearing from it.

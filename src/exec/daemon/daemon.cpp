@@ -332,6 +332,7 @@ void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
   ctrl::Connection* c = conn.get();
   c->on_frame([this, node](wire::Frame& f) {
     beats_->heard(node);
+    if (f.type == static_cast<uint16_t>(ctrl::Msg::Ready)) beats_->settle(node);
     if (f.type != static_cast<uint16_t>(ctrl::Msg::Heartbeat)) relay_->from_child(node, f);
   });
   c->on_closed([this, node](const std::string& why) {
@@ -340,7 +341,7 @@ void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
       relay_->child_closed(node, why);
     });
   });
-  beats_->watch(node);
+  beats_->watch(node, ctrl::kStartingTimeout);  // until its Ready goes by
   relay_->add_child(node, std::make_unique<ctrl::ConnLink>(loop_, std::move(conn)));
   logger("ctrl")->info("child node {} ({}) connected", node,
                        job_.map.nodes[static_cast<size_t>(node)].host);

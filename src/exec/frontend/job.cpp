@@ -310,6 +310,8 @@ void JobController::on_node_ready(const std::string& host) {
   if (!contains(membership_.next_generation(), slot)) {
     logger("exec")->info("node {} is ready: it waits as a spare ({} nodes in use)", host,
                          members_.size());
+    // The last call may have ended waiting for this one to start: the others join now.
+    if (state_ == State::Running && !last_call_.pending()) on_last_call();
   } else if (state_ != State::Running) {
     logger("exec")->info("node {} is ready: it joins the next generation", host);
   } else if (last_call_.pending()) {

@@ -207,7 +207,7 @@ void RemoteWorkers::on_authenticated(int node, std::unique_ptr<ctrl::Connection>
     n.direct = link.get();
     n.seen = peer_address(c->fd());
     logger("ctrl")->info("node {} ({}) connected from {}", node, n.host, n.seen);
-    beats_.watch(node);
+    beats_.watch(node, ctrl::kStartingTimeout);  // until it is ready (on_ready)
   }
   c->on_frame([this, node](wire::Frame& f) {
     beats_.heard(node);
@@ -224,6 +224,7 @@ void RemoteWorkers::on_ready(int node, ctrl::Ready& m) {
   n.port = m.port;
   n.addrs = std::move(m.addrs);
   n.ready = true;
+  beats_.settle(node);  // a direct child's link: heartbeats from now on
   tree_.relay_ready(node, n.addrs, m.child_port);
   if (prepared_) {
     n.deadline.disarm();
