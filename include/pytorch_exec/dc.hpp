@@ -80,6 +80,8 @@ struct Exchange {
   std::string toward;
 };
 
+class Mailbox;
+
 class ProcessGroup {
  public:
   // Bootstrap: from PMIx when the process is a PMIx client (under pytorch_exec, srun --mpi=pmix
@@ -150,9 +152,55 @@ class ProcessGroup {
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);
+  // Collective over this group: the ranks' Mailboxes (below), connected to each other.  They
+  // outlive the group if kept.
+  std::unique_ptr<Mailbox> mailbox(double timeout = -1);
 
   struct Impl;
   explicit ProcessGroup(std::unique_ptr<Impl> impl);
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Tagged point-to-point messages between the ranks of a group, any number of them in flight at
+// once (mailbox.cpp), as torch.distributed's isend/irecv and MPI's.  isend/irecv post and return
+// at once; progress() moves what can move without waiting, test() says whether a request is
+// complete, wait() does both until it is.  A receive takes the earliest message from `peer` (kAnySource: from any
+// rank) with its tag that no earlier posted receive took; messages from one sender with one tag
+// arrive in the order they were sent.  A message that arrives before its receive is posted is
+// kept in memory until one is.  A message of another size than its receive fails that receive
+// (and only it).  The messages travel over tcp connections of their own, never mixed with the
+// group's collectives or send()/recv(), so a Mailbox may be used by another thread than the one
+// that runs the group's collectives.
+//
+// Errors: a lost peer, or a request that was in flight when its deadline passed, makes the
+// mailbox unusable: every request not yet complete, and every later call, throws Error naming
+// the first cause.  A receive still waiting for its message when its deadline passes only fails
+// itself (TimeoutError).  Thread safety: one thread at a time.
+class Mailbox {
+ public:
+  static constexpr int kAnySource = -1;
+  struct Impl;
+  explicit Mailbox(std::unique_ptr<Impl> impl);
+  ~Mailbox();
+  Mailbox(const Mailbox&) = delete;
+  Mailbox& operator=(const Mailbox&) = delete;
+
+  // Request ids are never 0.  `timeout` < 0: the group's default, counted from the post.
+  uint64_t isend(const void* buf, size_t bytes, int peer, int tag, double timeout = -1);
+  uint64_t irecv(void* buf, size_t bytes, int peer, int tag, double timeout = -1);
+  // One pass of nonblocking progress over every request (and the messages that arrive for
+  // receives not posted yet); true if anything moved.
+  bool progress();
+  // Whether request `id` is complete, without I/O (then it is forgotten: ask no more); the rank
+  // it came from in *source (receives).  Throws the request's error.
+  bool test(uint64_t id, int* source = nullptr);
+  // progress() until `id` is complete (its deadline bounds it).
+  void wait(uint64_t id, int* source = nullptr);
+  // Sleeps until a posted request may move, `ms` milliseconds at most; returns early when
+  // `wake_fd` (e.g. an eventfd; -1: none) becomes readable.
+  void idle(int ms, int wake_fd = -1);
 
  private:
   std::unique_ptr<Impl> impl_;

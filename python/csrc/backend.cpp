@@ -5,6 +5,9 @@
 // copies the results back.
 #include "backend.hpp"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -94,11 +97,15 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
   o.timeout = timeout_s_ > 0 ? timeout_s_ : 0;
   try {
     pg_ = dc::ProcessGroup::init(rank, size, exchange_over(store), o);
+    mailbox_ = pg_->mailbox();
   } catch (const std::exception& e) {
     throw std::runtime_error("pytorch_dc: init of rank " + std::to_string(rank) + " of " +
                              std::to_string(size) + " failed: " + e.what());
   }
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake_fd_ < 0) throw std::runtime_error("pytorch_dc: eventfd failed");
   thread_ = std::thread([this] { loop(); });
+  p2p_thread_ = std::thread([this] { p2p_loop(); });
 }
 
 DcBackend::~DcBackend() { shutdown(); }
@@ -109,7 +116,14 @@ void DcBackend::shutdown() {
     stop_ = true;
   }
   cv_.notify_all();
+  if (wake_fd_ >= 0) {
+    uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof one);
+  }
   if (thread_.joinable()) thread_.join();
+  if (p2p_thread_.joinable()) p2p_thread_.join();
+  if (wake_fd_ >= 0) ::close(wake_fd_);
+  wake_fd_ = -1;
   std::vector<Task> done;
   {
     std::lock_guard<std::mutex> l(m_);
@@ -150,7 +164,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
-    queue_.push_back(Task{work, name, std::move(run)});
+    queue_.push_back(Task{work, name, std::move(run), {}});
     done.swap(done_);
   }
   cv_.notify_one();
@@ -171,9 +185,7 @@ void DcBackend::loop() {
     try {
       t.run();
     } catch (const std::exception& e) {
-      error = std::make_exception_ptr(std::runtime_error(
-          std::string("pytorch_dc: ") + t.name + " failed on rank " + std::to_string(getRank()) +
-          " of " + std::to_string(getSize()) + ": " + e.what()));
+      error = failure(t.name, e);
     }
     t.work->complete(error);
     // Not released here: the last reference to a tensor that Python also knows takes the GIL,
@@ -182,6 +194,13 @@ void DcBackend::loop() {
     std::lock_guard<std::mutex> l(m_);
     done_.push_back(std::move(t));
   }
+}
+
+std::exception_ptr DcBackend::failure(const char* name, const std::exception& e) const {
+  return std::make_exception_ptr(std::runtime_error(std::string("pytorch_dc: ") + name +
+                                                    " failed on rank " + std::to_string(getRank()) +
+                                                    " of " + std::to_string(getSize()) + ": " +
+                                                    e.what()));
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
@@ -437,24 +456,117 @@ c10::intrusive_ptr<c10d::Work> DcBackend::barrier(const c10d::BarrierOptions& op
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::send(std::vector<at::Tensor>& tensors, int dst,
-                                               int /*tag*/) {
-  const at::Tensor& t = single(tensors, "send");
-  auto pg = pg_;
-  return enqueue(c10d::OpType::SEND, "send", {t}, [=] {
-    at::Tensor w = flat(t);
-    pg->send(w.data_ptr(), bytes_of(w), dst);
-  });
+                                               int tag) {
+  return message(true, tensors, dst, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::recv(std::vector<at::Tensor>& tensors, int src,
-                                               int /*tag*/) {
-  const at::Tensor& t = single(tensors, "recv");
-  auto pg = pg_;
-  return enqueue(c10d::OpType::RECV, "recv", {t}, [=] {
-    at::Tensor w = flat(t);
-    pg->recv(w.data_ptr(), bytes_of(w), src);
-    copy_back(t, w);
-  });
+                                               int tag) {
+  return message(false, tensors, src, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                        int tag) {
+  return message(false, tensors, dc::Mailbox::kAnySource, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<at::Tensor>& tensors,
+                                                  int peer, int tag) {
+  const char* name = send ? "send" : "recv";
+  const at::Tensor& t = single(tensors, name);
+  if (peer == getRank() || peer < dc::Mailbox::kAnySource || peer >= getSize() ||
+      (send && peer == dc::Mailbox::kAnySource))
+    bad(name, "rank " + std::to_string(peer) + " is not another rank of this group of " +
+                  std::to_string(getSize()));
+  if (tag < 0) bad(name, "tags are 0 or more, not " + std::to_string(tag));
+  auto work = c10::make_intrusive<DcWork>(getRank(), send ? c10d::OpType::SEND
+                                          : peer < 0       ? c10d::OpType::RECVANYSOURCE
+                                                           : c10d::OpType::RECV,
+                                          name, std::vector<at::Tensor>{t});
+  Message m{Task{work, name, nullptr, {}}, send, t, flat(t), peer, tag};
+  std::vector<Task> done;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    if (stop_) bad(name, "the process group was shut down");
+    messages_.push_back(std::move(m));
+    done.swap(done_);
+  }
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof one);
+  return work;  // `done` goes here, on the caller's thread
+}
+
+void DcBackend::post(Message& m) {
+  size_t bytes = bytes_of(m.wire);
+  m.id = m.send ? mailbox_->isend(m.wire.data_ptr(), bytes, m.peer, m.tag, timeout_s_)
+                : mailbox_->irecv(m.wire.data_ptr(), bytes, m.peer, m.tag, timeout_s_);
+}
+
+void DcBackend::finish(Message& m, std::exception_ptr e, int source) {
+  if (!e && !m.send) {
+    try {
+      copy_back(m.user, m.wire);
+    } catch (const std::exception& x) {
+      e = failure(m.task.name, x);
+    }
+  }
+  m.task.work->complete(e, source);
+  m.task.keep = {std::move(m.user), std::move(m.wire)};
+  std::lock_guard<std::mutex> l(m_);  // released by a caller's thread, as in loop()
+  done_.push_back(std::move(m.task));
+}
+
+// The mailbox thread: posts what callers queued, moves every message in flight, completes what
+// is done.  Between, it sleeps in poll() on the connections and wake_fd_.
+void DcBackend::p2p_loop() {
+  std::deque<Message> open;
+  for (;;) {
+    std::deque<Message> fresh;
+    bool stop;
+    {
+      std::lock_guard<std::mutex> l(m_);
+      fresh.swap(messages_);
+      stop = stop_;
+    }
+    uint64_t n;
+    while (::read(wake_fd_, &n, sizeof n) > 0) {
+    }
+    for (auto& m : fresh) {
+      try {
+        post(m);
+        open.push_back(std::move(m));
+      } catch (const std::exception& e) {
+        finish(m, failure(m.task.name, e));
+      }
+    }
+    if (stop) {
+      for (auto& m : open)
+        finish(m, std::make_exception_ptr(std::runtime_error(
+                      std::string("pytorch_dc: ") + m.task.name +
+                      " not completed: the process group was shut down")));
+      return;
+    }
+    bool moved = false;
+    try {
+      moved = mailbox_->progress();
+    } catch (const std::exception&) {  // the requests' own tests below say what failed
+    }
+    for (auto it = open.begin(); it != open.end();) {
+      int source = -1;
+      try {
+        if (!mailbox_->test(it->id, &source)) {
+          ++it;
+          continue;
+        }
+        finish(*it, nullptr, source);
+      } catch (const std::exception& e) {
+        finish(*it, failure(it->task.name, e));
+      }
+      it = open.erase(it);
+      moved = true;
+    }
+    if (!moved) mailbox_->idle(100, wake_fd_);
+  }
 }
 
 }  // namespace pytorch_dc

@@ -6,7 +6,8 @@
 // order they were issued (the DataChannel is used by one thread); the returned Work completes, and
 // its Future is marked with the output tensors, when the thread is done with it.  Errors (a dead
 // peer, mismatched calls, a timeout) complete the Work with an exception naming the collective and
-// this rank; after one, the group raises on every call.
+// this rank; after one, the group raises on every call.  Sends and receives (tags, any source)
+// go through a dc::Mailbox on a second thread, independent of the collectives.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -34,11 +35,14 @@ class DcWork : public c10d::Work {
   DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs);
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-  void complete(std::exception_ptr error);
+  // The rank a receive took its message from (recv from any source).
+  int sourceRank() const override { return source_; }
+  void complete(std::exception_ptr error, int source = -1);
 
  private:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int source_ = -1;
 };
 
 class DcBackend : public c10d::Backend {
@@ -99,18 +103,35 @@ class DcBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
 
  private:
   struct Task {
     c10::intrusive_ptr<DcWork> work;
     const char* name;
     std::function<void()> run;
+    std::vector<at::Tensor> keep;  // a message's tensors, until the task is released
+  };
+  // A send or receive for the mailbox thread (p2p_loop).
+  struct Message {
+    Task task;
+    bool send;
+    at::Tensor user, wire;  // the caller's tensor and its flat contiguous form
+    int peer, tag;
+    uint64_t id = 0;  // the Mailbox request, once posted
   };
   // Queues `run` for the backend's thread; the Work completes with `outputs`.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> outputs,
                                          std::function<void()> run);
   void loop();
+  c10::intrusive_ptr<c10d::Work> message(bool send, const std::vector<at::Tensor>& tensors,
+                                         int peer, int tag);
+  void p2p_loop();
+  void post(Message& m);
+  // Completes `m` (an error: e, else done) and hands its tensors to done_.
+  void finish(Message& m, std::exception_ptr e, int source = -1);
+  std::exception_ptr failure(const char* name, const std::exception& e) const;
   double seconds(std::chrono::milliseconds t) const;
   c10::intrusive_ptr<c10d::Work> allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
                                                std::chrono::milliseconds timeout);
@@ -123,6 +144,12 @@ class DcBackend : public c10d::Backend {
   std::vector<Task> done_;  // run by loop(), released by a caller's thread (see loop())
   bool stop_ = false;
   std::thread thread_;
+  // Sends and receives: their own connections (a dc::Mailbox) and thread, so that they run
+  // while collectives do and several are in flight at once (an exchange, a pipeline).
+  std::unique_ptr<dc::Mailbox> mailbox_;
+  std::deque<Message> messages_;  // posted by callers, under m_
+  int wake_fd_ = -1;              // an eventfd: wakes the mailbox thread
+  std::thread p2p_thread_;
 };
 
 // The tensor helpers of backend.cpp (tensors.cpp).

@@ -13,7 +13,8 @@ DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::T
           c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
 }
 
-void DcWork::complete(std::exception_ptr error) {
+void DcWork::complete(std::exception_ptr error, int source) {
+  source_ = source;
   // The future first: once wait() returns, its value must be there.
   if (error)
     future_->setError(error);

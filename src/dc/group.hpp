@@ -48,6 +48,7 @@ struct ProcessGroup::Impl {
   int splits = 0;
   std::shared_ptr<gpu::DeviceState> gpu;  // made by the first device-memory call
   std::string failed;
+  std::string tcp_host;  // the address of this rank's tcp listener ("": none), for mailbox()
 
   // Fills the layout and the Comms from world, node_of, shared_cpus and rank; creates the shm
   // segment.

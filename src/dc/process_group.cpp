@@ -119,6 +119,9 @@ std::unique_ptr<ProcessGroup::Impl> make_impl(World w, const Settings& s, Listen
   g->intra_t = tr.intra;
   g->key = w.key;
   g->threads = w.threads;
+  if (static_cast<size_t>(w.rank) < w.addrs.size() && !w.addrs[static_cast<size_t>(w.rank)].empty())
+    g->tcp_host = w.addrs[static_cast<size_t>(w.rank)].substr(
+        0, w.addrs[static_cast<size_t>(w.rank)].rfind(':'));
   g->rank = w.rank;
   g->size = w.size;
   g->world.resize(static_cast<size_t>(w.size));
@@ -329,6 +332,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::split(int color, int key, double tim
   auto c = std::make_unique<Impl>();
   c->s = g.s;
   c->key = g.key + ".s" + std::to_string(index) + "c" + std::to_string(color);
+  c->tcp_host = g.tcp_host;
   c->threads = g.threads;
   c->inter_t = g.inter_t;
   c->intra_t = g.intra_t;

@@ -71,6 +71,14 @@ class Transport {
   // Progress until `r` completes.  Throws TimeoutError when the deadline passes first, and Error
   // when the peer of `r` (or of any operation progressed meanwhile) is lost.
   virtual void wait(Request r, const Deadline& d) = 0;
+  // For the Mailbox, which must not block: one pass of nonblocking I/O over every posted
+  // operation (true if anything moved; throws as wait() does), and whether `r` has completed
+  // (no I/O; a completed request is not asked about again).
+  virtual bool progress() = 0;
+  virtual bool done(Request r) = 0;
+  // Sleeps until a posted operation may move, at most `ms` milliseconds, or until `wake_fd`
+  // (-1: none) is readable.
+  virtual void idle(int ms, int wake_fd) = 0;
   // After an error: make the peers notice that this rank can no longer take part (they get an
   // error instead of waiting for their timeout).  Every later operation throws.
   virtual void abort(const std::string& why) = 0;

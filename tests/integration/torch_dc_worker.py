@@ -179,6 +179,56 @@ def check_alltoall_p2p(gloo, seed):
     dist.barrier()
 
 
+def check_p2p(seed):
+    """isend/irecv in flight together (an exchange of 4 MiB each way, as batch_isend_irecv
+    does), tags received in another order than sent, recv from any source, and messages while
+    a collective is in flight, issued in opposite orders on neighbouring ranks."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    nxt, prv = (rank + 1) % world, (rank - 1) % world
+    n = 1 << 20
+    out, got_p, got_n = data(n, torch.float32, seed, rank), torch.empty(n), torch.empty(n)
+    ops = [dist.P2POp(dist.isend, out, nxt), dist.P2POp(dist.isend, out, prv),
+           dist.P2POp(dist.irecv, got_p, prv), dist.P2POp(dist.irecv, got_n, nxt)]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    same(got_p, data(n, torch.float32, seed, prv), "exchange with the previous rank")
+    same(got_n, data(n, torch.float32, seed, nxt), "exchange with the next rank")
+    sends = [dist.isend(torch.full((3,), 10.0 * tag + rank), nxt, tag=tag) for tag in (1, 2, 1)]
+    a, b, c = torch.empty(3), torch.empty(3), torch.empty(3)
+    dist.recv(b, prv, tag=2)
+    dist.recv(a, prv, tag=1)
+    dist.recv(c, prv, tag=1)
+    for w in sends:
+        w.wait()
+    same(torch.cat([a, b, c]), torch.tensor([10.0 + prv] * 3 + [20.0 + prv] * 3 + [10.0 + prv] * 3),
+         "tags received in another order")
+    if rank == 0:
+        froms = []
+        for _ in range(world - 1):
+            t = torch.empty(2, dtype=torch.int64)
+            src = dist.recv(t)
+            same(t, torch.tensor([src, src * src]), "recv from any source")
+            froms.append(src)
+        if sorted(froms) != list(range(1, world)):
+            raise SystemExit(f"recv from any source: senders {froms}")
+    else:
+        dist.send(torch.tensor([rank, rank * rank]), 0)
+    x = torch.full((100000,), float(rank))
+    y = torch.empty(7)
+    if rank % 2 == 0:
+        w = dist.all_reduce(x, async_op=True)
+        dist.send(torch.full((7,), float(rank)), nxt)
+        dist.recv(y, prv)
+    else:
+        dist.recv(y, prv)
+        dist.send(torch.full((7,), float(rank)), nxt)
+        w = dist.all_reduce(x, async_op=True)
+    w.wait()
+    same(y, torch.full((7,), float(prv)), "a message while an allreduce is in flight")
+    same(x, torch.full((100000,), float(world * (world - 1) / 2)), "that allreduce")
+    dist.barrier()
+
+
 def check_subgroup(seed):
     rank, world = dist.get_rank(), dist.get_world_size()
     evens = list(range(0, world, 2))
@@ -235,6 +285,7 @@ def collectives():
     check_movement(gloo, seed)
     check_reduce_family(gloo, seed)
     check_alltoall_p2p(gloo, seed)
+    check_p2p(seed)
     check_subgroup(seed)
     if dist.get_rank() == 0:
         print(f"ok {checks} checks in {time.monotonic() - t0:.1f} s ({pytorch_dc.describe()})",

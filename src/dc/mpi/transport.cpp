@@ -3,6 +3,7 @@
 // The C API only: the deprecated C++ bindings warn under -Wextra and need libmpi_cxx.
 #define OMPI_SKIP_MPICXX 1
 #include <mpi.h>
+#include <poll.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -103,6 +104,9 @@ class MpiTransport final : public Transport {
     });
   }
   void wait(Request r, const Deadline& d) override;
+  bool progress() override;
+  bool done(Request r) override;
+  void idle(int ms, int wake_fd) override;
   void abort(const std::string& why) override;
 
  private:
@@ -217,6 +221,32 @@ void MpiTransport::wait(Request r, const Deadline& d) {
     if (i > kSpin || !busy_polling()) sched_yield();
   }
   pending_.erase(it);
+}
+
+bool MpiTransport::progress() {
+  usable();
+  poll_notice();
+  bool moved = false;
+  for (auto& [id, p] : pending_) {
+    size_t before = p.done;
+    progress(p);
+    moved |= p.done != before;
+  }
+  return moved;
+}
+
+bool MpiTransport::done(Request r) {
+  auto it = find(r);
+  if (it == pending_.end()) return true;
+  if (it->second.done < it->second.pieces.size()) return false;
+  pending_.erase(it);
+  return true;
+}
+
+// MPI has no descriptor to sleep on: a short nap, cut short by wake_fd.
+void MpiTransport::idle(int ms, int wake_fd) {
+  struct pollfd w = {wake_fd, POLLIN, 0};
+  ::poll(&w, wake_fd >= 0 ? 1 : 0, std::min(ms, 1));
 }
 
 void MpiTransport::poll_notice() {

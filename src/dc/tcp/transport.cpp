@@ -65,12 +65,12 @@ class TcpTransport : public Transport {
 
   void wait(Request r, const Deadline& d) override {
     auto spin_until = Clock::now() + kSpin;
-    while (!done(r)) {
+    while (!completed(r)) {
       if (progress_all()) {
         spin_until = Clock::now() + kSpin;
         continue;
       }
-      if (done(r)) break;
+      if (completed(r)) break;
       if (busy_polling() && Clock::now() < spin_until) continue;
       if (d.passed()) d.expire("rank " + std::to_string(peer_of(r)));
       if (!busy_polling() && Clock::now() < spin_until + kYield) {
@@ -79,6 +79,15 @@ class TcpTransport : public Transport {
       }
       sleep_in_poll(d);
     }
+  }
+
+  bool progress() override { return progress_all(); }
+  bool done(Request r) override { return completed(r); }
+
+  void idle(int ms, int wake_fd) override {
+    poll_fds();
+    if (wake_fd >= 0) pfds_.push_back({wake_fd, POLLIN, 0});
+    ::poll(pfds_.data(), pfds_.size(), ms);
   }
 
   void abort(const std::string& why) override {
@@ -92,7 +101,7 @@ class TcpTransport : public Transport {
     return ((seq + 1) << 21) | (static_cast<uint64_t>(dir) << 20) | static_cast<uint64_t>(peer);
   }
   static int peer_of(Request r) { return static_cast<int>(r.id & 0xfffff); }
-  bool done(Request r) const {
+  bool completed(Request r) const {
     if (r.id == 0) return true;
     const Peer& p = peers_[peer_of(r)];
     int dir = static_cast<int>((r.id >> 20) & 1);
@@ -189,13 +198,18 @@ class TcpTransport : public Transport {
     return moved;
   }
 
-  void sleep_in_poll(const Deadline& d) {
+  // pfds_: the sockets of the peers with queued operations, for what they wait.
+  void poll_fds() {
     pfds_.clear();
     for (int peer : active_) {
       Peer& p = peers_[peer];
       short ev = static_cast<short>((p.q[0].empty() ? 0 : POLLOUT) | (p.q[1].empty() ? 0 : POLLIN));
       pfds_.push_back({p.fd, ev, 0});
     }
+  }
+
+  void sleep_in_poll(const Deadline& d) {
+    poll_fds();
     ::poll(pfds_.data(), pfds_.size(), d.millis_left(100));
   }
 
