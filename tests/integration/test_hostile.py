@@ -393,34 +393,59 @@ def daemons(marker):
     return out
 
 
-def test_daemon_output_is_bounded_while_the_front_end_is_not_read():
-    # Item 6: a rank writing 200 MB while pytorch_exec's stdout was not read grew its daemon to
-    # 214 MB.  Now the daemon stops reading the rank's pipe while its queue is full.
+def unread_output_job(args, body, seconds):
+    """Runs pytorch_exec ARGS on launch-agent nodes with the script BODY, its stdout not read for
+    SECONDS, then read to the end.  Returns (process, stdout, stderr, {daemon pid: peak RSS kB})."""
     env = marker_env()
     marker = env["PE_TEST_MARKER"]
     agent = f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={marker} PE_NODE={{host}}"
-    body = "#!/bin/sh\n[ $RANK = 1 ] && yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 100000000\nexit 0\n"
-    p = start(["-H", "a:1,b:1", "--launch-agent", agent, script(body)], env=env, stdout=subprocess.PIPE,
+    p = start(args + ["--launch-agent", agent, script(body)], env=env, stdout=subprocess.PIPE,
               stderr=subprocess.PIPE)
-    peak = 0
+    peak = {}
     try:
-        deadline = time.monotonic() + 8
+        deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             for pid in daemons(marker):
                 try:
-                    peak = max(peak, status_kb(pid, "VmRSS"))
+                    peak[pid] = max(peak.get(pid, 0), status_kb(pid, "VmRSS"))
                 except OSError:
                     pass
             time.sleep(0.1)
-        out, err = p.communicate(timeout=120)
+        out, err = p.communicate(timeout=180)
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
-    FIGURES["peak_rss_kb"] = max(FIGURES["peak_rss_kb"], peak)
+    FIGURES["peak_rss_kb"] = max([FIGURES["peak_rss_kb"]] + list(peak.values()))
+    return p, out, err, peak
+
+
+def test_daemon_output_is_bounded_while_the_front_end_is_not_read():
+    # Item 6: a rank writing 200 MB while pytorch_exec's stdout was not read grew its daemon to
+    # 214 MB.  Now the daemon stops reading the rank's pipe while its queue is full.
+    body = "#!/bin/sh\n[ $RANK = 1 ] && yes 0123456789abcdefghijklmnopqrstuvwxyz | head -c 100000000\nexit 0\n"
+    p, out, err, peaks = unread_output_job(["-H", "a:1,b:1"], body, 8)
+    peak = max(peaks.values(), default=0)
     check(p.returncode == 0 and len(out) in (100000000, 100000001), f"exit {p.returncode}, {len(out)} bytes: {err[-1000:]}")
     print(f"daemon peak RSS {peak} kB", flush=True)
     check(peak < 64 << 10, f"a daemon grew to {peak} kB while its output was not read")
+
+
+def test_relay_output_is_bounded_while_the_front_end_is_not_read():
+    # Issue 13: with --tree-radix 1, the output of a rank on node c reaches the front end through
+    # the daemons of a and b, which kept reading their child's connection and queued its output
+    # without limit (node a's daemon grew to 125 MB).  Now a relay stops reading its children
+    # while its own queue is full, and the pause reaches the rank's pipe.
+    count = 14000000  # 106 MB of numbered lines: in order and intact, or the hash differs
+    want = hashlib.sha256(subprocess.run(["seq", "1", str(count)], stdout=subprocess.PIPE, check=True).stdout)
+    body = f"#!/bin/sh\n[ $RANK = 2 ] && seq 1 {count}\nexit 0\n"
+    p, out, err, peaks = unread_output_job(["--tree-radix", "1", "-H", "a:1,b:1,c:1"], body, 10)
+    top = max(peaks.values(), default=0)
+    print(f"daemons' peak RSS (kB): {sorted(peaks.values())}", flush=True)
+    check(len(peaks) == 3, f"saw {len(peaks)} daemons")
+    check(p.returncode == 0, f"exit {p.returncode}: {err[-1000:]}")
+    check(hashlib.sha256(out).digest() == want.digest(), f"{len(out)} bytes of output, not the {count} lines in order")
+    check(top < 64 << 10, f"a daemon grew to {top} kB while the output of its subtree was not read")
 
 
 def test_figures():
@@ -436,4 +461,5 @@ if __name__ == "__main__":
           test_idle_and_forged_hellos_do_not_stall_set_up, test_store_handshake_replay_is_refused,
           test_control_port_during_collectives, test_control_plane_backs_off_when_out_of_descriptors,
           test_node_names_are_escaped_and_warnings_limited,
-          test_daemon_output_is_bounded_while_the_front_end_is_not_read, test_figures])
+          test_daemon_output_is_bounded_while_the_front_end_is_not_read,
+          test_relay_output_is_bounded_while_the_front_end_is_not_read, test_figures])

@@ -127,6 +127,42 @@ def test_srun_direct_launch():
     check(r.returncode != 0 and "--max-restarts needs pytorch_exec to supervise" in r.stderr, r.stderr)
 
 
+def test_srun_direct_launch_agrees_on_a_dc_token():
+    """Under srun --mpi=pmix there is no launcher to make the DataChannel's token: the tasks agree
+    on one through SLURM's PMIx server (a fence).  Every rank has the same, a new step a new one;
+    the user's own wins; without PMIx there is none.  A DataChannel job over tcp works with it,
+    and a rank that has another token is kept out."""
+    env = marker_env()
+    env.update(ENV)
+    env.pop("PYTORCH_DC_TOKEN", None)
+    cmd = ["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, "sh", "-c", "echo $RANK ${PYTORCH_DC_TOKEN:-none}"]
+    tokens = []
+    for _ in range(2):
+        r = sh(cmd, env)
+        rows = [l.split() for l in r.stdout.splitlines()]
+        check(r.returncode == 0 and sorted(int(x[0]) for x in rows) == list(range(8)), f"exit {r.returncode}: {r.stdout} {r.stderr}")
+        got = {x[1] for x in rows}
+        check(len(got) == 1 and re.fullmatch(r"[0-9a-f]{32}", next(iter(got))), f"tokens: {r.stdout}")
+        tokens.append(got.pop())
+    check(tokens[0] != tokens[1], "two steps had the same token")
+    r = sh(cmd, dict(env, PYTORCH_DC_TOKEN="mine"))
+    check(r.returncode == 0 and {l.split()[1] for l in r.stdout.splitlines()} == {"mine"}, f"{r.stdout} {r.stderr}")
+    r = sh(["srun", "--mpi=none", "-N", "2", "-n", "2"] + cmd[6:], env)
+    check(r.returncode == 0 and {l.split()[1] for l in r.stdout.splitlines()} == {"none"}, f"{r.stdout} {r.stderr}")
+    dc_check = os.path.join(BUILDDIR, "tests", "dc", "dc_check")
+    if not os.path.exists(dc_check):
+        print("  (tests/dc/dc_check is not built: the DataChannel job not run)")
+        return
+    dc = "PYTORCH_DC_TRANSPORT=tcp PYTORCH_DC_TIMEOUT=8 exec " + dc_check + " info"
+    r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, "sh", "-c", dc], env)
+    check(r.returncode == 0 and all(f"rank {i} size 8" in r.stdout for i in range(8)), f"exit {r.returncode}: {r.stdout} {r.stderr[-2000:]}")
+    # Rank 3 took part in the agreement, then runs with another token: the others refuse it.
+    r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, "sh", "-c",
+            "[ $RANK = 3 ] && export PYTORCH_DC_TOKEN=stranger; " + dc], env)
+    check(r.returncode != 0 and "rank 3 size 8" not in r.stdout, f"a rank with another token joined: {r.stdout} {r.stderr[-2000:]}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
 ELASTIC_WORKER = (
     'echo "gen $TORCHELASTIC_RESTART_COUNT world $WORLD_SIZE on $SLURMD_NODENAME"; '
     '[ "$WORLD_SIZE" = 3 ] && exit 0; exec sleep 100')
@@ -265,7 +301,8 @@ if __name__ == "__main__":
     try:
         build()
         main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
-              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch, test_srun_torch_dc_backend,
+              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch,
+              test_srun_direct_launch_agrees_on_a_dc_token, test_srun_torch_dc_backend,
               test_elastic_job_goes_on_when_slurm_sets_a_node_down,
               test_a_second_test_bed_beside_the_first])
     finally:

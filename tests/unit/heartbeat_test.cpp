@@ -111,3 +111,20 @@ TEST(HeartbeatTest, AStartingLinkIsJudgedOnlyOnceItIsReady) {
   b.run_until(b.now + 10);
   EXPECT_EQ(b.silent, std::vector<int>{1});
 }
+
+TEST(HeartbeatTest, AHeldLinkIsNotJudgedButStillGetsHeartbeats) {
+  Bed b;
+  b.beats.watch(1);
+  b.beats.hold(1, true);  // a relay does not read its child while its own queue is full
+  b.run_until(b.now + 20);
+  EXPECT_TRUE(b.silent.empty());
+  EXPECT_EQ(b.sent[1], 20);  // a failed write still finds a child that is gone
+  b.beats.hold(1, false);    // read again: the usual timeout, counted from now
+  b.run_until(b.now + 2.5);
+  EXPECT_TRUE(b.silent.empty());
+  b.run_until(b.now + 1);
+  EXPECT_EQ(b.silent, std::vector<int>{1});
+  b.beats.hold(1, true);  // a link no longer watched stays so
+  b.run_until(b.now + 5);
+  EXPECT_EQ(b.silent, std::vector<int>{1});
+}

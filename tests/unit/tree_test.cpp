@@ -221,3 +221,31 @@ TEST(TreeTest, ARelayCannotSpeakForNodesOutsideItsSubtree) {
   EXPECT_EQ(b.relays[0]->check_child(4), "is not a child of this node");
   EXPECT_EQ(b.relays[0]->check_child(2), "is already connected");
 }
+
+namespace {
+class PausableLink : public Link {
+ public:
+  explicit PausableLink(bool* paused) : paused_(paused) {}
+  void send(uint16_t, std::string_view) override {}
+  using Link::send;
+  void finish() override {}
+  void pause_reading(bool p) override { *paused_ = p; }
+
+ private:
+  bool* paused_;
+};
+}  // namespace
+
+TEST(TreeTest, ARelayHoldsItsChildrenAlsoThoseThatConnectWhileHeld) {
+  TreeRelay r(0, 7, 2, "a", TreeRelay::Callbacks{[](wire::Frame&) {}});  // children: 2 and 3
+  bool two = false, three = false;
+  r.add_child(2, std::make_unique<PausableLink>(&two));
+  r.hold_children(true);
+  EXPECT_TRUE(two);
+  r.add_child(3, std::make_unique<PausableLink>(&three));  // connects while held
+  EXPECT_TRUE(three);
+  EXPECT_EQ(r.children(), (std::vector<int>{2, 3}));
+  r.hold_children(false);
+  EXPECT_FALSE(two);
+  EXPECT_FALSE(three);
+}

@@ -66,6 +66,16 @@ void Connection::when_drained(size_t low, std::function<void()> fn) {
   if (out_bytes_ <= low) std::exchange(drained_, nullptr)();
 }
 
+void Connection::pause_reading(bool paused) {
+  if (paused == reading_paused_) return;
+  reading_paused_ = paused;
+  if (!fd_.valid()) return;
+  if (paused)
+    read_ev_ = Event();
+  else
+    read_ev_ = loop_.watch_readable(fd_.get(), [this] { on_readable(); });
+}
+
 void Connection::on_readable() {
   char buf[65536];
   ssize_t n = ::recv(fd_.get(), buf, sizeof buf, 0);

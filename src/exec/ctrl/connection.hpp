@@ -54,6 +54,9 @@ class Connection : public Link {
   size_t queued() const { return out_bytes_; }
   // Calls `fn` once, as soon as what is queued is at most `low` bytes (output backpressure).
   void when_drained(size_t low, std::function<void()> fn);
+  // Stops (true) or resumes reading the socket: the peer's frames wait in the socket, then in
+  // the peer's queue.  Writing goes on, and a write that fails still closes the connection.
+  void pause_reading(bool paused) override;
 
  private:
   void on_readable();
@@ -74,6 +77,7 @@ class Connection : public Link {
   FrameFn on_frame_;
   ClosedFn on_closed_;
   bool in_callback_ = false;
+  bool reading_paused_ = false;
 };
 
 // A Connection as a tree Link that the tree may destroy at any time: it closes at once and is
@@ -86,6 +90,7 @@ class ConnLink : public Link {
   using Link::send;
   void send(uint16_t type, std::string_view payload) override { conn_->send(type, payload); }
   void finish() override { conn_->finish(); }
+  void pause_reading(bool paused) override { conn_->pause_reading(paused); }
   Connection& conn() { return *conn_; }
 
  private:

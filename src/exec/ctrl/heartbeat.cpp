@@ -52,6 +52,13 @@ void Heartbeats::settle(int id) {
 
 void Heartbeats::forget(int id) { heard_.erase(id); }
 
+void Heartbeats::hold(int id, bool held) {
+  auto it = heard_.find(id);
+  if (it == heard_.end()) return;
+  it->second.held = held;
+  it->second.at = std::max(it->second.at, clock_());
+}
+
 void Heartbeats::beat() {
   double now = clock_();
   if (now - last_sent_ < s_.interval) return;
@@ -74,7 +81,7 @@ void Heartbeats::tick() {
   if (stalled) return;
   std::vector<int> silent;
   for (const auto& [id, w] : heard_)
-    if (now - w.at >= w.timeout) silent.push_back(id);
+    if (!w.held && now - w.at >= w.timeout) silent.push_back(id);
   for (int id : silent) {
     if (!heard_.erase(id)) continue;
     on_silent_(id);  // may watch or forget others

@@ -52,6 +52,9 @@ class Heartbeats {
   // Link `id` (watched with kStartingTimeout) is ready: from now on the settings' timeout.
   void settle(int id);
   void forget(int id);
+  // While link `id` is held (true), it is not judged: we do not read it (backpressure), so its
+  // silence says nothing.  Heartbeats still go to it.  Released, it counts as heard now.
+  void hold(int id, bool held);
   // Sends the heartbeats that are due now, from a loop that is held up elsewhere (pytorch_exec
   // waiting for its terminal): its neighbours keep hearing from it.
   void beat();
@@ -70,6 +73,7 @@ class Heartbeats {
   struct Watched {
     double at = 0;       // last time something arrived
     double timeout = 0;  // silent after this long
+    bool held = false;
   };
   std::map<int, Watched> heard_;  // by link
   double last_tick_ = 0, last_sent_ = 0;

@@ -142,7 +142,20 @@ std::string TreeRelay::check_child(int node) const {
 }
 
 void TreeRelay::add_child(int node, std::unique_ptr<Link> link) {
+  if (held_) link->pause_reading(true);
   children_[node] = std::move(link);
+}
+
+std::vector<int> TreeRelay::children() const {
+  std::vector<int> ids;
+  for (const auto& [id, c] : children_) ids.push_back(id);
+  return ids;
+}
+
+void TreeRelay::hold_children(bool held) {
+  if (held == held_) return;
+  held_ = held;
+  for (auto& [id, c] : children_) c->pause_reading(held);
 }
 
 // From upstream: for us, for every node (passed down and handled here), or for a node below.

@@ -36,6 +36,9 @@ class Link {
   virtual void send(uint16_t type, std::string_view payload) = 0;
   // Sends what is queued, then closes.
   virtual void finish() = 0;
+  // Stops (true) or resumes taking frames from the neighbour (backpressure); a link that is no
+  // socket has nothing to hold back.
+  virtual void pause_reading(bool) {}
   template <class M>
   void send(const M& m) {
     send(static_cast<uint16_t>(M::kType), encode(m));
@@ -116,6 +119,10 @@ class TreeRelay {
   void child_closed(int node, const std::string& why);
   bool has_children() const { return !tree_children(self_, radix_, nnodes_).empty(); }
   size_t connected_children() const { return children_.size(); }
+  std::vector<int> children() const;  // connected ones
+  // Stops (true) or resumes reading every child's link, also of children that connect
+  // meanwhile: what they send waits in their own queues.
+  void hold_children(bool held);
   // The link to a connected child, else null (heartbeats go to neighbours only).
   Link* child(int node) const {
     auto it = children_.find(node);
@@ -128,6 +135,7 @@ class TreeRelay {
   Callbacks cb_;
   Link* up_ = nullptr;
   std::map<int, std::unique_ptr<Link>> children_;
+  bool held_ = false;
 };
 
 }  // namespace pe::ctrl

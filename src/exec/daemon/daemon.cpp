@@ -27,8 +27,8 @@ constexpr int kUpstream = -1;  // the parent's link, for the heartbeats
 // heartbeat timeouts.
 constexpr double kMinUpstreamTimeout = 10;
 constexpr size_t kMaxHandshakeFrame = 4096;
-// Output queued toward the front end: above the high mark the ranks' pipes are no longer read,
-// until it is down to the low mark.
+// What is queued toward the front end: above the high mark the ranks' pipes and the children's
+// links are no longer read, until it is down to the low mark (check_upstream).
 constexpr size_t kOutputHighWater = 8u << 20;
 constexpr size_t kOutputLowWater = 1u << 20;
 // How long a rank's MPI_Comm_spawn waits for the front end (which answers within moments).
@@ -147,6 +147,7 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
                            proof))
     throw Error("the front end at " + peer + " failed to prove it knows the job's secret");
   conn_ = std::make_unique<ctrl::Connection>(loop_, std::move(fd), peer);
+  if (output_paused_) hold_output(false);  // that was the old connection's queue
   int epoch = ++conn_epoch_;
   beats_->watch(kUpstream, upstream_timeout());
   conn_->on_frame([this](wire::Frame& f) {
@@ -333,7 +334,9 @@ void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
   c->on_frame([this, node](wire::Frame& f) {
     beats_->heard(node);
     if (f.type == static_cast<uint16_t>(ctrl::Msg::Ready)) beats_->settle(node);
-    if (f.type != static_cast<uint16_t>(ctrl::Msg::Heartbeat)) relay_->from_child(node, f);
+    if (f.type == static_cast<uint16_t>(ctrl::Msg::Heartbeat)) return;
+    relay_->from_child(node, f);
+    check_upstream();
   });
   c->on_closed([this, node](const std::string& why) {
     loop_.post([this, node, why] {
@@ -341,7 +344,8 @@ void Daemon::on_child(int node, std::unique_ptr<ctrl::Connection> conn) {
       relay_->child_closed(node, why);
     });
   });
-  beats_->watch(node, ctrl::kStartingTimeout);  // until its Ready goes by
+  beats_->watch(node, ctrl::kStartingTimeout);   // until its Ready goes by
+  if (output_paused_) beats_->hold(node, true);  // and the relay does not read it yet
   relay_->add_child(node, std::make_unique<ctrl::ConnLink>(loop_, std::move(conn)));
   logger("ctrl")->info("child node {} ({}) connected", node,
                        job_.map.nodes[static_cast<size_t>(node)].host);
@@ -421,16 +425,37 @@ void Daemon::send_output(ctrl::Output m, std::string_view lines) {
     conn_->send(m);
     lines.remove_prefix(n);
   }
-  // Backpressure: while the front end does not take our output, the ranks' pipes are not read
-  // (the ranks block in write, as on a terminal that is not read).
-  if (agent_ && conn_->queued() > kOutputHighWater && !output_paused_) {
-    output_paused_ = true;
-    agent_->pause_output(true);
-    conn_->when_drained(kOutputLowWater, [this] {
-      output_paused_ = false;
-      if (agent_) agent_->pause_output(false);
-    });
-  }
+  check_upstream();
+}
+
+// Backpressure, end to end: while our parent does not take what we send, our ranks' pipes are
+// not read (the ranks block in write, as on a terminal that is not read), nor are our children's
+// links: their queues fill in turn, and they stop reading their ranks and children.  Memory is
+// bounded on every node (a high mark per link), whatever the depth of the tree.
+//
+// This cannot deadlock the job.  A held child's frames of every kind wait, its exits and fences
+// too, but only while our queue is above the low mark, and our queue drains whatever our
+// children do: our parent reads us unless it is held itself, and so on up to the front end,
+// which reads unless its own stdout is blocked, and nothing on the way waits for a held
+// child's frame before reading on.  So a pause ends as soon as the front end's stdout is read
+// again; until then the job is stopped in write(), as it would be on any terminal.  Frames are
+// only delayed, in order, never dropped.  A held child is not judged by its heartbeats (we do
+// not read them), but we still send it ours: if it is gone, those writes fail (its host answers
+// with a reset, or TCP gives up) and the link is closed and reported as before.
+void Daemon::check_upstream() {
+  if (!conn_ || output_paused_ || conn_->queued() <= kOutputHighWater) return;
+  hold_output(true);
+  conn_->when_drained(kOutputLowWater, [this] { hold_output(false); });
+}
+
+void Daemon::hold_output(bool held) {
+  output_paused_ = held;
+  logger("ctrl")->debug("{} reading the ranks' output and the child nodes",
+                        held ? "upstream is full: stopped" : "upstream drained: resumed");
+  if (agent_) agent_->pause_output(held);
+  if (!relay_) return;
+  relay_->hold_children(held);
+  for (int id : relay_->children()) beats_->hold(id, held);
 }
 
 void Daemon::on_exit(const WorkerExit& e) {

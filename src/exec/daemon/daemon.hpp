@@ -62,6 +62,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_spawned_output(int generation, int spawn, int rank, Stream s,
                          std::string_view lines) override;
   void send_output(ctrl::Output m, std::string_view lines);
+  void check_upstream();
+  void hold_output(bool held);
   void on_spawn_start(ctrl::SpawnStart& m);
   void send_spawn(pmix::SpawnRequest req, pmix::SpawnDone done);
   void answer_spawn(uint64_t id, const std::string& error, const std::string& nspace);
@@ -92,7 +94,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   bool idle_ = false;  // a spare: not in the current generation
   std::unique_ptr<NodeRunner> runner_;
   NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
-  bool output_paused_ = false;  // the ranks' output is not read: the front end lags behind
+  // The upstream queue is full: the ranks' output and the children's links are not read.
+  bool output_paused_ = false;
   int status_ = 0;
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace

@@ -1,13 +1,22 @@
 #include "exec/frontend/direct_launch.hpp"
 
+#include <fcntl.h>
+#include <pmix.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 
+#include "common/auth.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
 #include "common/strings.hpp"
+#include "common/unique_fd.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/cli.hpp"
 #include "pytorch_exec/version.h"
@@ -28,7 +37,109 @@ int get_int(const EnvMap& env, const char* k) {
   return static_cast<int>(*v);
 }
 
+constexpr const char* kTokenKey = "pytorch_exec.dc_token";
+constexpr size_t kDcTokenBytes = 16;  // as a launched job's
+// How long the tasks wait for each other in the fence: srun starts them within moments, but a
+// busy node may be late.
+constexpr double kTokenTimeout = 60.0;
+
+void pmix_check(pmix_status_t rc, const char* what) {
+  if (rc != PMIX_SUCCESS) throw Error(std::string(what) + " failed: " + PMIx_Error_string(rc));
+}
+
+// The PMIx client's part (in the child process): rank 0 puts a fresh token, a fence that
+// collects the data, every task gets rank 0's.
+std::string exchange_token(double timeout) {
+  pmix_proc_t me;
+  pmix_check(PMIx_Init(&me, nullptr, 0), "PMIx_Init");
+  struct Finalize {
+    ~Finalize() { PMIx_Finalize(nullptr, 0); }
+  } finalize;
+  if (me.rank == 0) {
+    std::string token = auth::to_hex(auth::random_bytes(kDcTokenBytes));
+    pmix_value_t v;
+    PMIX_VALUE_LOAD(&v, token.c_str(), PMIX_STRING);
+    pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, kTokenKey, &v);
+    PMIX_VALUE_DESTRUCT(&v);
+    pmix_check(rc, "PMIx_Put");
+  }
+  pmix_check(PMIx_Commit(), "PMIx_Commit");
+  int secs = std::max(1, static_cast<int>(timeout));
+  bool collect = true;
+  pmix_info_t info[2];
+  PMIX_INFO_LOAD(&info[0], PMIX_COLLECT_DATA, &collect, PMIX_BOOL);
+  PMIX_INFO_LOAD(&info[1], PMIX_TIMEOUT, &secs, PMIX_INT);
+  pmix_proc_t all;
+  PMIX_LOAD_PROCID(&all, me.nspace, PMIX_RANK_WILDCARD);
+  pmix_status_t rc = PMIx_Fence(&all, 1, info, 2);
+  PMIX_INFO_DESTRUCT(&info[0]);
+  PMIX_INFO_DESTRUCT(&info[1]);
+  pmix_check(rc, "PMIx_Fence");
+  pmix_proc_t rank0;
+  PMIX_LOAD_PROCID(&rank0, me.nspace, 0);
+  pmix_value_t* val = nullptr;
+  pmix_check(PMIx_Get(&rank0, kTokenKey, nullptr, 0, &val), "PMIx_Get of rank 0's token");
+  std::string token = val->type == PMIX_STRING && val->data.string ? val->data.string : "";
+  PMIX_VALUE_RELEASE(val);
+  if (token.size() != 2 * kDcTokenBytes) throw Error("rank 0's token is malformed");
+  return token;
+}
+
 }  // namespace
+
+std::string step_dc_token(double timeout) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw SystemError("pipe", errno);
+  UniqueFd rd(fds[0]), wr(fds[1]);
+  pid_t pid = ::fork();
+  if (pid < 0) throw SystemError("fork", errno);
+  if (pid == 0) {  // the PMIx client, not this process: see direct_launch.hpp
+    rd.reset();
+    std::string out;
+    try {
+      ::setenv("PMIX_GDS_MODULE", "ds12", 1);
+      out = "+" + exchange_token(timeout);
+    } catch (const std::exception& e) {
+      out = std::string("-") + e.what();
+    }
+    write_all(wr.get(), out.data(), out.size());
+    ::_exit(0);
+  }
+  wr.reset();
+  // Its answer, within the fence's timeout and a little more (PMIx_Init has none of its own).
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(timeout + 5));
+  std::string got;
+  bool timed_out = false;
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    struct pollfd p {
+      rd.get(), POLLIN, 0
+    };
+    int n = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      timed_out = true;
+      break;
+    }
+    char buf[256];
+    ssize_t r = ::read(rd.get(), buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0 || got.size() > 4096) break;
+    got.append(buf, static_cast<size_t>(r));
+  }
+  if (timed_out) ::kill(pid, SIGKILL);
+  while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  if (timed_out)
+    throw Error("no answer through SLURM's PMIx server within " +
+                std::to_string(static_cast<int>(timeout + 5)) + " s");
+  if (got.empty() || got[0] != '+')
+    throw Error(got.size() > 1 ? got.substr(1) : "the PMIx client process failed");
+  return got.substr(1);
+}
 
 bool is_task_step_id(const std::string& step_id) {
   const long long first_special = 0xfffffff0LL;
@@ -115,6 +226,24 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   std::string program = resolve_program(cfg.program_arg0, cfg.wdir, path);
   if (!cfg.wdir.empty() && ::chdir(cfg.wdir.c_str()) != 0)
     throw SystemError("chdir " + cfg.wdir, errno);
+  // The DataChannel's token: without one, its store and transport admit anyone who can reach
+  // them.  Always made under PMIx, unless the user gave one (an empty one too: that opts out);
+  // whether the program will use the DataChannel is not known here, and it costs one fence
+  // (see README).  Without PMIx (--mpi=none) there is no private channel to agree on one.
+  if (id.source == "PMIx" && !out.count("PYTORCH_DC_TOKEN")) {
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      out["PYTORCH_DC_TOKEN"] = step_dc_token(kTokenTimeout);
+      logger("exec")->info(
+          "direct launch: DataChannel token agreed through PMIx in {:.1f} ms",
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    } catch (const Error& e) {
+      logger("exec")->warn(
+          "direct launch: no DataChannel token ({}); set PYTORCH_DC_TOKEN to one secret in every "
+          "task",
+          e.what());
+    }
+  }
   logger("exec")->info(
       "direct launch ({}): rank {} of {}, local {} of {}, node {} of {}, master {}:{}", id.source,
       id.rank, id.size, id.local_rank, id.local_peers.size(), id.node, id.nnodes, gen.master_addr,

@@ -4,9 +4,13 @@
 // and tasks per node), builds the same worker environment as a launched job, and execs the
 // program in place.
 //
-// It does not connect to the PMIx server itself: SLURM's PMIx server (22.05, PMIx 4.2) serves
-// one client connection per task, and a task that connected (even one that finalized) makes the
-// program's own PMIx_Init (MPI_Init) fail.  Tested with Open MPI 4.1 under srun --mpi=pmix.
+// The DataChannel's token (PYTORCH_DC_TOKEN) has no launcher to make it: the tasks agree on one
+// through SLURM's PMIx server, which only this step's processes reach (step_dc_token).  That is
+// done by a short-lived child process, not by pytorch_exec itself: the exec'd program must find
+// the server as a task that never connected.  SLURM 22.05's server (PMIx 4.2) hands a task's
+// job data to it once per data-store module: a second client of the task with the same module
+// (ds21, the default) gets none, and Open MPI 4.1's MPI_Init fails without it (tested under
+// srun --mpi=pmix).  So the child uses the ds12 module, which no client picks by default.
 #pragma once
 
 #include <optional>
@@ -51,6 +55,11 @@ JobMap step_map(const StepIdentity& id);
 // kernel's ephemeral range (port_outside_ephemeral).  Not checked: the tasks cannot agree on
 // another one without talking to each other.
 int step_master_port(const std::string& job_id, const std::string& step_id);
+
+// A token the step's tasks share, agreed on through SLURM's PMIx server (a child process that is
+// a PMIx client of this task: rank 0 puts a random token, a collecting fence, every task gets
+// it), within `timeout` seconds.  Throws Error (one line) when that fails.
+std::string step_dc_token(double timeout);
 
 // Rejects options that contradict the step (-n other than its size, -H, --hostfile, ...), builds
 // the environment and execs the program.  Returns only by throwing.
