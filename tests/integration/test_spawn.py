@@ -321,7 +321,9 @@ def test_spawned_output_goes_to_output_files():
     r = run(["-n", "2", "--output-filename", d, prog("spawn"), "2"], env=env, timeout=60)
     check_exchange(r, 2, 2)  # the terminal gets a copy
     for c in range(2):
-        with open(os.path.join(d, "1.1", f"rank.{c}", "stdout")) as f:
+        path = os.path.join(d, "1.1", f"rank.{c}", "stdout")
+        check(os.path.isfile(path), f"no {path}: {os.listdir(d)}")
+        with open(path) as f:
             text = f.read()
         check(text.startswith(f"child {c} of 2: got {100 + c}"), text)
         check(os.path.isfile(os.path.join(d, "1.1", f"rank.{c}", "stderr")), os.listdir(d))
@@ -335,7 +337,9 @@ def test_spawned_output_goes_to_output_files():
              "--output-filename", d + ":nocopy", "-x", "SPAWN_HOST_KEY=add-host", "-n", "2",
              prog("spawn"), "1", "b"], env=env, timeout=60)
     check(r.returncode == 0 and "child" not in r.stdout, f"exit {r.returncode}: {r.stdout} {r.stderr}")
-    with open(os.path.join(d, "1.1", "rank.0", "stdout")) as f:
+    path = os.path.join(d, "1.1", "rank.0", "stdout")
+    check(os.path.isfile(path), f"no {path}: {os.listdir(d)}")
+    with open(path) as f:
         text = f.read()
     check(text.startswith("child 0 of 1: got 100, token 42, parents 2"), text)
     assert_no_leftovers(env["PE_TEST_MARKER"])
