@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "event_info.h"
+
 static pmix_proc_t me;
 static volatile int told = 0;
 
@@ -18,15 +20,9 @@ static void on_event(size_t id, pmix_status_t status, const pmix_proc_t* source,
                      size_t ninfo, pmix_info_t results[], size_t nresults,
                      pmix_event_notification_cbfunc_fn_t cbfunc, void* cbdata) {
   (void)id, (void)results, (void)nresults;
-  char affected[PMIX_MAX_NSLEN + 32] = "none";
-  int exit_code = -1;
-  for (size_t i = 0; i < ninfo; ++i) {
-    if (PMIX_CHECK_KEY(&info[i], PMIX_EVENT_AFFECTED_PROC) && info[i].value.type == PMIX_PROC)
-      snprintf(affected, sizeof affected, "%s:%u", info[i].value.data.proc->nspace,
-               info[i].value.data.proc->rank);
-    if (PMIX_CHECK_KEY(&info[i], PMIX_EXIT_CODE) && info[i].value.type == PMIX_INT)
-      exit_code = info[i].value.data.integer;
-  }
+  char affected[PMIX_MAX_NSLEN + 32];
+  int exit_code;
+  read_event_info(info, ninfo, affected, sizeof affected, &exit_code);
   printf("pmix_events rank %u got %s source %s:%u affected %s exit_code %d\n", me.rank,
          PMIx_Error_string(status), source ? source->nspace : "none", source ? source->rank : 0,
          affected, exit_code);

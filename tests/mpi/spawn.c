@@ -5,9 +5,10 @@
  * from the parent and an allreduce across the intercommunicator check the collective path.
  * FAIL (a child rank) makes that child exit with status 3 after MPI_Finalize; SPAWN_CHILD_SLEEP
  * (seconds, in the environment) makes the children sleep before they answer; SPAWN_HOST_KEY names
- * the info key HOST goes under ("host" by default).  MPI_ERRORS_RETURN
- * on the parent: a refused spawn prints "spawn failed: ..." and aborts with 4 (the other parents
- * would wait in MPI_Comm_spawn for the root, as under mpirun). */
+ * the info key HOST goes under ("host" by default); SPAWN_CHILD_PROGRAM the program the children
+ * run (this one by default).  MPI_ERRORS_RETURN on the parent: a refused spawn prints
+ * "spawn failed: ..." and aborts with 4 (the other parents would wait in MPI_Comm_spawn for the
+ * root, as under mpirun), SPAWN_FAIL_LINGER seconds later. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,13 +67,17 @@ int main(int argc, char** argv) {
   MPI_Comm inter;
   int errs[64];
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  int rc = MPI_Comm_spawn(argv[0], child_argv, n, info, 0, MPI_COMM_WORLD, &inter, errs);
+  const char* program = getenv("SPAWN_CHILD_PROGRAM");
+  int rc = MPI_Comm_spawn(program ? program : argv[0], child_argv, n, info, 0, MPI_COMM_WORLD,
+                          &inter, errs);
   if (rc != MPI_SUCCESS) {
     char msg[MPI_MAX_ERROR_STRING];
     int len;
     MPI_Error_string(rc, msg, &len);
     printf("spawn failed: %s\n", msg);
     fflush(stdout);
+    const char* linger = getenv("SPAWN_FAIL_LINGER");
+    if (linger) sleep((unsigned)atoi(linger));
     MPI_Abort(MPI_COMM_WORLD, 4);
   }
   int remote;

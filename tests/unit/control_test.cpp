@@ -194,6 +194,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Stdin{2, std::string("line\n\0x", 8)});
   round_trip(StdinClose{});
   round_trip(ProcFailed{2, 5, 7, true});
+  round_trip(ProcFailed{2, 1, 3, false, 1});
   round_trip(FenceDone{"ns", 4, 0, "all the data"});
   round_trip(FenceDone{"ns", 4, 0, "a piece", true});
   round_trip(DmodexReq{1ull << 40, "ns", 5});
@@ -223,6 +224,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(SpawnResp{8, "no free slots", ""});
   round_trip(SpawnStart{sample_spawn_job()});
   round_trip(SpawnStarted{"ns.spawn1", 2, ""});
+  round_trip(SpawnStop{0, 2});
   round_trip(Publish{{{"port:accept", std::string("\0packed", 7)}}});
   round_trip(Lookup{3, {"port:accept", "port:connect"}});
   round_trip(LookupResp{3, {{"port:accept", "v"}}});

@@ -58,7 +58,7 @@ class FakeWorkers : public WorkerSet {
     for (int r = 0; r < map_.world_size; ++r)
       c_.loop.post([this, r, sig, g = generation_] { exit(r, g, sig); });
   }
-  void notify_failure(int generation, int rank, int exit_code, bool aborted) override {
+  void notify_failure(int generation, int, int rank, int exit_code, bool aborted) override {
     g_notices.push_back({generation, rank, exit_code, aborted ? 1 : 0});
     g_notified_at = std::chrono::steady_clock::now();
   }

@@ -134,3 +134,17 @@ TEST(MembershipTest, NoMoreSlotsThanTheFrontEndTakes) {
   EXPECT_EQ(m.offer("a", 1, 1).slot, -1);  // cooling down
   EXPECT_EQ(m.offer("d", 1, 1).slot, 0);   // its place is free for another host
 }
+
+TEST(MembershipTest, NodesForSpawnedProcessesNeverJoinAGeneration) {
+  Membership m = running({"a", "b"}, 0);  // no limit: every ready node would join
+  Membership::Offer o = m.offer("c", 0, 0, true);
+  ASSERT_EQ(o.slot, 2);
+  EXPECT_EQ(m.starting(), 0);  // nothing waits for it
+  m.ready(o.slot);
+  EXPECT_EQ(m.next_generation(), (Slots{0, 1}));
+  EXPECT_EQ(m.left(), 2);
+  EXPECT_EQ(m.find("c"), 2);
+  m.lost(o.slot, 1);
+  EXPECT_EQ(m.next_generation(), (Slots{0, 1}));
+  EXPECT_EQ(m.offer("c", 0, 2, true).slot, -1);  // cooling down, as any lost host
+}

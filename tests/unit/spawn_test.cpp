@@ -77,6 +77,35 @@ TEST(SpawnPlanTest, HostKeysChooseTheNodes) {
   EXPECT_THROW(plan_spawn(req, two_nodes(4, 4), {1, 1}, false), SpawnError);
 }
 
+TEST(SpawnPlanTest, HostsWithoutRanksOnlyWhereDaemonsCanBeAdded) {
+  JobMap m = two_nodes(2, 2);
+  m.spawn_hosts = {{"c", 0, {}, 3}};
+  // Only when named, after the job's nodes; their slots count.
+  SpawnJob j = plan_spawn(request({3}, {"c"}), m, {1, 1}, false, true);
+  ASSERT_EQ(j.map.nodes.size(), 1u);
+  EXPECT_EQ(j.map.nodes[0].host, "c");
+  EXPECT_EQ(j.map.nodes[0].ranks.size(), 3u);
+  EXPECT_EQ(j.universe_size, 4);  // the job's nodes' slots, as its ranks see it
+  EXPECT_EQ(plan_spawn(request({2}), m, {1, 1}, false, true).map.nodes[0].host, "a");
+  EXPECT_THROW(plan_spawn(request({4}, {"c"}), m, {1, 1}, false, true), SpawnError);
+  EXPECT_EQ(plan_spawn(request({2}, {"c"}), m, {1, 1, 2}, true, true).map.nodes[0].host, "c");
+  // Without daemons (a job on this machine alone), or a host in no list: one sentence.
+  try {
+    plan_spawn(request({1}, {"c"}), m, {1, 1}, false, false);
+    FAIL() << "no error";
+  } catch (const SpawnError& e) {
+    EXPECT_NE(std::string(e.what()).find("host c runs none of the job's ranks"), std::string::npos)
+        << e.what();
+  }
+  try {
+    plan_spawn(request({1}, {"d"}), m, {1, 1}, false, true);
+    FAIL() << "no error";
+  } catch (const SpawnError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "host d is not in the job's host list (its nodes: a,b; the host list's: c)");
+  }
+}
+
 TEST(SpawnPlanTest, BeyondTheSlotsOnlyWithOversubscribe) {
   try {
     plan_spawn(request({3}), two_nodes(2, 2), {1, 1}, false);

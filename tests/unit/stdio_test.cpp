@@ -32,6 +32,13 @@ TEST(OutputFormatTest, TagsLikeOpenMpi) {
   EXPECT_EQ(pe::prefix_lines("a\nbb\n", "[1,3]<stdout>:"), "[1,3]<stdout>:a\n[1,3]<stdout>:bb\n");
 }
 
+TEST(OutputFormatTest, SpawnedFilesAreNamedAsTheirTag) {
+  pe::OutputOptions o;
+  o.tag = true;
+  EXPECT_EQ(pe::line_prefix(o, 1, 2, Stream::Out, "", 3), "[2.3,2]<stdout>:");
+  EXPECT_EQ(pe::spawned_output_dir("out", 1, 3, 2), "out/2.3/rank.2");
+}
+
 TEST(OutputFormatTest, TimestampsAreIsoWithMicroseconds) {
   struct timespec ts {};
   ts.tv_sec = 0;

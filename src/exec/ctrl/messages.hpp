@@ -85,6 +85,8 @@ enum class Msg : uint16_t {
   Unpublish = 45,
   // Either way, between neighbours of the tree only (never routed): I am alive (heartbeat.hpp).
   Heartbeat = 50,
+  // Front end to daemon (MPI_Comm_spawn that failed on another node).
+  SpawnStop = 60,
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
@@ -186,16 +188,18 @@ struct StdinClose {
   template <class IO>
   void io(IO&) {}
 };
-struct ProcFailed {  // a rank failed: tell the node's ranks (a PMIx event) before they are stopped
+struct ProcFailed {  // a process failed: tell the node's processes (a PMIx event) before they stop
   static constexpr Msg kType = Msg::ProcFailed;
   static constexpr const char* kName = "proc-failed";
   int32_t generation = 0;
   int32_t rank = 0;
   int32_t exit_code = 0;
   bool aborted = false;  // MPI_Abort or a signal; else a non-zero exit
+  int32_t spawn = 0;     // 0: a rank of the job; else of the generation's spawned job `spawn`
   template <class IO>
   void io(IO& f) {
-    f.count(generation, 1 << 30), f.count(rank, 1 << 30), f(exit_code), f(aborted);
+    f.count(generation, 1 << 30), f.count(rank, 1 << 30), f(exit_code), f(aborted),
+        f.count(spawn, 1 << 30);
   }
 };
 struct FenceDone {  // a fence is complete: everyone's data
@@ -428,6 +432,18 @@ struct Unpublish {
     f(keys, 1u << 16);
   }
 };
+// A spawned job that could not be started everywhere: this node's processes of it are killed
+// (their exits are no failure of the job).
+struct SpawnStop {
+  static constexpr Msg kType = Msg::SpawnStop;
+  static constexpr const char* kName = "spawn-stop";
+  int32_t generation = 0;
+  int32_t spawn = 0;  // its number in the generation
+  template <class IO>
+  void io(IO& f) {
+    f.count(generation, 1 << 30), f.count(spawn, 1 << 30);
+  }
+};
 // Sent every heartbeat interval over each link of the tree, both ways (heartbeat.hpp).
 struct Heartbeat {
   static constexpr Msg kType = Msg::Heartbeat;
@@ -455,7 +471,8 @@ using AllMessages =
     std::tuple<Challenge, Hello, Welcome, Redirect, Job, Start, Remap, Signal, Stdin, StdinClose,
                ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
                StartFailed, StdinDrained, Port, Lost, Joined, Routed, SpawnReq, SpawnResp,
-               SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish, Heartbeat>;
+               SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish, Heartbeat,
+               SpawnStop>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

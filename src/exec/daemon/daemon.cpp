@@ -88,7 +88,7 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
       .on<Remap>([this](Remap& m) { on_remap(m); })
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
       .on<ProcFailed>([this](ProcFailed& m) {
-        agent_->notify_failure(m.generation, m.rank, m.exit_code, m.aborted);
+        agent_->notify_failure(m.generation, m.spawn, m.rank, m.exit_code, m.aborted);
       })
       .on<Stdin>([this](Stdin& m) { on_stdin(m); })
       .on<StdinClose>([this](StdinClose&) { agent_->stdin_close_all(); })
@@ -98,6 +98,7 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
         on_reply(dmodex_, m.id, m.status, std::move(m.data), "dmodex-response");
       })
       .on<SpawnStart>([this](SpawnStart& m) { on_spawn_start(m); })
+      .on<SpawnStop>([this](SpawnStop& m) { agent_->stop_spawned(m.generation, m.spawn); })
       .on<SpawnResp>([this](SpawnResp& m) { answer_spawn(m.id, m.error, m.nspace); })
       .on<LookupResp>([this](LookupResp& m) {
         auto it = lookups_.find(m.id);
@@ -241,6 +242,7 @@ void Daemon::on_frame(wire::Frame& f) {
 // (a spare) stays connected and idle until a map names it again.
 void Daemon::on_remap(ctrl::Remap& m) {
   idle_ = true;
+  idle_map_ = m.map;
   for (size_t i = 0; i < m.map.nodes.size(); ++i)
     if (m.map.nodes[i].host == opts_.node) {
       idle_ = false;
@@ -251,7 +253,8 @@ void Daemon::on_remap(ctrl::Remap& m) {
       }
       return;
     }
-  logger("agent")->info("not in the next generation: idle (a spare)");
+  logger("agent")->info("not in the next generation: idle ({})",
+                        spawn_only_ ? "for spawned processes" : "a spare");
 }
 
 void Daemon::on_stdin(ctrl::Stdin& m) {
@@ -365,6 +368,7 @@ void Daemon::on_job(ctrl::Job& m) {
   const auto& node = job_.map.nodes.at(static_cast<size_t>(job_.node));
   logger("agent")->info("job {}: node {} of {} ({} ranks)", job_.job_id, job_.node,
                         job_.map.nodes.size(), node.ranks.size());
+  spawn_only_ = idle_ = node.ranks.empty();
   try {
     runner_ = std::make_unique<NodeRunner>(job_);
     runner_->open(loop_, *this, this,
@@ -385,13 +389,14 @@ void Daemon::on_job(ctrl::Job& m) {
 }
 
 void Daemon::on_start(ctrl::Start& m) {
-  if (!agent_ || idle_) return;  // the set-up failed and was reported, or a spare
+  if (!agent_ || (idle_ && !spawn_only_)) return;  // the set-up failed and was reported, or a spare
   fence_seq_.clear();
   fence_pieces_.clear();
   // What the last generation's processes asked for is void (the front end forgot it too).
   for (auto& [id, p] : std::exchange(spawns_, {})) p->done("a new generation started", "");
   for (auto& [id, done] : std::exchange(lookups_, {})) done({});
   try {
+    if (idle_) return runner_->start_idle(m.gen, idle_map_);
     runner_->start(m.gen);
   } catch (const Error& e) {
     conn_->send(ctrl::StartFailed{static_cast<int>(agent_->live()), e.what()});
@@ -505,11 +510,12 @@ namespace pe {
 
 // Our part of a spawned job: register its namespace, start our processes, say how it went.
 void Daemon::on_spawn_start(ctrl::SpawnStart& m) {
-  if (!agent_ || idle_) return conn_->send(ctrl::SpawnStarted{m.job.nspace, 0, "not running"});
+  if (!agent_ || (idle_ && !spawn_only_))
+    return conn_->send(ctrl::SpawnStarted{m.job.nspace, 0, "not running"});
   size_t before = agent_->live();
   try {
     runner_->start_spawned(m.job);
-  } catch (const Error& e) {
+  } catch (const std::exception& e) {
     return conn_->send(
         ctrl::SpawnStarted{m.job.nspace, static_cast<int>(agent_->live() - before), e.what()});
   }

@@ -92,6 +92,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   NodeJob job_;
   bool have_job_ = false;
   bool idle_ = false;  // a spare: not in the current generation
+  bool spawn_only_ = false;  // a node without ranks, for MPI_Comm_spawn's processes
+  JobMap idle_map_;          // the generation's map, while idle
   std::unique_ptr<NodeRunner> runner_;
   NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
   // The upstream queue is full: the ranks' output and the children's links are not read.

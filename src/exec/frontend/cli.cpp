@@ -89,8 +89,9 @@ const OptionDef<RawOptions> kOptions[] = {
      "prefix every line with the time it was read, [YYYY-MM-DDTHH:MM:SS.uuuuuu]",
      &RawOptions::timestamp_output},
     {"output-filename", 0, "Output", "DIR[:nocopy]",
-     "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr; "
-     ":nocopy writes the files only; symbolic links and other users' directories are refused",
+     "also write each rank's output to DIR/rank.N/stdout and DIR/rank.N/stderr (processes of "
+     "the Nth MPI_Comm_spawn of generation G: DIR/G.N/rank.R/...); :nocopy writes the files "
+     "only; symbolic links and other users' directories are refused",
      &RawOptions::output_filename},
     {"stdin", 0, "Output", "none|all|RANK",
      "where standard input goes: no process, every process, or one rank (default 0)",

@@ -164,7 +164,7 @@ void JobController::on_spawned_output(int generation, int spawn, int rank, Strea
 
 void JobController::on_exit(const WorkerExit& e) {
   if (state_ == State::Running) {
-    if (!is_failure(e.status, e.exec_errno, e.pmix_unfinalized)) {
+    if (e.stopped || !is_failure(e.status, e.exec_errno, e.pmix_unfinalized)) {
       if (e.spawn == 0) ++exited_ok_;
       // Done when every rank has exited well and no spawned process (MPI_Comm_spawn) is left.
       if (exited_ok_ == map_.world_size && workers_->live() == 0) finish(0);
@@ -214,7 +214,8 @@ void JobController::on_rank_failed(Failure f) {
   // The others hear of it (a PMIx event) and get --failure-window seconds before they stop.
   const Failure& failed = *failure_;
   bool aborted = failed.aborted || (failed.exec_errno == 0 && WIFSIGNALED(failed.status));
-  workers_->notify_failure(generation_, failed.rank, failure_exit_code(failed), aborted);
+  workers_->notify_failure(generation_, failed.spawn, failed.rank, failure_exit_code(failed),
+                           aborted);
   if (cfg_.failure_window > 0) {
     window_timer_.arm(cfg_.failure_window);
     return;
@@ -227,6 +228,10 @@ void JobController::on_rank_failed(Failure f) {
 // else is stopped and the job fails, naming the node.
 void JobController::on_node_lost(const std::string& host, const std::string& why) {
   if (state_ == State::Done) return;
+  if (spawn_only(host)) {  // its spawned processes are gone: a failure, the group cannot re-form
+    membership_.lost(membership_.find(host), ctrl::Heartbeats::steady_seconds());
+    return fail_with_node(host, why);
+  }
   std::string cannot;
   if (cfg_.nnodes_min > 0 && (cannot = reform_without(host, why)).empty()) return;
   fail_with_node(host, why);
@@ -281,24 +286,63 @@ void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
   if (state_ != State::Running && state_ != State::Restarting && state_ != State::Reforming) return;
   for (const auto& h : hosts) {
     int ranks = cfg_.npernode > 0 ? cfg_.npernode : h.slots;
-    Membership::Offer o = membership_.offer(h.host, ranks, ctrl::Heartbeats::steady_seconds());
-    if (o.slot < 0) {
-      if (!o.why.empty() && kept_out_[h.host].empty())
-        logger("exec")->info("node {}: {}", h.host, kept_out_[h.host] = o.why);
-      continue;
-    }
-    kept_out_.erase(h.host);
-    logger("exec")->info("node {} arrives with {} rank(s): starting its daemon; last call {} s",
-                         h.host, ranks, cfg_.last_call);
-    if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
-    set_node(base_map_, static_cast<size_t>(o.slot), h.host, ranks);
-    try {
-      workers_->add_node(o.slot);
-    } catch (const Error& e) {
-      say("node " + h.host + ": " + e.what());
-      membership_.lost(o.slot, ctrl::Heartbeats::steady_seconds());
-    }
+    std::string why = admit(h.host, ranks, ranks, false);
+    if (!why.empty()) say("node " + h.host + ": " + why);
   }
+}
+
+// A host of the job's list without ranks, for MPI_Comm_spawn: a node of its own (not a member
+// of any generation) and a daemon.  "" when it is started (or starting), else why not.
+std::string JobController::on_spawn_host(const std::string& host) {
+  if (state_ != State::Running) return "the job is ending";
+  auto it = std::find_if(base_map_.spawn_hosts.begin(), base_map_.spawn_hosts.end(),
+                         [&host](const NodeMap& n) { return n.host == host; });
+  if (it == base_map_.spawn_hosts.end()) return "not a host of the job's list";
+  if (membership_.find(host) >= 0) return "";  // its daemon is starting
+  std::string why = admit(host, 0, it->slots, true);
+  if (why.empty() && membership_.find(host) < 0) return "no daemon could be started there";
+  return why;
+}
+
+// Gives an offered host a slot and starts its daemon (RemoteWorkers::add_node); "" when it is
+// starting or was in the job already, else the error (a host kept out is logged only).
+std::string JobController::admit(const std::string& host, int ranks, int slots, bool spawn_only) {
+  Membership::Offer o =
+      membership_.offer(host, ranks, ctrl::Heartbeats::steady_seconds(), spawn_only);
+  if (o.slot < 0) {
+    if (!o.why.empty() && kept_out_[host].empty())
+      logger("exec")->info("node {}: {}", host, kept_out_[host] = o.why);
+    return spawn_only ? o.why : "";
+  }
+  kept_out_.erase(host);
+  if (spawn_only) {
+    logger("exec")->info("node {}: starting its daemon for spawned processes", host);
+  } else {
+    logger("exec")->info("node {} arrives with {} rank(s): starting its daemon; last call {} s",
+                         host, ranks, cfg_.last_call);
+    if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
+  }
+  set_node(base_map_, static_cast<size_t>(o.slot), host, ranks);
+  base_map_.nodes[static_cast<size_t>(o.slot)].slots = slots;
+  try {
+    workers_->add_node(o.slot);
+  } catch (const Error& e) {
+    membership_.lost(o.slot, ctrl::Heartbeats::steady_seconds());
+    return e.what();
+  }
+  return "";
+}
+
+// Before any of its processes ran: its spawns fail (SpawnRelay says why), the job goes on.
+void JobController::on_spawn_host_lost(const std::string& host, const std::string& why) {
+  logger("exec")->info("node {} (for spawned processes) lost: {}", host, why);
+  if (spawn_only(host))
+    membership_.lost(membership_.find(host), ctrl::Heartbeats::steady_seconds());
+}
+
+bool JobController::spawn_only(const std::string& host) const {
+  int slot = membership_.find(host);
+  return slot >= 0 && membership_.node(slot).spawn_only;
 }
 
 // A new node's daemon is ready: it joins when the last call is over (others may come
@@ -307,6 +351,10 @@ void JobController::on_node_ready(const std::string& host) {
   int slot = membership_.find(host);
   if (slot < 0) return;
   membership_.ready(slot);
+  if (membership_.node(slot).spawn_only) {
+    logger("exec")->info("node {} is ready for spawned processes", host);
+    return;
+  }
   if (!contains(membership_.next_generation(), slot)) {
     logger("exec")->info("node {} is ready: it waits as a spare ({} nodes in use)", host,
                          members_.size());

@@ -48,6 +48,10 @@ class JobController : public AgentListener {
   std::string reform_without(const std::string& host, const std::string& why);
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
   void on_hosts(const std::vector<HostSlots>& hosts);
+  std::string admit(const std::string& host, int ranks, int slots, bool spawn_only);
+  std::string on_spawn_host(const std::string& host) override;
+  void on_spawn_host_lost(const std::string& host, const std::string& why) override;
+  bool spawn_only(const std::string& host) const;
   void on_node_ready(const std::string& host);
   void on_last_call();
   void fail_with_node(const std::string& host, const std::string& why);

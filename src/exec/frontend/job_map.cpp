@@ -107,6 +107,7 @@ JobMap reform_map(const JobMap& base, const std::vector<bool>& alive) {
 JobMap reform_map(const JobMap& base, const std::vector<int>& nodes) {
   JobMap m;
   m.slurm = base.slurm;
+  m.spawn_hosts = base.spawn_hosts;
   for (int i : nodes) {
     const NodeMap& from = base.nodes.at(static_cast<size_t>(i));
     NodeMap n;
@@ -131,6 +132,20 @@ void set_node(JobMap& map, size_t slot, const std::string& host, int nranks) {
   std::vector<int> all(map.nodes.size());
   for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
   map = reform_map(map, all);
+}
+
+std::vector<NodeMap> hosts_without_ranks(const Allocation& alloc, const JobMap& map) {
+  std::vector<NodeMap> out;
+  for (const auto& hs : alloc.nodes) {
+    bool used = std::any_of(map.nodes.begin(), map.nodes.end(),
+                            [&hs](const NodeMap& n) { return n.host == hs.host; });
+    if (used) continue;
+    NodeMap n;
+    n.host = hs.host;
+    n.slots = alloc.limited ? hs.slots : 0;
+    out.push_back(std::move(n));
+  }
+  return out;
 }
 
 }  // namespace pe

@@ -25,6 +25,10 @@ struct JobMap {
   std::vector<RankLocation> ranks;  // indexed by global rank
   bool slurm = false;               // the nodes are a SLURM allocation's (daemons are started
                                     // with srun); front end only, not sent to daemons
+  // The allocation's hosts that run none of the ranks, with their slots (ranks empty): where
+  // MPI_Comm_spawn's "host"/"add-host" may ask for processes (a daemon is started there on
+  // demand).  Front end only, not sent to daemons.
+  std::vector<NodeMap> spawn_hosts;
 };
 
 // All `np` ranks on one host.
@@ -51,5 +55,7 @@ struct MapRequest {
 // Ranks onto the allocation's nodes; only nodes that get ranks are in the map.  Throws
 // UsageError when the request does not fit (naming the counts and --oversubscribe).
 JobMap map_job(const Allocation& alloc, const MapRequest& req);
+// The hosts of `alloc` that `map` gives no ranks, in order, with their slots (JobMap::spawn_hosts).
+std::vector<NodeMap> hosts_without_ranks(const Allocation& alloc, const JobMap& map);
 
 }  // namespace pe

@@ -60,7 +60,9 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
   req.by_node = cfg.map_by == pe::topo::MapBy::Node;
   req.npernode = cfg.npernode;
   req.oversubscribe = cfg.oversubscribe;
-  return pe::map_job(alloc, req);
+  pe::JobMap map = pe::map_job(alloc, req);
+  if (cfg.nnodes_min == 0) map.spawn_hosts = pe::hosts_without_ranks(alloc, map);
+  return map;
 }
 
 // --dry-run of a job on other nodes: their placement is shown when --topology-file describes them.

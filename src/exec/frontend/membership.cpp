@@ -27,7 +27,8 @@ int Membership::free_slot(const std::string& host) const {
   return static_cast<int>(nodes_.size()) < s_.slot_limit ? static_cast<int>(nodes_.size()) : -1;
 }
 
-Membership::Offer Membership::offer(const std::string& host, int ranks, double now) {
+Membership::Offer Membership::offer(const std::string& host, int ranks, double now,
+                                    bool spawn_only) {
   if (find(host) >= 0) return {};
   auto h = history_.find(host);
   if (h != history_.end() && now < h->second.until) {
@@ -44,6 +45,7 @@ Membership::Offer Membership::offer(const std::string& host, int ranks, double n
   n.host = host;
   n.ranks = ranks;
   n.order = next_order_++;
+  n.spawn_only = spawn_only;
   if (slot == static_cast<int>(nodes_.size()))
     nodes_.push_back(std::move(n));
   else
@@ -95,7 +97,7 @@ int Membership::left() const {
 
 int Membership::starting() const {
   return static_cast<int>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) {
-    return n.state == State::Starting && !n.initial;
+    return n.state == State::Starting && !n.initial && !n.spawn_only;
   }));
 }
 

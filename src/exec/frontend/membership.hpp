@@ -35,7 +35,8 @@ class Membership {
     int ranks = 0;
     State state = State::Starting;
     long order = 0;        // admission: smaller first
-    bool initial = false;  // one of the job's first nodes (counts while it starts)
+    bool initial = false;     // one of the job's first nodes (counts while it starts)
+    bool spawn_only = false;  // for MPI_Comm_spawn's processes: never in a generation
   };
   // What to do with an offered host: start its daemon in `slot`, or nothing (`why`: "" when
   // the host is in the job already, else the reason it is kept out).
@@ -48,7 +49,7 @@ class Membership {
 
   // One of the job's first nodes, in order; they are in slots 0, 1, ...
   void add_initial(const std::string& host, int ranks);
-  Offer offer(const std::string& host, int ranks, double now);
+  Offer offer(const std::string& host, int ranks, double now, bool spawn_only = false);
   void ready(int slot);
   // The node in `slot` is lost (or never came up); returns the seconds its host is kept out.
   double lost(int slot, double now);
@@ -73,7 +74,8 @@ class Membership {
     double until = 0;  // kept out until then
   };
   bool counts(const Node& n) const {
-    return n.state == State::Ready || (n.state == State::Starting && n.initial);
+    return !n.spawn_only &&
+           (n.state == State::Ready || (n.state == State::Starting && n.initial));
   }
   int free_slot(const std::string& host) const;
 

@@ -98,9 +98,10 @@ void ModexRelay::finish_fence(const std::string& nspace, uint32_t seq, FenceStat
   });
 }
 
-// To the fence's nodes only (every node of the generation: one broadcast).
+// To the fence's nodes only (every node of the tree: one broadcast; not when there are others,
+// spares or nodes for spawned processes, which know nothing of the fence).
 void ModexRelay::send_done(const FenceState& st, ctrl::FenceDone m) {
-  if (st.nodes.size() == members_.size()) return tree_.broadcast(m);
+  if (st.nodes.size() == static_cast<size_t>(tree_.size())) return tree_.broadcast(m);
   for (int n : st.nodes)
     if (!tree_.lost(n)) tree_.send(n, m);
 }

@@ -83,7 +83,9 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                 auto& live = nodes_[static_cast<size_t>(n)].live;
                 live = static_cast<size_t>(std::max(0L, static_cast<long>(live) + k));
               },
-              [this](int n) { return nodes_[static_cast<size_t>(n)].host; }}),
+              [this](int n) { return nodes_[static_cast<size_t>(n)].host; },
+              [this](const std::string& h) { return spawn_node(h); },
+              [this](const std::string& h) { return listener_.on_spawn_host(h); }}),
       launcher_(loop, cfg, env, map, host, slurm_,
                 [this](const std::vector<int>& nodes, const std::string& why, int incarnation) {
                   for (int n : nodes)
@@ -99,13 +101,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
   use_map(map_);
   using namespace ctrl;
   dispatch_
-      .on<Joined>([this](int n, Joined&) {
-        if (nodes_[n].job_sent) throw wire::WireError("joined twice");
-        nodes_[n].job_sent = true;
-        if (prepared_) remap_ = true;  // it learns the generation's map before a start
-        tree_.send(n, Job{node_job_for(cfg_, map_, job_id_, n, carried_environment(), slurm_,
-                                       stdin_forwarded_ ? StdinHow::Forward : StdinHow::DevNull)});
-      })
+      .on<Joined>([this](int n, Joined&) { on_joined(n); })
       .on<Ready>([this](int n, Ready& m) { on_ready(n, m); })
       .on<Port>([this](int n, Port& m) { nodes_[n].port = m.port; })
       .on<Output>([this](int, Output& m) {
@@ -198,6 +194,29 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
   launcher_.launch(addresses_, acceptor_->port(), secret_);
 }
 
+void RemoteWorkers::on_joined(int node) {
+  Node& n = nodes_[static_cast<size_t>(node)];
+  if (n.job_sent) throw wire::WireError("joined twice");
+  n.job_sent = true;
+  if (prepared_) remap_ = true;  // it learns the generation's map before a start
+  tree_.send(node, ctrl::Job{node_job_for(
+                       cfg_, map_, job_id_, node, carried_environment(), slurm_,
+                       stdin_forwarded_ ? StdinHow::Forward : StdinHow::DevNull)});
+  // A node for spawned processes: it knows the running generation (its PMIx namespace) at once.
+  if (n.spawn_only && started_) {
+    tree_.send(node, ctrl::Remap{gen_});
+    tree_.send(node, ctrl::Start{gen_info_});
+  }
+}
+
+// The tree node of a ready node for spawned processes only on `host`, else -1.
+int RemoteWorkers::spawn_node(const std::string& host) const {
+  auto it = by_host_.find(host);
+  if (it == by_host_.end()) return -1;
+  const Node& n = nodes_[static_cast<size_t>(it->second)];
+  return n.spawn_only && n.ready && !tree_.lost(it->second) ? it->second : -1;
+}
+
 void RemoteWorkers::on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn) {
   Node& n = nodes_[static_cast<size_t>(node)];
   ctrl::Connection* c = conn.get();
@@ -230,6 +249,7 @@ void RemoteWorkers::on_ready(int node, ctrl::Ready& m) {
     n.deadline.disarm();
     logger("ctrl")->info("node {} ({}) ready", node, n.host);
     if (node_ready_) node_ready_(n.host);
+    spawn_.on_node_ready(n.host);
   }
   check_ready();
 }
@@ -251,6 +271,7 @@ void RemoteWorkers::add_node(int slot) {
   }
   Node& n = nodes_[static_cast<size_t>(slot)];
   n.host = map_.nodes.at(static_cast<size_t>(slot)).host;
+  n.spawn_only = map_.nodes[static_cast<size_t>(slot)].ranks.empty();
   by_host_[n.host] = slot;
   n.deadline = loop_.timer([this, slot] {
     tree_.lose(slot, "its daemon did not report within " +
@@ -264,6 +285,7 @@ void RemoteWorkers::add_node(int slot) {
 
 void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {
   if (m.e.spawn == 0) valid_rank(m.e.rank);
+  m.e.stopped = m.e.spawn && spawn_.stopped(m.e.generation, m.e.spawn);
   Node& n = nodes_[static_cast<size_t>(node)];
   if (n.live > 0) --n.live;
   listener_.on_exit(m.e);
@@ -271,6 +293,8 @@ void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {
 
 void RemoteWorkers::on_start_failed(int node, ctrl::StartFailed& m) {
   Node& n = nodes_[static_cast<size_t>(node)];
+  if (n.spawn_only && n.live == 0)  // only the spawns that wait for it fail
+    return tree_.lose(node, "cannot start: " + m.message);
   n.live = static_cast<size_t>(std::max(0, m.started));
   listener_.on_start_failed(n.host, "cannot start the workers: " + m.message);
 }
@@ -281,6 +305,8 @@ void RemoteWorkers::on_stdin_drained(int node) {
 }
 
 void RemoteWorkers::node_lost(int node, const std::string& why) {
+  const Node& lost = nodes_[static_cast<size_t>(node)];
+  bool idle_spawn_node = lost.spawn_only && lost.live == 0;
   // The nodes below it in the tree go with it (their daemons see their parent go and exit).
   for (int i = 0; i < tree_.size(); ++i) {
     if (!ctrl::in_subtree(node, i, cfg_.tree_radix)) continue;
@@ -293,7 +319,12 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
   }
   if (why.empty()) return;  // shutting down
   logger("ctrl")->info("node {} ({}) lost: {}", node, nodes_[static_cast<size_t>(node)].host, why);
-  listener_.on_node_lost(nodes_[static_cast<size_t>(node)].host, why);
+  for (int i = 0; i < tree_.size(); ++i)
+    if (ctrl::in_subtree(node, i, cfg_.tree_radix)) spawn_.on_node_lost(i, why);
+  if (idle_spawn_node)
+    listener_.on_spawn_host_lost(nodes_[static_cast<size_t>(node)].host, why);
+  else
+    listener_.on_node_lost(nodes_[static_cast<size_t>(node)].host, why);
   check_ready();  // an elastic job starts without it
 }
 
@@ -346,13 +377,16 @@ void RemoteWorkers::start(const GenerationInfo& gen) {
   }
   if (remap_) tree_.broadcast(ctrl::Remap{gen_});
   remap_ = false;
+  gen_info_ = gen;
+  started_ = true;
   tree_.broadcast(ctrl::Start{gen});
 }
 
 void RemoteWorkers::signal_all(int sig) { tree_.broadcast(ctrl::Signal{sig}); }
 
-void RemoteWorkers::notify_failure(int generation, int rank, int exit_code, bool aborted) {
-  tree_.broadcast(ctrl::ProcFailed{generation, rank, exit_code, aborted});
+void RemoteWorkers::notify_failure(int generation, int spawn, int rank, int exit_code,
+                                   bool aborted) {
+  tree_.broadcast(ctrl::ProcFailed{generation, rank, exit_code, aborted, spawn});
 }
 
 size_t RemoteWorkers::live() const {

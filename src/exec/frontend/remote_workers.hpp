@@ -43,7 +43,7 @@ class RemoteWorkers : public WorkerSet {
   void start(const GenerationInfo& gen) override;
   void keep_alive() override { beats_.beat(); }
   void signal_all(int sig) override;
-  void notify_failure(int generation, int rank, int exit_code, bool aborted) override;
+  void notify_failure(int generation, int spawn, int rank, int exit_code, bool aborted) override;
   size_t live() const override;
   void stdin_write(int rank, std::string_view data) override;
   void stdin_close_all() override;
@@ -65,11 +65,14 @@ class RemoteWorkers : public WorkerSet {
     size_t stdin_inflight = 0;
     int port = 0;         // free on the node, for MASTER_PORT
     int incarnation = 0;  // how often its place was taken (a launcher's exit is its own only)
+    bool spawn_only = false;  // runs no ranks: started for MPI_Comm_spawn's processes
     Event deadline;       // a node added while the job runs has this long to be ready
   };
   void on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn);
   void on_ready(int node, ctrl::Ready& m);
+  void on_joined(int node);
   void on_exit(int node, ctrl::Exit& m);
+  int spawn_node(const std::string& host) const;
   void on_start_failed(int node, ctrl::StartFailed& m);
   void on_stdin_drained(int node);
   void node_lost(int node, const std::string& why);
@@ -93,6 +96,8 @@ class RemoteWorkers : public WorkerSet {
   // (index into nodes_) of each of its nodes and of each of its ranks, and whether the daemons
   // still need to be told.
   JobMap gen_;
+  GenerationInfo gen_info_;  // the generation started last
+  bool started_ = false;
   std::vector<int> members_, owner_;
   bool remap_ = false;
   ctrl::TreeRoot tree_;

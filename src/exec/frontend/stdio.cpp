@@ -88,7 +88,25 @@ void make_own_dir(const std::string& d) {
     throw Error("--output-filename: " + d + " belongs to another user; refusing to write into it");
 }
 
+// `rd`/stdout and `rd`/stderr, `rd` created first.
+void open_process_files(const std::string& rd, UniqueFd& out, UniqueFd& err) {
+  make_own_dir(rd);
+  for (const char* name : {"stdout", "stderr"}) {
+    std::string path = rd + "/" + name;
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0 && errno == ELOOP)
+      throw Error("--output-filename: " + path + " is a symbolic link; refusing to follow it");
+    if (fd < 0) throw SystemError("--output-filename: cannot open " + path, errno);
+    (name[3] == 'o' ? out : err) = UniqueFd(fd);
+  }
+}
+
 }  // namespace
+
+std::string spawned_output_dir(const std::string& dir, int generation, int spawn, int rank) {
+  return dir + "/" + std::to_string(generation + 1) + "." + std::to_string(spawn) + "/rank." +
+         std::to_string(rank);
+}
 
 void OutputSink::open_files() {
   if (opts_.dir.empty()) return;
@@ -100,17 +118,39 @@ void OutputSink::open_files() {
     files_open_ = true;
   }
   for (size_t r = files_out_.size(); r < tails_.size(); ++r) {
-    std::string rd = dir + "/rank." + std::to_string(r);
-    make_own_dir(rd);
-    for (const char* name : {"stdout", "stderr"}) {
-      std::string path = rd + "/" + name;
-      int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-      if (fd < 0 && errno == ELOOP)
-        throw Error("--output-filename: " + path + " is a symbolic link; refusing to follow it");
-      if (fd < 0) throw SystemError("--output-filename: cannot open " + path, errno);
-      (name[3] == 'o' ? files_out_ : files_err_).emplace_back(fd);
-    }
+    UniqueFd out, err;
+    open_process_files(dir + "/rank." + std::to_string(r), out, err);
+    files_out_.push_back(std::move(out));
+    files_err_.push_back(std::move(err));
   }
+}
+
+// The --output-filename file of a process's stream s, else -1.
+int OutputSink::file_of(int generation, int spawn, int rank, Stream s) {
+  if (opts_.dir.empty() || !files_open_) return -1;
+  if (spawn) return spawned_file(generation, spawn, rank, s);
+  if (rank < 0 || static_cast<size_t>(rank) >= files_out_.size()) return -1;
+  return (s == Stream::Out ? files_out_ : files_err_)[static_cast<size_t>(rank)].get();
+}
+
+// A spawned process's files, opened at its first output.  One that cannot be opened is said
+// once; its output then goes to the terminal only.
+int OutputSink::spawned_file(int generation, int spawn, int rank, Stream s) {
+  auto key = std::make_tuple(generation, spawn, rank);
+  auto it = spawned_files_.find(key);
+  if (it == spawned_files_.end()) {
+    SpawnedFiles& f = spawned_files_[key];
+    try {
+      std::string gd = spawned_output_dir(opts_.dir, generation, spawn, rank);
+      make_own_dir(gd.substr(0, gd.rfind('/')));
+      open_process_files(gd, f.out, f.err);
+    } catch (const Error& e) {
+      std::string line = std::string("pytorch_exec: ") + e.what() + "\n";
+      write_all(err_fd_, line.data(), line.size());
+    }
+    it = spawned_files_.find(key);
+  }
+  return (s == Stream::Out ? it->second.out : it->second.err).get();
 }
 
 void OutputSink::grow(int nranks) {
@@ -121,7 +161,7 @@ void OutputSink::grow(int nranks) {
 
 void OutputSink::write(int generation, int rank, Stream s, std::string_view lines, int spawn) {
   if (lines.empty()) return;
-  // Spawned processes: to the terminal only (the files and tails are the job's ranks').
+  // Spawned processes: their own files (spawned_output_dir), no tails (those are the ranks').
   size_t r = spawn ? SIZE_MAX : static_cast<size_t>(rank);
   if (s == Stream::Err && r < tails_.size()) {
     std::string& t = tails_[r];
@@ -134,8 +174,7 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
     clock_gettime(CLOCK_REALTIME, &now);
     ts = format_timestamp(now);
   }
-  if (!opts_.dir.empty() && r < files_out_.size()) {
-    int fd = (s == Stream::Out ? files_out_ : files_err_)[r].get();
+  if (int fd = file_of(generation, spawn, rank, s); fd >= 0) {
     if (opts_.timestamp) {
       std::string text = prefix_lines(lines, ts + " ");
       write_all(fd, text.data(), text.size());

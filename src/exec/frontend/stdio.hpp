@@ -7,8 +7,10 @@
 
 #include <ctime>
 #include <functional>
+#include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "common/unique_fd.hpp"
@@ -30,6 +32,9 @@ std::string format_timestamp(const struct timespec& ts);
 // of generation G, MPI_Comm_spawn); when only a timestamp is asked for, it is followed by a space.
 std::string line_prefix(const OutputOptions& o, int generation, int rank, Stream s,
                         const std::string& timestamp, int spawn = 0);
+// Where --output-filename DIR puts the files of rank `rank` of spawned job `spawn` of generation
+// `generation` (from 0): "DIR/G.N/rank.R", named as --tag-output tags its lines ("[G.N,R]").
+std::string spawned_output_dir(const std::string& dir, int generation, int spawn, int rank);
 // Puts `prefix` before every line of `lines` (which end with '\n').
 std::string prefix_lines(std::string_view lines, const std::string& prefix);
 // The last `max_lines` lines of `text`.
@@ -49,8 +54,8 @@ class OutputSink {
     every_ = every;
     waiting_ = std::move(waiting);
   }
-  // `lines` are whole lines ending with '\n'.  `spawn` > 0: a process of that spawned job (to
-  // the terminal only).
+  // `lines` are whole lines ending with '\n'.  `spawn` > 0: a process of that spawned job (its
+  // files, once open, are spawned_output_dir's, created at its first output).
   void write(int generation, int rank, Stream s, std::string_view lines, int spawn = 0);
   std::vector<std::string> stderr_tail(int rank, size_t max_lines) const;
   // At a group restart: the tails start again with the new generation.
@@ -59,6 +64,11 @@ class OutputSink {
  private:
   static constexpr size_t kTailBytes = 8192;
   bool write_out(int fd, std::string_view data);
+  int file_of(int generation, int spawn, int rank, Stream s);
+  int spawned_file(int generation, int spawn, int rank, Stream s);
+  struct SpawnedFiles {
+    UniqueFd out, err;
+  };
   OutputOptions opts_;
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
@@ -66,6 +76,7 @@ class OutputSink {
   double every_ = 1.0;
   std::function<void()> waiting_;
   std::vector<UniqueFd> files_out_, files_err_;
+  std::map<std::tuple<int, int, int>, SpawnedFiles> spawned_files_;  // generation, spawn, rank
   std::vector<std::string> tails_;
 };
 

@@ -43,9 +43,10 @@ class WorkerSet {
   // hearing from it.
   virtual void keep_alive() {}
   virtual void signal_all(int sig) = 0;
-  // A rank of `generation` failed: every node tells its ranks through a PMIx event
-  // (NodeAgent::notify_failure).
-  virtual void notify_failure(int generation, int rank, int exit_code, bool aborted) = 0;
+  // A rank of `generation` (of its spawned job `spawn`, when not 0) failed: every node tells its
+  // processes, spawned ones too, through a PMIx event (NodeAgent::notify_failure).
+  virtual void notify_failure(int generation, int spawn, int rank, int exit_code,
+                              bool aborted) = 0;
   virtual size_t live() const = 0;
   virtual void stdin_write(int rank, std::string_view data) = 0;
   virtual void stdin_close_all() = 0;
@@ -93,8 +94,8 @@ class LocalWorkers : public WorkerSet {
   void use_map(const JobMap&) override {}  // one node: nothing to re-form
   void start(const GenerationInfo& gen) override;
   void signal_all(int sig) override { agent().signal_all(sig); }
-  void notify_failure(int generation, int rank, int exit_code, bool aborted) override {
-    agent().notify_failure(generation, rank, exit_code, aborted);
+  void notify_failure(int generation, int spawn, int rank, int exit_code, bool aborted) override {
+    agent().notify_failure(generation, spawn, rank, exit_code, aborted);
   }
   size_t live() const override { return runner_.live(); }
   void stdin_write(int rank, std::string_view data) override { agent().stdin_write(rank, data); }

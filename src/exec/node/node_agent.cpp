@@ -53,7 +53,7 @@ NodeAgent::~NodeAgent() {
 void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
                       const pmix::NamespaceInfo* ns) {
   if (pmix_) {
-    for (const auto& n : spawned_ns_) pmix_->deregister_namespace(n);
+    for (const auto& [number, n] : spawned_ns_) pmix_->deregister_namespace(n);
     if (!nspace_.empty()) pmix_->deregister_namespace(nspace_);
   }
   spawned_ns_.clear();
@@ -70,7 +70,7 @@ void NodeAgent::start_spawned(int generation, int number, std::vector<WorkerSpec
                               const pmix::NamespaceInfo& ns) {
   if (!pmix_) throw Error("no PMIx server on this node");
   prepare_pmix(ns, specs);
-  spawned_ns_.push_back(ns.nspace);
+  spawned_ns_[number] = ns.nspace;
   launch(generation, number, ns.nspace, specs);
 }
 
@@ -129,14 +129,26 @@ void NodeAgent::dmodex_request(const std::string& nspace, int rank, pmix::ModexD
   pmix_->dmodex_request(nspace, rank, std::move(done));
 }
 
-void NodeAgent::notify_failure(int generation, int rank, int exit_code, bool aborted) {
+void NodeAgent::notify_failure(int generation, int spawn, int rank, int exit_code,
+                               bool aborted) {
   if (!pmix_ || nspace_.empty() || generation != nspace_generation_) return;
-  logger("agent")->info("generation {} rank {} failed: telling the local ranks", generation, rank);
+  auto it = spawned_ns_.find(spawn);
+  if (spawn && it == spawned_ns_.end()) return;
+  const std::string& nspace = spawn ? it->second : nspace_;
+  logger("agent")->info("{} rank {} failed: telling the local processes", nspace, rank);
   try {
-    pmix_->notify_proc_failure(nspace_, rank, exit_code, aborted);
+    pmix_->notify_proc_failure(nspace, rank, exit_code, aborted);
   } catch (const Error& e) {
     logger("agent")->warn("{}", e.what());
   }
+}
+
+void NodeAgent::stop_spawned(int generation, int number) {
+  for (auto& [pid, w] : workers_)
+    if (w->spawn == number && w->generation == generation) {
+      logger("agent")->info("spawned job {} rank {} (pid {}): stopped", number, w->rank, pid);
+      ::kill(-pid, SIGKILL);
+    }
 }
 
 void NodeAgent::signal_all(int sig) {

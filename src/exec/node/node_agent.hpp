@@ -54,6 +54,17 @@ class AgentListener {
   virtual void on_node_lost(const std::string& host, const std::string& why) {
     (void)host, (void)why;
   }
+  // Multi-node jobs: MPI_Comm_spawn wants processes on `host`, a host of the job's list that runs
+  // none of its ranks: the front end has a daemon started there, for spawned processes only.
+  // "" (on_node_lost or a ready daemon follows) or why it cannot.
+  virtual std::string on_spawn_host(const std::string& host) {
+    return "cannot start a daemon on " + host;
+  }
+  // Multi-node jobs: a node for spawned processes only (on_spawn_host) was lost, or could not be
+  // started, before any of its processes ran: the spawns waiting for it fail, nothing else.
+  virtual void on_spawn_host_lost(const std::string& host, const std::string& why) {
+    on_node_lost(host, why);
+  }
   // Multi-node jobs: a node's daemon could not start its workers (the node itself is fine).
   virtual void on_start_failed(const std::string& host, const std::string& why) {
     on_node_lost(host, why);
@@ -88,10 +99,14 @@ class NodeAgent : public pmix::ServerListener {
   }
   // Sends sig to the process group of every live worker.
   void signal_all(int sig);
-  // Rank `rank` of `generation` (on any node) failed: the PMIx server tells this node's ranks
-  // that registered for it (PmixServer::notify_proc_failure).  Nothing without a PMIx server or
-  // when that generation is not the one running here.
-  void notify_failure(int generation, int rank, int exit_code, bool aborted);
+  // Kills this node's processes of spawned job `number` of `generation` (SIGKILL): the spawn
+  // failed elsewhere.  Their exits are reported as usual.
+  void stop_spawned(int generation, int number);
+  // Rank `rank` of `generation` (of its spawned job `spawn`, when not 0; on any node) failed: the
+  // PMIx server tells this node's processes that registered for it, of every namespace
+  // (PmixServer::notify_proc_failure).  Nothing without a PMIx server or when that generation
+  // (or spawned job) is not known here.
+  void notify_failure(int generation, int spawn, int rank, int exit_code, bool aborted);
   // Stops (true) or resumes reading the ranks' stdout and stderr: backpressure when their
   // destination lags behind; a rank that writes meanwhile blocks once its pipe is full.
   void pause_output(bool paused);
@@ -134,7 +149,7 @@ class NodeAgent : public pmix::ServerListener {
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
   int nspace_generation_ = -1;
-  std::vector<std::string> spawned_ns_;  // its spawned jobs' namespaces
+  std::map<int, std::string> spawned_ns_;  // its spawned jobs' namespaces, by number
   std::function<void(pmix::SpawnRequest, pmix::SpawnDone)> spawn_handler_;
 };
 

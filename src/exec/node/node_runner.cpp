@@ -170,6 +170,9 @@ void NodeRunner::start_spawned(const SpawnJob& sj) {
   std::vector<WorkerSpec> specs;
   if (ns.this_node >= 0) {
     const auto& ranks = ns.node_ranks[static_cast<size_t>(ns.this_node)];
+    // The programs were found on the asking node; this one may not have them.
+    for (int rank : ranks)
+      resolve_spawn_program(sj.apps.at(static_cast<size_t>(sj.appnum.at(static_cast<size_t>(rank)))).cmd, "", "");
     ns.oversubscribed = oversubscribed_here(agent_->live() + ranks.size());
     GenerationInfo gen = gen_;
     gen.oversubscribed = ns.oversubscribed;
@@ -190,6 +193,13 @@ void NodeRunner::start_spawned(const SpawnJob& sj) {
     }
   }
   agent_->start_spawned(gen_.generation, sj.number, std::move(specs), ns);
+}
+
+void NodeRunner::start_idle(GenerationInfo gen, const JobMap& map) {
+  gen_ = gen;
+  spawned_ = 0;
+  auto ns = namespace_for(map, -1, gen);
+  agent_->start(gen.generation, {}, &ns);
 }
 
 void NodeRunner::remap(JobMap map, int node) {

@@ -55,6 +55,11 @@ class NodeRunner {
   // (those that were are reported as usual).
   void start(GenerationInfo gen);
 
+  // A node that runs none of `gen`'s ranks (a node for spawned processes only), whose map is
+  // `map`: its PMIx server knows the generation's namespace, and processes spawned here belong
+  // to `gen`.  Throws Error.
+  void start_idle(GenerationInfo gen, const JobMap& map);
+
   // MPI_Comm_spawn.  A single-node job places and starts the processes here (the default once
   // open); a daemon of a multi-node job passes `forward`, which carries the request to the front
   // end, after the programs are resolved here (resolve_spawn).
@@ -63,7 +68,8 @@ class NodeRunner {
   // SpawnError.
   void resolve_spawn(pmix::SpawnRequest& req) const;
   // Starts this node's processes of a spawned job of the running generation; every node of the
-  // generation registers its namespace.  Throws Error.
+  // generation registers its namespace.  Throws Error, or SpawnError when a program is not
+  // there (before any process starts).
   void start_spawned(const SpawnJob& sj);
 
   const NodeJob& job() const { return job_; }

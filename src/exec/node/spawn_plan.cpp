@@ -12,8 +12,28 @@
 namespace pe {
 namespace {
 
-// The job's nodes an app may use: its hosts (from "host" and the hostfile), else all.
-std::vector<size_t> candidates(const pmix::SpawnApp& app, const JobMap& gen) {
+std::string hosts_of(const std::vector<NodeMap>& nodes) {
+  std::vector<std::string> h;
+  for (const auto& n : nodes) h.push_back(n.host);
+  return join(h, ",");
+}
+
+// Why `name`, a host of no rank, cannot take an app's processes.
+std::string not_a_node(const std::string& name, const JobMap& gen, bool add_hosts) {
+  bool listed = std::any_of(gen.spawn_hosts.begin(), gen.spawn_hosts.end(),
+                            [&name](const NodeMap& n) { return n.host == name; });
+  if (listed && !add_hosts)
+    return "host " + name + " runs none of the job's ranks, and a job on this machine alone " +
+           "has no daemons to start there (give the job a rank there)";
+  std::string others = gen.spawn_hosts.empty() ? "" : "; the host list's: " + hosts_of(gen.spawn_hosts);
+  return "host " + name + " is not in the job's host list (its nodes: " + hosts_of(gen.nodes) +
+         others + ")";
+}
+
+// The nodes an app may use (indices into `all`, the job's nodes then the hosts without ranks):
+// its hosts (from "host" and the hostfile), else the job's nodes.
+std::vector<size_t> candidates(const pmix::SpawnApp& app, const JobMap& gen,
+                               const std::vector<NodeMap>& all) {
   std::vector<std::string> names = app.hosts;
   if (!app.hostfile.empty()) {
     std::ifstream in(app.hostfile);
@@ -32,15 +52,10 @@ std::vector<size_t> candidates(const pmix::SpawnApp& app, const JobMap& gen) {
   std::string self = gen.nodes.size() == 1 ? gen.nodes[0].host : "";
   for (const auto& name : names) {
     size_t i = 0;
-    while (i < gen.nodes.size() && gen.nodes[i].host != name) ++i;
+    while (i < all.size() && all[i].host != name) ++i;
     // On a single-node job, this machine's other names (localhost, its short name) are it.
-    if (i == gen.nodes.size() && !self.empty() && is_local_host(name, self)) i = 0;
-    if (i == gen.nodes.size())
-      throw SpawnError("host " + name + " is not one of the job's nodes (" + [&] {
-        std::vector<std::string> h;
-        for (const auto& n : gen.nodes) h.push_back(n.host);
-        return join(h, ",");
-      }() + ")");
+    if (i == all.size() && !self.empty() && is_local_host(name, self)) i = 0;
+    if (i == all.size()) throw SpawnError(not_a_node(name, gen, all.size() > gen.nodes.size()));
     if (std::find(out.begin(), out.end(), i) == out.end()) out.push_back(i);
   }
   return out;
@@ -53,26 +68,28 @@ std::string spawn_namespace(const std::string& job_nspace, int number) {
 }
 
 SpawnJob plan_spawn(const pmix::SpawnRequest& req, const JobMap& gen, const std::vector<int>& used,
-                    bool oversubscribe) {
+                    bool oversubscribe, bool add_hosts) {
   if (req.apps.empty()) throw SpawnError("a spawn request without programs");
   SpawnJob job;
   job.parent_nspace = req.parent_nspace;
   job.parent_rank = req.parent_rank;
   job.apps = req.apps;
+  std::vector<NodeMap> all = gen.nodes;
+  if (add_hosts) all.insert(all.end(), gen.spawn_hosts.begin(), gen.spawn_hosts.end());
   std::vector<int> load = used;
-  load.resize(gen.nodes.size(), 0);
-  std::vector<std::vector<int>> ranks(gen.nodes.size());
+  load.resize(all.size(), 0);
+  std::vector<std::vector<int>> ranks(all.size());
   int next = 0;
   for (size_t a = 0; a < req.apps.size(); ++a) {
     const auto& app = req.apps[a];
     if (app.maxprocs < 1)
       throw SpawnError("a spawn request for " + std::to_string(app.maxprocs) + " processes of " +
                        app.cmd);
-    auto nodes = candidates(app, gen);
+    auto nodes = candidates(app, gen, all);
     long free = 0;
     bool unlimited = false;
     for (size_t i : nodes) {
-      int slots = gen.nodes[i].slots;
+      int slots = all[i].slots;
       unlimited = unlimited || slots == 0;
       free += std::max(0, slots - load[i]);
     }
@@ -85,13 +102,13 @@ SpawnJob plan_spawn(const pmix::SpawnRequest& req, const JobMap& gen, const std:
       size_t pick = nodes.front();
       bool found = false;
       for (size_t i : nodes)
-        if (gen.nodes[i].slots == 0 || load[i] < gen.nodes[i].slots) {
+        if (all[i].slots == 0 || load[i] < all[i].slots) {
           pick = i, found = true;
           break;
         }
       if (!found)
         for (size_t i : nodes)
-          if (load[i] - gen.nodes[i].slots < load[pick] - gen.nodes[pick].slots) pick = i;
+          if (load[i] - all[i].slots < load[pick] - all[pick].slots) pick = i;
       ++load[pick];
       ranks[pick].push_back(next++);
       job.appnum.push_back(static_cast<int>(a));
@@ -99,12 +116,12 @@ SpawnJob plan_spawn(const pmix::SpawnRequest& req, const JobMap& gen, const std:
   }
   job.map.world_size = next;
   job.map.ranks.resize(static_cast<size_t>(next));
-  for (size_t i = 0; i < gen.nodes.size(); ++i) {
+  for (size_t i = 0; i < all.size(); ++i) {
     if (ranks[i].empty()) continue;
     NodeMap n;
-    n.host = gen.nodes[i].host;
+    n.host = all[i].host;
     n.node_rank = static_cast<int>(job.map.nodes.size());
-    n.slots = gen.nodes[i].slots;
+    n.slots = all[i].slots;
     n.ranks = ranks[i];
     for (size_t lr = 0; lr < n.ranks.size(); ++lr)
       job.map.ranks[static_cast<size_t>(n.ranks[lr])] =

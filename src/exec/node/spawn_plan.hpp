@@ -37,11 +37,13 @@ std::string spawn_namespace(const std::string& job_nspace, int number);
 
 // Places the ranks of `req` on the nodes of `gen` (the running generation's map; a node's
 // `slots` of 0 is no limit), where `used[i]` processes already run on node i.  Apps are placed
-// in order, each on its "host" nodes (which must be the job's) or on every node, filling free
-// slots node by node; beyond the free slots only with `oversubscribe` (or on nodes without a
-// limit).  Throws SpawnError.
+// in order, each on its "host" nodes or on every node of the job, filling free slots node by
+// node; beyond the free slots only with `oversubscribe` (or on nodes without a limit).  A "host"
+// must be one of the job's nodes or, with `add_hosts` (a job with daemons, which can start one
+// there), one of gen.spawn_hosts: node gen.nodes.size() + j of `used` and of the placement is
+// gen.spawn_hosts[j].  Throws SpawnError.
 SpawnJob plan_spawn(const pmix::SpawnRequest& req, const JobMap& gen, const std::vector<int>& used,
-                    bool oversubscribe);
+                    bool oversubscribe, bool add_hosts = false);
 
 // The program of an app: an absolute path, a path relative to `cwd`, or found on `path`.
 // Throws SpawnError when it is not an executable file.

@@ -14,6 +14,9 @@ struct WorkerExit {
   int exec_errno = 0;  // non-zero when execve (or binding, with bind_failed) failed in the child
   bool bind_failed = false;
   bool pmix_unfinalized = false;  // connected to the PMIx server but never finalized
+  // Front end only: a spawned process stopped on purpose (its MPI_Comm_spawn failed on another
+  // node), whatever its status: no failure of the job.
+  bool stopped = false;
 };
 
 }  // namespace pe
