@@ -103,6 +103,12 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   pmix_data_array_t arr;
   il.convert(&arr);
   g_impl = impl_.get();
+  // Clients prove who they are by the socket's credentials (psec "native"), which is all a
+  // node-local server needs.  Left to choose, PMIx also starts its munge module, which asks
+  // munged for a credential at once: where munge is installed but munged is not running (its
+  // socket left behind), that alone took 2.3 s of retries in every server and every client.
+  // The ranks inherit the setting, so client and server agree.  A user's choice stands.
+  ::setenv("PMIX_MCA_psec", "native", 0);
   pmix_status_t st = PMIx_server_init(&module, static_cast<pmix_info_t*>(arr.array), arr.size);
   PMIX_DATA_ARRAY_DESTRUCT(&arr);
   if (st != PMIX_SUCCESS) {

@@ -1,9 +1,12 @@
 """Every rank sees the torchrun, Open MPI and PYTORCH_EXEC_* environment; -x and --wdir work."""
 import json
 import os
+import re
+import shutil
 import socket
+import subprocess
 
-from harness import SYSTEM_PYTHON, check, main, run, script, tmpdir
+from harness import EXEC, SYSTEM_PYTHON, check, main, run, script, tmpdir
 
 DUMP = script("""#!/usr/bin/python3
 import json, os, sys
@@ -67,6 +70,45 @@ def test_exports_wdir_and_run_id():
         check(os.path.realpath(d["cwd"]) == os.path.realpath(wd), f"rank {i} cwd {d['cwd']}")
 
 
+# Run by test_pmix_server_does_not_ask_munge in a private mount namespace: a listening socket
+# where munged's would be, and a count of the connections that came to it during the job.
+MUNGE_WATCH = script("""#!/usr/bin/python3
+import os, socket, subprocess, sys, threading
+subprocess.run(["mount", "-t", "tmpfs", "none", "/run/munge"], check=True)
+s = socket.socket(socket.AF_UNIX)
+s.bind("/run/munge/munge.socket.2")
+s.listen(64)
+n = 0
+def serve():  # a munged that hangs up at once: its clients give up soon
+    global n
+    while True:
+        s.accept()[0].close()
+        n += 1
+threading.Thread(target=serve, daemon=True).start()
+r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=60)
+print(f"exit {r.returncode} munge connections {n}")
+sys.stderr.write(r.stderr)
+""", ".py")
+
+
+def test_pmix_server_does_not_ask_munge():
+    """The PMIx server and its clients use psec "native" (socket credentials), not munge: where
+    munge is installed but munged does not answer, munge's module took 2.3 s of retries to start
+    every daemon and every MPI rank.  Checked by who connects to munged's socket; a user who
+    asks for munge (PMIX_MCA_psec) gets it, which shows the check would see it."""
+    if os.geteuid() != 0 or not shutil.which("unshare") or not os.path.isdir("/run/munge"):
+        print("  (needs root, unshare and munge's /run/munge: not run)")
+        return
+    env = dict(os.environ)
+    env.pop("PMIX_MCA_psec", None)
+    for psec, want in ((None, "munge connections 0"), ("munge,native", "munge connections [1-9]")):
+        e = dict(env, PMIX_MCA_psec=psec) if psec else env
+        r = subprocess.run(["unshare", "-m", "--propagation", "private", SYSTEM_PYTHON, MUNGE_WATCH,
+                            EXEC, "-n", "2", "true"], env=e, capture_output=True, text=True,
+                           timeout=90)
+        check(re.search("exit 0 " + want, r.stdout), f"PMIX_MCA_psec={psec}: {r.stdout} {r.stderr}")
+
+
 def test_many_ranks_without_slot_limit():
     n = 3 * (os.cpu_count() or 2) + 1
     r = run(["-n", str(n), "sh", "-c", 'echo "$RANK/$WORLD_SIZE"'])
@@ -77,4 +119,4 @@ def test_many_ranks_without_slot_limit():
 
 if __name__ == "__main__":
     main([test_every_rank_gets_its_identity, test_exports_wdir_and_run_id,
-          test_many_ranks_without_slot_limit])
+          test_pmix_server_does_not_ask_munge, test_many_ranks_without_slot_limit])
