@@ -88,6 +88,17 @@ std::vector<size_t> split_bytes(const at::Tensor& t, const std::vector<int64_t>&
   return out;
 }
 
+// Whether the caller will wait for the call at once (async_op=False): torch 2.6 and later say
+// so in the options' asyncOp; earlier ones do not (then: asynchronous).
+template <class O>
+auto is_sync(const O& o, int) -> decltype(o.asyncOp, bool()) {
+  return !o.asyncOp;
+}
+template <class O>
+bool is_sync(const O&, long) {
+  return false;
+}
+
 }  // namespace
 
 DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
@@ -158,17 +169,40 @@ double DcBackend::seconds(std::chrono::milliseconds t) const {
 
 c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char* name,
                                                   std::vector<at::Tensor> outputs,
-                                                  std::function<void()> run) {
+                                                  std::function<void()> run, bool sync) {
   auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs));
+  Task t{work, name, std::move(run), {}};
   std::vector<Task> done;
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
-    queue_.push_back(Task{work, name, std::move(run), {}});
     done.swap(done_);
+    if (!sync || busy_ || !queue_.empty()) {
+      queue_.push_back(std::move(t));
+      cv_.notify_one();
+      return work;  // `done` goes here, on the caller's thread
+    }
+    busy_ = true;  // nothing queued or running before it: issue order holds
   }
-  cv_.notify_one();
-  return work;  // `done` goes here, on the caller's thread
+  // A synchronous call (async_op=False) that would only wait for the thread: run here, without
+  // the two hand-offs between threads.
+  execute(t);
+  {
+    std::lock_guard<std::mutex> l(m_);
+    busy_ = false;
+  }
+  cv_.notify_one();  // what another thread queued meanwhile
+  return work;
+}
+
+void DcBackend::execute(Task& t) {
+  std::exception_ptr error;
+  try {
+    t.run();
+  } catch (const std::exception& e) {
+    error = failure(t.name, e);
+  }
+  t.work->complete(error);
 }
 
 void DcBackend::loop() {
@@ -176,22 +210,18 @@ void DcBackend::loop() {
     Task t;
     {
       std::unique_lock<std::mutex> l(m_);
-      cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+      cv_.wait(l, [&] { return stop_ || (!queue_.empty() && !busy_); });
       if (queue_.empty()) return;
       t = std::move(queue_.front());
       queue_.pop_front();
+      busy_ = true;
     }
-    std::exception_ptr error;
-    try {
-      t.run();
-    } catch (const std::exception& e) {
-      error = failure(t.name, e);
-    }
-    t.work->complete(error);
+    execute(t);
     // Not released here: the last reference to a tensor that Python also knows takes the GIL,
     // and once the caller, woken by complete(), has let Python finalize, taking it ends this
     // thread in the middle of a destructor (std::terminate).  The caller's next call releases it.
     std::lock_guard<std::mutex> l(m_);
+    busy_ = false;
     done_.push_back(std::move(t));
   }
 }
@@ -204,20 +234,25 @@ std::exception_ptr DcBackend::failure(const char* name, const std::exception& e)
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
-                                                        std::chrono::milliseconds timeout) {
+                                                        std::chrono::milliseconds timeout,
+                                                        bool sync) {
   Reduction r = reduction_for(t, op, "allreduce");
   auto pg = pg_;
   double s = seconds(timeout);
-  return enqueue(c10d::OpType::ALLREDUCE, "allreduce", {t}, [=] {
-    at::Tensor w = flat(t).to(r.wire);
-    pg->allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
-    copy_back(t, w);
-  });
+  return enqueue(
+      c10d::OpType::ALLREDUCE, "allreduce", {t},
+      [=] {
+        at::Tensor w = flat(t).to(r.wire);
+        pg->allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
+        copy_back(t, w);
+      },
+      sync);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::AllreduceOptions& opts) {
-  return allreduce_one(single(tensors, "allreduce"), opts.reduceOp, opts.timeout);
+  return allreduce_one(single(tensors, "allreduce"), opts.reduceOp, opts.timeout,
+                       is_sync(opts, 0));
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_coalesced(

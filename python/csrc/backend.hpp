@@ -121,9 +121,11 @@ class DcBackend : public c10d::Backend {
     uint64_t id = 0;  // the Mailbox request, once posted
   };
   // Queues `run` for the backend's thread; the Work completes with `outputs`.
+  // sync: the caller waits at once (async_op=False); run on its thread if nothing is queued.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> outputs,
-                                         std::function<void()> run);
+                                         std::function<void()> run, bool sync = false);
+  void execute(Task& t);
   void loop();
   c10::intrusive_ptr<c10d::Work> message(bool send, const std::vector<at::Tensor>& tensors,
                                          int peer, int tag);
@@ -134,7 +136,7 @@ class DcBackend : public c10d::Backend {
   std::exception_ptr failure(const char* name, const std::exception& e) const;
   double seconds(std::chrono::milliseconds t) const;
   c10::intrusive_ptr<c10d::Work> allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
-                                               std::chrono::milliseconds timeout);
+                                               std::chrono::milliseconds timeout, bool sync);
 
   std::shared_ptr<dc::ProcessGroup> pg_;
   double timeout_s_;
@@ -143,6 +145,7 @@ class DcBackend : public c10d::Backend {
   std::deque<Task> queue_;
   std::vector<Task> done_;  // run by loop(), released by a caller's thread (see loop())
   bool stop_ = false;
+  bool busy_ = false;  // a collective is running (on the thread, or inline on a caller's)
   std::thread thread_;
   // Sends and receives: their own connections (a dc::Mailbox) and thread, so that they run
   // while collectives do and several are in flight at once (an exchange, a pipeline).
