@@ -310,6 +310,23 @@ def test_spawn_on_hosts_without_ranks():
         check(len(re.findall(r"@b pmix info: namespace \S+\.spawn\d registered: 1 ranks, 1 here",
                              r.stderr)) == 2, r.stderr)
         check(r.stderr.count("starting its daemon for spawned processes") == 1, r.stderr)
+        # Two spawns at once (one per rank, MPI_COMM_SELF) of 2 each to b (2 slots), while b's
+        # daemon starts: the first placed counts against the second, which is refused.
+        code = script(
+            "import sys\nfrom mpi4py import MPI\n"
+            "if MPI.Comm.Get_parent() == MPI.COMM_NULL:\n"
+            "    info = MPI.Info.Create(); info.Set('add-host', 'b')\n"
+            "    try:\n"
+            "        inter = MPI.COMM_SELF.Spawn(sys.executable, [__file__], 2, info)\n"
+            "        print('placed', inter.Get_remote_size(), flush=True); inter.Disconnect()\n"
+            "    except MPI.Exception as e:\n"
+            "        print('refused', e.Get_error_class() == MPI.ERR_SPAWN, flush=True)\n"
+            "else:\n"
+            "    MPI.Comm.Get_parent().Disconnect()\n", suffix=".py")
+        r = run(nodes + ["-n", "2", SYSTEM_PYTHON, code], env=env, timeout=90)
+        got = sorted(re.findall(r"^(?:placed|refused) .*$", r.stdout, re.M))
+        check(r.returncode == 0 and got == ["placed 2", "refused True"],
+              f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 

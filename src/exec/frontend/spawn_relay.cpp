@@ -31,12 +31,18 @@ void SpawnRelay::refuse(int node, uint64_t id, int parent_rank, const std::strin
 
 // The processes on each node the placement may use: the generation's, then the hosts of the
 // job's list that run no ranks.
+// Spawns still waiting for a daemon count too: their processes are placed, not yet started.
 std::vector<int> SpawnRelay::used() const {
+  std::map<std::string, int> placed;
+  for (const auto& [nspace, p] : pending_)
+    if (p.planned.empty())
+      for (const auto& n : p.job.map.nodes) placed[n.host] += static_cast<int>(n.ranks.size());
   std::vector<int> out;
-  for (int member : members_) out.push_back(static_cast<int>(hooks_.live(member)));
+  for (size_t g = 0; g < members_.size(); ++g)
+    out.push_back(static_cast<int>(hooks_.live(members_[g])) + placed[map_.nodes[g].host]);
   for (const auto& h : map_.spawn_hosts) {
     int n = hooks_.node_of(h.host);
-    out.push_back(n < 0 ? 0 : static_cast<int>(hooks_.live(n)));
+    out.push_back((n < 0 ? 0 : static_cast<int>(hooks_.live(n))) + placed[h.host]);
   }
   return out;
 }
