@@ -394,6 +394,7 @@ void Daemon::on_start(ctrl::Start& m) {
   try {
     runner_->start(m.gen);
   } catch (const Error& e) {
+    conn_->send(ctrl::Port{next_store_port()});  // a restart must not use the store just taken
     conn_->send(ctrl::StartFailed{static_cast<int>(agent_->live()), e.what()});
     return;
   }
