@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <functional>
 #include <random>
 
 #include "common/error.hpp"
@@ -54,16 +55,33 @@ int port_outside_ephemeral(uint32_t n) {
   return i < below ? kLowestPort + i : hi + 1 + (i - below);
 }
 
-int find_free_port(const std::string& addr) {
+namespace {
+
+// The first port p for which take(p) holds, of kPortTries random ones outside the ephemeral
+// range with p+1 free too; -1 when none.
+int try_master_ports(const struct sockaddr_in& sa, const std::function<bool(int)>& take) {
+  std::random_device rd;
+  for (int tries = 0; tries < kPortTries; ++tries) {
+    int p = port_outside_ephemeral(rd());
+    if (bindable(sa, p + 1) && take(p)) return p;
+  }
+  return -1;
+}
+
+struct sockaddr_in ipv4_any_port(const std::string& addr) {
   struct sockaddr_in sa {};
   sa.sin_family = AF_INET;
   if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1)
     throw Error("not an IPv4 address: '" + addr + "'");
-  std::random_device rd;
-  for (int tries = 0; tries < kPortTries; ++tries) {
-    int p = port_outside_ephemeral(rd());
-    if (bindable(sa, p) && bindable(sa, p + 1)) return p;
-  }
+  return sa;
+}
+
+}  // namespace
+
+int find_free_port(const std::string& addr) {
+  struct sockaddr_in sa = ipv4_any_port(addr);
+  int p = try_master_ports(sa, [&sa](int port) { return bindable(sa, port); });
+  if (p > 0) return p;
   // Everything tried is taken: let the kernel choose (inside the ephemeral range).
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   PE_CHECK_ERRNO(fd.valid(), "socket");
@@ -73,6 +91,25 @@ int find_free_port(const std::string& addr) {
   PE_CHECK_ERRNO(::getsockname(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), &len) == 0,
                  "getsockname");
   return ntohs(sa.sin_port);
+}
+
+UniqueFd listen_master_port(const std::string& addr, int* bound_port) {
+  struct sockaddr_in sa = ipv4_any_port(addr);
+  UniqueFd fd;
+  int p = try_master_ports(sa, [&](int port) {
+    try {
+      fd = listen_tcp(addr, port, nullptr);
+      return true;
+    } catch (const SystemError& e) {
+      if (e.code() != EADDRINUSE && e.code() != EACCES) throw;
+      return false;
+    }
+  });
+  if (p > 0) {
+    *bound_port = p;
+    return fd;
+  }
+  return listen_tcp(addr, 0, bound_port);  // the kernel's choice, inside the ephemeral range
 }
 
 std::string local_hostname() {

@@ -16,6 +16,10 @@ namespace pe {
 // are tried; if kPortTries are all taken, any free port.
 inline constexpr int kPortTries = 64;
 int find_free_port(const std::string& addr);
+// The same choice, but the port is bound at once: a listening socket on addr:p (as listen_tcp)
+// with p+1 free; when a candidate cannot be bound, another is tried (and after kPortTries, any
+// port).  No other process can take p between the choice and its use.  Throws SystemError.
+UniqueFd listen_master_port(const std::string& addr, int* bound_port);
 // The kernel's ephemeral port range (net.ipv4.ip_local_port_range).
 std::pair<int, int> ephemeral_port_range();
 // The n-th port (modulo their number) of those below and above the ephemeral range, from 10000

@@ -101,6 +101,15 @@ def store_client(port, token=TOKEN.encode(), target=None):
     return s, answer
 
 
+def hang_up(conns, p):
+    """Closes the attack's connections and stops the target if it still runs."""
+    for c in conns:
+        c.close()
+    if p.poll() is None:
+        p.kill()
+        p.wait()
+
+
 def closed_soon(s, timeout=5):
     s.settimeout(timeout)
     try:
@@ -372,11 +381,7 @@ def test_control_port_during_collectives():
                 peak = max(peak, observe(p.pid)[1])
         out, err = p.communicate(timeout=240)
     finally:
-        for c in conns:
-            c.close()
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+        hang_up(conns, p)
     check(p.returncode == 0 and out.startswith("ok"), f"exit {p.returncode}: {out} {err[-2000:]}")
     check(peak < 150, f"the front end held {peak} descriptors for 300 connections")
 
@@ -448,6 +453,83 @@ def test_relay_output_is_bounded_while_the_front_end_is_not_read():
     check(top < 64 << 10, f"a daemon grew to {top} kB while the output of its subtree was not read")
 
 
+# A rank of a torch job that talks torch's store protocol itself (no torch needed): once the
+# file argv[1] exists, every rank adds 1 to a counter and waits until all have.
+TORCH_STORE_RANK = script("""#!/usr/bin/env python3
+import os, socket, struct, sys, time
+port, rank, world = int(os.environ["MASTER_PORT"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+if rank == 0:
+    print(f"port {port}", flush=True)
+deadline = time.time() + 120
+while not os.path.exists(sys.argv[1]) and time.time() < deadline:
+    time.sleep(0.05)
+s = socket.create_connection((os.environ["MASTER_ADDR"], port), timeout=30)
+def key(k): return struct.pack("=Q", len(k)) + k
+def read(n):
+    b = b""
+    while len(b) < n:
+        c = s.recv(n - len(b)); assert c, "closed"; b += c
+    return b
+s.sendall(b"\\x00" + struct.pack("=I", 0x3C85F7CE) + b"\\x04" + key(b"/n") + struct.pack("=q", 1))
+read(8)
+while time.time() < deadline:
+    s.sendall(b"\\x03" + key(b"/n"))
+    if read(struct.unpack("=Q", read(8))[0]) == str(world).encode():
+        print(f"rank {rank} store ok", flush=True)
+        break
+    time.sleep(0.05)
+""", ".py")
+
+
+def test_torch_store_on_master_port():
+    # The torch store pytorch_exec hosts on MASTER_PORT gets hundreds of connections: idle ones,
+    # garbage, no VALIDATE, huge and wrapped lengths, too many keys, slow partial requests.  The
+    # front end's memory and descriptors stay bounded and the ranks then use the store.
+    go = os.path.join(tmpdir(), "go")
+    p = start(["-n", "2", TORCH_STORE_RANK, go], env=marker_env(), stdout=subprocess.PIPE,
+              stderr=subprocess.PIPE, text=True)
+    conns, peak_fds, peak_rss = [], 0, 0
+    magic = b"\x00" + struct.pack("=I", 0x3C85F7CE)
+    attacks = [lambda i: os.urandom(100), lambda i: b"\x01" + struct.pack("=Q", 2),
+               lambda i: magic + b"\x01" + struct.pack("=Q", 1 << 63),
+               lambda i: magic + b"\x01" + struct.pack("=Q", 3) + b"/k" + struct.pack("=Q", -1 & (2**64 - 1)),
+               lambda i: magic + b"\x06" + struct.pack("=Q", 1 << 40),
+               lambda i: magic + b"\x01" + struct.pack("=Q", 4) + b"/sl",  # never finished
+               lambda i: b"", lambda i: magic + b"\xee"]
+    try:
+        line = p.stdout.readline()
+        check(line.startswith("port "), f"first line {line!r}: {p.stderr.read()[-2000:] if p.poll() is not None else ''}")
+        port = int(line.split()[1])
+        for i in range(300):
+            try:
+                c = connect(port, target=p)
+            except OSError:
+                continue
+            conns.append(c)
+            data = attacks[i % len(attacks)](i)
+            if data:
+                try:
+                    send(c, data)
+                except OSError:
+                    pass
+            if p.poll() is None:
+                rss, n = observe(p.pid)
+                peak_fds, peak_rss = max(peak_fds, n), max(peak_rss, rss)
+        with open(go, "w"):
+            pass
+        out, err = p.communicate(timeout=120)
+    finally:
+        hang_up(conns, p)
+    check(p.returncode == 0, f"exit {p.returncode}: {out} {err[-2000:]}")
+    for r in range(2):
+        check(f"rank {r} store ok" in out, out)
+    print(f"torch store: front end peak {peak_fds} descriptors, {peak_rss} kB", flush=True)
+    check(peak_fds < 400, f"the front end held {peak_fds} descriptors for 300 connections")
+    check(peak_rss < 256 << 10, f"the front end grew to {peak_rss} kB")
+    warnings = err.count("torch store on port")
+    check(0 < warnings <= 12, f"{warnings} warnings about dropped clients: {err[-2000:]}")
+
+
 def test_figures():
     print(f"hostile suite: {FIGURES['connections']} connections, {FIGURES['bytes']} bytes sent, "
           f"peak RSS {FIGURES['peak_rss_kb']} kB, peak descriptors {FIGURES['peak_fds']}", flush=True)
@@ -462,4 +544,5 @@ if __name__ == "__main__":
           test_control_port_during_collectives, test_control_plane_backs_off_when_out_of_descriptors,
           test_node_names_are_escaped_and_warnings_limited,
           test_daemon_output_is_bounded_while_the_front_end_is_not_read,
-          test_relay_output_is_bounded_while_the_front_end_is_not_read, test_figures])
+          test_relay_output_is_bounded_while_the_front_end_is_not_read,
+          test_torch_store_on_master_port, test_figures])

@@ -125,8 +125,10 @@ TEST(ControlTest, GenerationAndExitRoundTrip) {
   g.master_addr = "10.0.0.1";
   g.master_port = 29500;
   g.dc_token = std::string(32, 'f');
+  g.agent_store = true;
   auto h = ctrl::decode<ctrl::Start>(ctrl::encode(ctrl::Start{g})).gen;
   EXPECT_EQ(h.dc_token, g.dc_token);
+  EXPECT_TRUE(h.agent_store);
   EXPECT_EQ(h.generation, 2);
   EXPECT_EQ(h.master_addr, "10.0.0.1");
   EXPECT_EQ(h.master_port, 29500);

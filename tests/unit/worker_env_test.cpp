@@ -57,6 +57,18 @@ TEST(WorkerEnvTest, SetsTheTorchrunAndOpenMpiNames) {
   EXPECT_EQ(env, want);
 }
 
+TEST(WorkerEnvTest, SaysTheStoreIsTheLaunchersOnlyWhenItIs) {
+  auto m = pe::map_single_node("h", 1);
+  auto g = gen();
+  g.agent_store = true;
+  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g)["TORCHELASTIC_USE_AGENT_STORE"], "True");
+  // Not hosted (srun direct launch): not even a value inherited from an outer torchrun.
+  g.agent_store = false;
+  EXPECT_EQ(pe::worker_environment({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, {}, m, 0, g)
+                .count("TORCHELASTIC_USE_AGENT_STORE"),
+            0u);
+}
+
 TEST(WorkerEnvTest, KeepsTheUsersThreadCountAndRunId) {
   auto m = pe::map_single_node("h", 1);
   auto g = gen();

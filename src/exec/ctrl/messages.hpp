@@ -152,6 +152,7 @@ struct Start {  // start a generation
     f(gen.job_id, 64), f(gen.run_id), f.count(gen.generation, 1 << 30);
     f.count(gen.restart_count, 1 << 30), f(gen.max_restarts), f(gen.master_addr, 256);
     f.count(gen.master_port, 65535), f(gen.role_name, 256), f(gen.dc_token, 64);
+    f(gen.agent_store);
   }
 };
 struct Remap {  // elastic: the nodes of the next generation (a node finds itself by its name)
@@ -242,7 +243,7 @@ struct DmodexResp {
 struct Ready {  // the node is set up
   static constexpr Msg kType = Msg::Ready;
   static constexpr const char* kName = "ready";
-  int32_t port = 0;        // free on the node, for MASTER_PORT
+  int32_t port = 0;        // of a store the daemon hosts there, for MASTER_PORT
   int32_t child_port = 0;  // where its children in the tree connect (0: none)
   std::vector<std::string> addrs;
   template <class IO>
@@ -311,7 +312,7 @@ struct StdinDrained {
   template <class IO>
   void io(IO&) {}
 };
-struct Port {  // a free port on the node for the next generation's MASTER_PORT
+struct Port {  // the port of the store the daemon hosts for the next generation's MASTER_PORT
   static constexpr Msg kType = Msg::Port;
   static constexpr const char* kName = "port";
   int32_t port = 0;

@@ -384,7 +384,7 @@ void Daemon::on_job(ctrl::Job& m) {
     return;
   }
   start_relay();
-  conn_->send(ctrl::Ready{find_free_port("0.0.0.0"), acceptor_ ? acceptor_->port() : 0,
+  conn_->send(ctrl::Ready{next_store_port(), acceptor_ ? acceptor_->port() : 0,
                           local_ipv4_addresses()});
 }
 
@@ -395,17 +395,25 @@ void Daemon::on_start(ctrl::Start& m) {
   // What the last generation's processes asked for is void (the front end forgot it too).
   for (auto& [id, p] : std::exchange(spawns_, {})) p->done("a new generation started", "");
   for (auto& [id, done] : std::exchange(lookups_, {})) done({});
+  // The generation's store is ours when its port is the one reported (no other process can hold
+  // that port here meanwhile); the last generation's store and its keys go.
+  store_.reset();
+  if (next_store_ && m.gen.master_port == next_store_->port()) store_ = std::move(next_store_);
   try {
     if (idle_) return runner_->start_idle(m.gen, idle_map_);
     runner_->start(m.gen);
   } catch (const Error& e) {
+    conn_->send(ctrl::Port{next_store_port()});  // a restart must not use the store just taken
     conn_->send(ctrl::StartFailed{static_cast<int>(agent_->live()), e.what()});
     return;
   }
-  send_port();
+  conn_->send(ctrl::Port{next_store_port()});
 }
 
-void Daemon::send_port() { conn_->send(ctrl::Port{find_free_port("0.0.0.0")}); }
+int Daemon::next_store_port() {
+  next_store_ = TorchStore::host(loop_, "0.0.0.0");
+  return next_store_->port();
+}
 
 void Daemon::on_output(int generation, int rank, Stream s, std::string_view lines) {
   send_output(ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2), "", 0},

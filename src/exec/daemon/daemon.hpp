@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/event_loop.hpp"
+#include "common/torch_store.hpp"
 #include "exec/ctrl/connection.hpp"
 #include "exec/ctrl/heartbeat.hpp"
 #include "exec/node/node_agent.hpp"
@@ -56,7 +57,9 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void start_heartbeats();
   void on_silent(int id);
   double upstream_timeout() const;
-  void send_port();
+  // A store (torch_store.hpp) on a port outside the ephemeral range, for the next generation's
+  // MASTER_PORT should rank 0 run here; its port is what Ready and Port report.
+  int next_store_port();
   // AgentListener
   void on_output(int generation, int rank, Stream s, std::string_view lines) override;
   void on_spawned_output(int generation, int spawn, int rank, Stream s,
@@ -95,6 +98,9 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   bool spawn_only_ = false;  // a node without ranks, for MPI_Comm_spawn's processes
   JobMap idle_map_;          // the generation's map, while idle
   std::unique_ptr<NodeRunner> runner_;
+  // The store of the running generation when its MASTER_PORT is ours, and the one reported for
+  // the next.
+  std::unique_ptr<TorchStore> store_, next_store_;
   NodeAgent* agent_ = nullptr;  // runner_'s, once it is open
   // The upstream queue is full: the ranks' output and the children's links are not read.
   bool output_paused_ = false;

@@ -386,6 +386,8 @@ std::string help_text() {
      << "Start PROGRAM as a group of ranks with the torchrun and Open MPI environment,\n"
      << "forward their output, and stop or restart the whole group when one fails.\n\n"
      << describe_options(syntax_of(kOptions), "Options", kGroups) << "\n"
+     << "Like torchrun's agent, pytorch_exec hosts torch's store on MASTER_ADDR:MASTER_PORT\n"
+     << "(TORCHELASTIC_USE_AGENT_STORE=True: every rank is a client; a new store each generation).\n"
      << "See pytorch_exec(1) for the worker environment and exit statuses.\n";
   return os.str();
 }

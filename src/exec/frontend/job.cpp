@@ -133,6 +133,7 @@ void JobController::start_generation() {
   members_ = std::move(next);
   gen.master_addr = workers_->master_addr();
   gen.master_port = workers_->master_port();
+  gen.agent_store = workers_->hosts_store();
   gen.dc_token = auth::to_hex(auth::random_bytes(kDcTokenBytes));
   state_ = State::Running;
   exited_ok_ = 0;

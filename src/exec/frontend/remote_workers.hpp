@@ -38,6 +38,7 @@ class RemoteWorkers : public WorkerSet {
   void prepare(std::function<void()> ready) override;
   std::string master_addr() override;
   int master_port() override;
+  bool hosts_store() const override { return true; }  // the daemon of rank 0's node
   void use_map(const JobMap& map) override;
   void add_node(int slot) override;
   void start(const GenerationInfo& gen) override;
@@ -63,7 +64,7 @@ class RemoteWorkers : public WorkerSet {
     bool ready = false;
     size_t live = 0;
     size_t stdin_inflight = 0;
-    int port = 0;         // free on the node, for MASTER_PORT
+    int port = 0;         // of the store its daemon hosts for the next MASTER_PORT
     int incarnation = 0;  // how often its place was taken (a launcher's exit is its own only)
     bool spawn_only = false;  // runs no ranks: started for MPI_Comm_spawn's processes
     Event deadline;       // a node added while the job runs has this long to be ready

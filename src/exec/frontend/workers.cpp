@@ -12,7 +12,7 @@ void WorkerSet::add_node(int) { throw Error("the job cannot take more nodes"); }
 LocalWorkers::LocalWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                            const EnvMap& env, const JobMap& map, const std::string& job_id,
                            StdinHow stdin_how)
-    : cfg_(cfg), runner_(node_job_for(cfg, map, job_id, 0, {}, false, stdin_how)) {
+    : loop_(loop), cfg_(cfg), runner_(node_job_for(cfg, map, job_id, 0, {}, false, stdin_how)) {
   if (cfg_.display_topology) {
     std::string t = topo::format_topology(*plan().topology, plan().analysis);
     write_all(1, t.data(), t.size());
@@ -23,7 +23,12 @@ LocalWorkers::LocalWorkers(EventLoop& loop, AgentListener& listener, const Launc
 
 LocalWorkers::~LocalWorkers() = default;
 
-int LocalWorkers::master_port() { return find_free_port(master_addr()); }
+// The previous generation's workers are gone: its store (and what it holds) goes with them.
+int LocalWorkers::master_port() {
+  store_.reset();
+  store_ = TorchStore::host(loop_, master_addr());
+  return store_->port();
+}
 
 size_t LocalWorkers::stdin_backlog() const { return runner_.agent()->stdin_backlog(); }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/event_loop.hpp"
+#include "common/torch_store.hpp"
 #include "exec/frontend/job_map.hpp"
 #include "exec/frontend/launch_config.hpp"
 #include "exec/node/node_agent.hpp"
@@ -27,9 +28,12 @@ class WorkerSet {
   // Gets ready to start generations (starts daemons, waits for them); calls ready() once that
   // is done.  Trouble is reported to the listener (on_node_lost).
   virtual void prepare(std::function<void()> ready) = 0;
-  // MASTER_ADDR and a MASTER_PORT free on rank 0's host, for the next generation.
+  // MASTER_ADDR and a MASTER_PORT on rank 0's host, for the next generation.
   virtual std::string master_addr() = 0;
   virtual int master_port() = 0;
+  // Whether pytorch_exec serves torch's TCPStore on MASTER_PORT (torch_store.hpp), as
+  // torchrun's agent does: the workers are told so (TORCHELASTIC_USE_AGENT_STORE).
+  virtual bool hosts_store() const { return false; }
   // Elastic re-forming: the next generations run on `map`, a part of the job's nodes in their
   // order (reform_map).  Before master_addr() and start().
   virtual void use_map(const JobMap& map) = 0;
@@ -90,7 +94,9 @@ class LocalWorkers : public WorkerSet {
 
   void prepare(std::function<void()> ready) override { ready(); }
   std::string master_addr() override { return "127.0.0.1"; }
+  // A store of its own for each generation, bound before its port is given out.
   int master_port() override;
+  bool hosts_store() const override { return true; }
   void use_map(const JobMap&) override {}  // one node: nothing to re-form
   void start(const GenerationInfo& gen) override;
   void signal_all(int sig) override { agent().signal_all(sig); }
@@ -108,7 +114,9 @@ class LocalWorkers : public WorkerSet {
   const NodePlan& plan() const { return runner_.plan(); }
 
  private:
+  EventLoop& loop_;
   const LaunchConfig& cfg_;
+  std::unique_ptr<TorchStore> store_;
   pmix::LocalModexRouter modex_;
   NodeRunner runner_;
 };

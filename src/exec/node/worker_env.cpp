@@ -42,6 +42,11 @@ EnvMap worker_environment(const EnvMap& base,
   seti("ROLE_WORLD_SIZE", map.world_size);
   set("MASTER_ADDR", gen.master_addr);
   seti("MASTER_PORT", gen.master_port);
+  // As torchrun: the store on MASTER_ADDR:MASTER_PORT is the launcher's, every rank a client.
+  if (gen.agent_store)
+    set("TORCHELASTIC_USE_AGENT_STORE", "True");
+  else
+    env.erase("TORCHELASTIC_USE_AGENT_STORE");
   seti("TORCHELASTIC_RESTART_COUNT", gen.restart_count);
   seti("TORCHELASTIC_MAX_RESTARTS", gen.max_restarts);
   set("TORCHELASTIC_RUN_ID", gen.run_id.empty() ? gen.job_id : gen.run_id);

@@ -23,6 +23,7 @@ struct GenerationInfo {
   int max_restarts = 0;
   std::string master_addr;
   int master_port = 0;
+  bool agent_store = false;  // pytorch_exec serves torch's store there: TORCHELASTIC_USE_AGENT_STORE
   std::string role_name = "default";
   std::string dc_token;         // PYTORCH_DC_TOKEN: a fresh secret per generation (hex), "": none
   bool oversubscribed = false;  // more ranks on the node than processors
