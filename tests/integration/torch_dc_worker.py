@@ -14,6 +14,7 @@ launcher INIT init_process_group("dc", init_method=INIT) under any launcher (env
               checked; prints "ok launcher SCHEME rank R of N (description)" on every rank
 """
 import datetime
+import gc
 import os
 import sys
 import time
@@ -319,6 +320,13 @@ def train(backend, steps, fsdp=False):
     else:
         params = [p.detach().clone() for p in model.parameters()]
     dist.destroy_process_group()
+    # The model (FSDP's is a cycle) keeps its process group alive until a collection.  Left to
+    # the one at exit, gloo's worker thread could still be releasing its last work's tensors
+    # while Python finalized: taking the GIL then ends that thread inside a destructor and the
+    # process aborts (core: ProcessGroupGloo::runLoop -> ~AsyncAllgatherCoalescedWork ->
+    # decref_pyobject -> PyThread_exit_thread).  Freed here, while Python runs.
+    del model, wrapped, opt
+    gc.collect()
     return params, float(loss)
 
 
