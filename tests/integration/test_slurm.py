@@ -46,7 +46,7 @@ def sh(cmd, env, timeout=120):
 def build():
     os.makedirs(WORK, exist_ok=True)
     if shutil.which("mpicc"):
-        for p in ("hello", "collectives"):
+        for p in ("hello", "collectives", "spawn"):
             r = subprocess.run(["mpicc", "-O1", "-o", os.path.join(WORK, p), os.path.join(SRCDIR, "tests", "mpi", p + ".c")],
                                capture_output=True, text=True)
             check(r.returncode == 0, r.stderr)
@@ -74,6 +74,24 @@ def test_salloc_starts_daemons_mpi():
     rows = sorted(l.split() for l in r.stdout.splitlines())
     want = sorted([str(i), str(i // 2), str(i % 2), env["PE_CARRY_CHECK"], "no-secret"] for i in range(8))
     check(rows == want, f"{r.stdout} {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
+def test_spawn_onto_a_node_without_ranks():
+    """MPI_Comm_spawn with add-host naming an allocation node that runs none of the ranks: its
+    daemon is started with srun then, and the children run there."""
+    if not shutil.which("mpicc"):
+        print("  (mpicc not found: not run)")
+        return
+    env = marker_env(dict(OMPI_TCP, SPAWN_HOST_KEY="add-host"))
+    env.update(ENV)
+    r = sh(["salloc", "-N", "2", "--ntasks-per-node=2", EXEC, "-v", "-n", "2", "-x", "SPAWN_HOST_KEY",
+            os.path.join(WORK, "spawn"), "2", "n2"], env)
+    check(r.returncode == 0 and r.stdout.count("spawned 2, sum 2: ok") == 2,
+          f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
+    check("node n2: starting its daemon for spawned processes" in r.stderr, r.stderr[-3000:])
+    check(re.search(r"@n2 pmix info: namespace \S+\.spawn1 registered: 2 ranks, 2 here", r.stderr),
+          r.stderr[-3000:])
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 
@@ -301,6 +319,7 @@ if __name__ == "__main__":
     try:
         build()
         main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
+              test_spawn_onto_a_node_without_ranks,
               test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch,
               test_srun_direct_launch_agrees_on_a_dc_token, test_srun_torch_dc_backend,
               test_elastic_job_goes_on_when_slurm_sets_a_node_down,
