@@ -134,10 +134,6 @@ using namespace torch_store;
 namespace {
 
 constexpr double kSweepInterval = 5.0;
-constexpr double kAcceptPause = 0.1;
-// Warnings about dropped clients: at most kWarnings per kWarnWindow seconds.
-constexpr int kWarnings = 10;
-constexpr double kWarnWindow = 10.0;
 
 template <class T>
 void put(std::string& s, T v) {
@@ -178,7 +174,13 @@ TorchStore::TorchStore(EventLoop& loop, UniqueFd listener)
   PE_CHECK_ERRNO(::getsockname(listener_.get(), reinterpret_cast<struct sockaddr*>(&sa), &len) == 0,
                  "getsockname");
   port_ = ntohs(reinterpret_cast<struct sockaddr_in*>(&sa)->sin_port);
-  accept_ev_ = loop_.watch_readable(listener_.get(), [this] { on_accept(); });
+  accept_ = std::make_unique<AcceptLoop>(
+      loop_, listener_.get(),
+      [this](UniqueFd fd, std::string peer) { on_accept(std::move(fd), std::move(peer)); },
+      [this](const std::string& why) {
+        logger("rdzv")->warn("torch store on port {}: cannot accept connections ({}); pausing",
+                             port_, why);
+      });
   sweep_timer_ = loop_.timer([this] { sweep(); });
   sweep_timer_.arm(kSweepInterval);
 }
@@ -191,32 +193,16 @@ std::unique_ptr<TorchStore> TorchStore::host(EventLoop& loop, const std::string&
   return std::make_unique<TorchStore>(loop, std::move(fd));
 }
 
-void TorchStore::on_accept() {
-  for (;;) {
-    std::string peer;
-    UniqueFd fd = accept_tcp(listener_.get(), &peer);
-    if (!fd.valid()) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-        logger("rdzv")->warn("torch store on port {}: cannot accept connections ({}); pausing",
-                             port_, std::strerror(errno));
-        accept_ev_ = Event();
-        accept_pause_ = loop_.timer([this] {
-          accept_ev_ = loop_.watch_readable(listener_.get(), [this] { on_accept(); });
-        });
-        accept_pause_.arm(kAcceptPause);
-      }
-      return;
-    }
-    if (clients_.size() >= kMaxClients) continue;  // closed at once
-    tune_control_socket(fd.get(), 60);
-    auto c = std::make_unique<Client>();
-    c->id = ++next_id_;
-    c->fd = std::move(fd);
-    c->peer = std::move(peer);
-    Client* cp = c.get();
-    c->read_ev = loop_.watch_readable(cp->fd.get(), [this, cp] { on_readable(*cp); });
-    clients_.emplace(c->id, std::move(c));
-  }
+void TorchStore::on_accept(UniqueFd fd, std::string peer) {
+  if (clients_.size() >= kMaxClients) return;  // closed at once
+  tune_control_socket(fd.get(), 60);
+  auto c = std::make_unique<Client>();
+  c->id = ++next_id_;
+  c->fd = std::move(fd);
+  c->peer = std::move(peer);
+  Client* cp = c.get();
+  c->read_ev = loop_.watch_readable(cp->fd.get(), [this, cp] { on_readable(*cp); });
+  clients_.emplace(c->id, std::move(c));
 }
 
 void TorchStore::on_readable(Client& c) {
@@ -502,18 +488,11 @@ void TorchStore::drop(Client& c, const char* why) {
 }
 
 void TorchStore::warn(const std::string& peer, const char* why) {
-  auto now = std::chrono::steady_clock::now();
-  if (now - window_ >= std::chrono::duration<double>(kWarnWindow)) {
-    if (suppressed_ > 0)
-      logger("rdzv")->warn("torch store on port {}: {} more clients were disconnected", port_,
-                           suppressed_);
-    window_ = now;
-    warned_ = suppressed_ = 0;
-  }
-  if (warned_++ < kWarnings)
+  auto say = warnings_.next([this](int n) {
+    logger("rdzv")->warn("torch store on port {}: {} more clients were disconnected", port_, n);
+  });
+  if (say == WarningLimit::Say::Yes)
     logger("rdzv")->warn("torch store on port {}: disconnected {}: it {}", port_, peer, why);
-  else
-    ++suppressed_;
 }
 
 void TorchStore::sweep() {

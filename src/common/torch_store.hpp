@@ -35,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/accept_loop.hpp"
 #include "common/event_loop.hpp"
 #include "common/unique_fd.hpp"
 
@@ -87,7 +88,7 @@ class TorchStore {
 
  private:
   struct Client;
-  void on_accept();
+  void on_accept(UniqueFd fd, std::string peer);
   void on_readable(Client& c);
   void on_writable(Client& c);
   void handle(Client& c, torch_store::Request& r);
@@ -104,7 +105,7 @@ class TorchStore {
   EventLoop& loop_;
   UniqueFd listener_;
   int port_ = 0;
-  Event accept_ev_, accept_pause_, sweep_timer_;
+  Event sweep_timer_;
   uint64_t next_id_ = 0;
   std::map<uint64_t, std::unique_ptr<Client>> clients_;
   std::vector<std::unique_ptr<Client>> dead_;  // dropped, freed outside their callbacks
@@ -114,9 +115,9 @@ class TorchStore {
   std::unordered_map<std::string, std::vector<uint64_t>> waiting_;  // key -> clients
   size_t stored_ = 0;    // bytes in kv_ and queues_
   size_t buffered_ = 0;  // unparsed input of every client
-  size_t waiting_bytes_ = 0;
-  std::chrono::steady_clock::time_point window_{};
-  int warned_ = 0, suppressed_ = 0;  // keys clients wait for (bounded by kMaxBuffered too)
+  size_t waiting_bytes_ = 0;  // keys clients wait for (bounded by kMaxBuffered too)
+  WarningLimit warnings_{10, 10.0};  // warnings about dropped clients: 10 per 10 s
+  std::unique_ptr<AcceptLoop> accept_;
 };
 
 }  // namespace pe

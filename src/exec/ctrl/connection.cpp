@@ -129,9 +129,6 @@ namespace {
 constexpr double kHandshakeTimeout = 10.0;
 constexpr uint32_t kHandshakeMaxPayload = 4096;
 constexpr int kKeepaliveSeconds = 10;
-// After accept() failed for lack of descriptors or memory, the listener (level-triggered) is
-// not watched for this long: the backlog stays full meanwhile, and retrying at once would spin.
-constexpr double kAcceptPause = 0.1;
 // Connections one source address may have in the handshake at once; more are closed at once.
 constexpr size_t kMaxPendingPerSource = 64;
 // Warnings about dropped connections: at most kWarnings per kWarnWindow seconds.
@@ -154,69 +151,54 @@ struct Acceptor::Pending {
 };
 
 Acceptor::Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted)
-    : loop_(loop), secret_(secret), check_(std::move(check)), accepted_(std::move(accepted)) {
-  fd_ = listen_tcp("0.0.0.0", 0, &port_);
-  accept_ev_ = loop_.watch_readable(fd_.get(), [this] { on_accept(); });
-}
+    : loop_(loop),
+      secret_(secret),
+      check_(std::move(check)),
+      accepted_(std::move(accepted)),
+      fd_(listen_tcp("0.0.0.0", 0, &port_)),
+      warnings_(kWarnings, kWarnWindow),
+      accept_(
+          loop, fd_.get(), [this](UniqueFd fd, std::string peer) { on_accept(std::move(fd), peer); },
+          [this](const std::string& why) {
+            warn("cannot accept connections (" + why + "); pausing for " +
+                 std::to_string(static_cast<int>(AcceptLoop::kAcceptPause * 1000)) + " ms");
+          }) {}
 
 Acceptor::~Acceptor() = default;
 
-void Acceptor::on_accept() {
-  for (;;) {
-    std::string peer;
-    UniqueFd fd = accept_tcp(fd_.get(), &peer);
-    if (!fd.valid()) {
-      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
-        pause_accepting(std::strerror(errno));
-      return;
-    }
-    std::string source = source_of(peer);
-    if (std::count_if(pending_.begin(), pending_.end(), [&](const auto& q) {
-          return !q->done && source_of(q->conn->peer()) == source;
-        }) >= static_cast<long>(kMaxPendingPerSource)) {
-      warn("refused a connection from " + peer + ": too many handshakes from " + source);
-      continue;
-    }
-    tune_control_socket(fd.get(), kKeepaliveSeconds);
-    auto p = std::make_unique<Pending>();
-    Pending* pp = p.get();
-    p->conn = std::make_unique<Connection>(loop_, std::move(fd), peer, kHandshakeMaxPayload);
-    p->nonce_f = auth::random_bytes(auth::kNonceBytes);
-    p->conn->on_frame([this, pp](wire::Frame& f) { on_frame(pp, f); });
-    p->conn->on_closed([this, pp](const std::string& why) { drop(pp, why); });
-    p->timer = loop_.timer([this, pp] { drop(pp, "no handshake within 10 s"); });
-    p->timer.arm(kHandshakeTimeout);
-    p->conn->send(Challenge{p->nonce_f});
-    pending_.push_back(std::move(p));
+void Acceptor::on_accept(UniqueFd fd, const std::string& peer) {
+  std::string source = source_of(peer);
+  if (std::count_if(pending_.begin(), pending_.end(), [&](const auto& q) {
+        return !q->done && source_of(q->conn->peer()) == source;
+      }) >= static_cast<long>(kMaxPendingPerSource)) {
+    warn("refused a connection from " + peer + ": too many handshakes from " + source);
+    return;
   }
-}
-
-void Acceptor::pause_accepting(const std::string& why) {
-  warn("cannot accept connections (" + why + "); pausing for " +
-       std::to_string(static_cast<int>(kAcceptPause * 1000)) + " ms");
-  accept_ev_ = Event();
-  resume_ = loop_.timer(
-      [this] { accept_ev_ = loop_.watch_readable(fd_.get(), [this] { on_accept(); }); });
-  resume_.arm(kAcceptPause);
+  tune_control_socket(fd.get(), kKeepaliveSeconds);
+  auto p = std::make_unique<Pending>();
+  Pending* pp = p.get();
+  p->conn = std::make_unique<Connection>(loop_, std::move(fd), peer, kHandshakeMaxPayload);
+  p->nonce_f = auth::random_bytes(auth::kNonceBytes);
+  p->conn->on_frame([this, pp](wire::Frame& f) { on_frame(pp, f); });
+  p->conn->on_closed([this, pp](const std::string& why) { drop(pp, why); });
+  p->timer = loop_.timer([this, pp] { drop(pp, "no handshake within 10 s"); });
+  p->timer.arm(kHandshakeTimeout);
+  p->conn->send(Challenge{p->nonce_f});
+  pending_.push_back(std::move(p));
 }
 
 // Untrusted text (a node name from a hello) is escaped, and the warnings are rate-limited.
 void Acceptor::warn(const std::string& what) {
-  auto now = std::chrono::steady_clock::now();
-  if (now - window_ >= std::chrono::duration<double>(kWarnWindow)) {
-    if (suppressed_ > 0)
-      logger("ctrl")->warn("control plane: {} more warnings about connections were suppressed",
-                           suppressed_);
-    window_ = now;
-    warned_ = suppressed_ = 0;
-  }
-  if (warned_++ < kWarnings) {
+  auto say = warnings_.next([](int n) {
+    logger("ctrl")->warn("control plane: {} more warnings about connections were suppressed", n);
+  });
+  if (say == WarningLimit::Say::Yes) {
     logger("ctrl")->warn("control plane: {}", printable(what, 512));
-  } else if (suppressed_++ == 0) {
+  } else if (say == WarningLimit::Say::FirstSuppressed) {
     logger("ctrl")->warn(
         "control plane: more than {} warnings about connections in {} s; "
         "suppressing the rest",
-        kWarnings, kWarnWindow);
+        warnings_.per_window(), warnings_.window());
   }
 }
 

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/accept_loop.hpp"
 #include "common/event_loop.hpp"
 #include "common/unique_fd.hpp"
 #include "common/wire.hpp"
@@ -116,23 +117,21 @@ class Acceptor {
 
  private:
   struct Pending;
-  void on_accept();
+  void on_accept(UniqueFd fd, const std::string& peer);
   void on_frame(Pending* p, wire::Frame& f);
   void drop(Pending* p, const std::string& why);
   void forget(Pending* p);
-  void pause_accepting(const std::string& why);
   void warn(const std::string& what);
 
   EventLoop& loop_;
   const std::string& secret_;
   CheckFn check_;
   AcceptedFn accepted_;
-  UniqueFd fd_;
   int port_ = 0;
-  Event accept_ev_, resume_;
+  UniqueFd fd_;
+  WarningLimit warnings_;
   std::vector<std::unique_ptr<Pending>> pending_;
-  std::chrono::steady_clock::time_point window_{};  // of the warnings' rate limit
-  int warned_ = 0, suppressed_ = 0;
+  AcceptLoop accept_;  // last: it calls on_accept() and warn()
 };
 
 }  // namespace pe::ctrl
