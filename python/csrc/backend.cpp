@@ -127,10 +127,7 @@ void DcBackend::shutdown() {
     stop_ = true;
   }
   cv_.notify_all();
-  if (wake_fd_ >= 0) {
-    uint64_t one = 1;
-    (void)!::write(wake_fd_, &one, sizeof one);
-  }
+  wake_mailbox_thread();
   if (thread_.joinable()) thread_.join();
   if (p2p_thread_.joinable()) p2p_thread_.join();
   if (wake_fd_ >= 0) ::close(wake_fd_);
@@ -526,9 +523,13 @@ c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<a
     messages_.push_back(std::move(m));
     done.swap(done_);
   }
-  uint64_t one = 1;
-  (void)!::write(wake_fd_, &one, sizeof one);
+  wake_mailbox_thread();
   return work;  // `done` goes here, on the caller's thread
+}
+
+void DcBackend::wake_mailbox_thread() {
+  uint64_t one = 1;
+  if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof one);
 }
 
 void DcBackend::post(Message& m) {

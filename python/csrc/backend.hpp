@@ -130,6 +130,7 @@ class DcBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> message(bool send, const std::vector<at::Tensor>& tensors,
                                          int peer, int tag);
   void p2p_loop();
+  void wake_mailbox_thread();
   void post(Message& m);
   // Completes `m` (an error: e, else done) and hands its tensors to done_.
   void finish(Message& m, std::exception_ptr e, int source = -1);

@@ -83,8 +83,7 @@ struct Mailbox::Impl {
                 ": not another rank of this group of " + std::to_string(size));
   }
   Clock::time_point deadline(double secs) const {
-    return Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                              std::chrono::duration<double>(secs < 0 ? timeout : secs));
+    return Deadline::after(secs < 0 ? timeout : secs, "").at;
   }
   void fail(const std::string& why) {
     if (failed.empty()) failed = why;

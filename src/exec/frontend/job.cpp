@@ -356,19 +356,17 @@ void JobController::on_node_ready(const std::string& host) {
     logger("exec")->info("node {} is ready for spawned processes", host);
     return;
   }
-  if (!contains(membership_.next_generation(), slot)) {
+  if (!contains(membership_.next_generation(), slot))
     logger("exec")->info("node {} is ready: it waits as a spare ({} nodes in use)", host,
                          members_.size());
-    // The last call may have ended waiting for this one to start: the others join now.
-    if (state_ == State::Running && !last_call_.pending()) on_last_call();
-  } else if (state_ != State::Running) {
+  else if (state_ != State::Running)
     logger("exec")->info("node {} is ready: it joins the next generation", host);
-  } else if (last_call_.pending()) {
+  else if (last_call_.pending())
     logger("exec")->info("node {} is ready: it joins when the last call is over", host);
-  } else {
+  else
     logger("exec")->info("node {} is ready: the last call is over", host);
-    on_last_call();
-  }
+  // The last call may have ended waiting for this node to start (a spare too): the others join.
+  if (state_ == State::Running && !last_call_.pending()) on_last_call();
 }
 
 // The last call (--last-call after the first arrival) is over: the arrivals that are ready join
