@@ -142,6 +142,45 @@ echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE resta
     assert_no_leftovers(marker, timeout=10)
 
 
+def test_a_host_no_longer_listed_leaves_and_may_come_back():
+    """--hostfile a,b,c: in generation 0, rank 0 takes b out of the file: b's daemon is stopped
+    and the group re-forms on a and c; in generation 1, rank 0 lists b again: it is admitted at
+    once (no cool-down: --host-cooldown 60 would outlast the test) and generation 2 runs on a, c
+    and b.  The same with --host-discovery printing the file."""
+    unlisted_and_back(lambda f: ["--hostfile", f])
+    unlisted_and_back(lambda f: ["--host-discovery", f"cat {f}", "--host-discovery-interval",
+                                 "0.2"])
+
+
+def unlisted_and_back(source):
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    hostfile = os.path.join(tmpdir(), "hosts")
+    with open(hostfile, "w") as f:
+        f.write("a\nb\nc\n")
+    body = script("""#!/bin/sh
+case "$PYTORCH_EXEC_GENERATION" in
+0) if [ "$RANK" = 0 ]; then sleep 0.5; printf 'a\\nc\\n' > "$HOSTFILE.new"; mv "$HOSTFILE.new" "$HOSTFILE"; fi
+   exec sleep 60 ;;
+1) if [ "$RANK" = 0 ]; then sleep 0.5; printf 'a\\nc\\nb\\n' > "$HOSTFILE.new"; mv "$HOSTFILE.new" "$HOSTFILE"; fi
+   exec sleep 60 ;;
+esac
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE restarts $TORCHELASTIC_RESTART_COUNT"
+""")
+    env["HOSTFILE"] = hostfile
+    r = run(["-v", "--kill-grace", "1", "--nnodes", "2:3", "--host-cooldown", "60", "--last-call",
+             "0.5"] + source(hostfile) + ["-x", "HOSTFILE", "--launch-agent", agent(marker),
+                                          body], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    check(sorted(r.stdout.splitlines()) == ["gen 2 rank 0 of 3 node a restarts 2",
+                                            "gen 2 rank 1 of 3 node c restarts 2",
+                                            "gen 2 rank 2 of 3 node b restarts 2"], r.stdout)
+    check("node b: no longer listed by its node source; re-forming the group on the 2 node(s) "
+          "left" in r.stderr, r.stderr[-3000:])
+    check("cool-down" not in r.stderr, r.stderr[-3000:])
+    assert_no_leftovers(marker, timeout=10)
+
+
 def test_below_the_minimum_the_job_fails():
     env = job_env()
     marker = env["PE_TEST_MARKER"]
@@ -206,6 +245,7 @@ if __name__ == "__main__":
     main([test_a_lost_node_reforms_the_group, test_mpi_programs_run_in_the_reformed_group,
           test_a_spare_takes_the_place_of_a_lost_node, test_a_frozen_daemon_is_lost_by_its_silence,
           test_a_host_that_comes_back_waits_its_cooldown,
+          test_a_host_no_longer_listed_leaves_and_may_come_back,
           test_below_the_minimum_the_job_fails,
           test_node_counts_are_checked_against_the_allocation,
           test_random_losses])

@@ -148,3 +148,21 @@ TEST(MembershipTest, NodesForSpawnedProcessesNeverJoinAGeneration) {
   EXPECT_EQ(m.next_generation(), (Slots{0, 1}));
   EXPECT_EQ(m.offer("c", 0, 2, true).slot, -1);  // cooling down, as any lost host
 }
+
+TEST(MembershipTest, ARetiredNodeLeavesWithoutACooldownAndItsPlaceIsUsedAgain) {
+  Membership m = running({"a", "b", "c"});
+  m.retire(1);  // b no longer listed
+  EXPECT_EQ(m.find("b"), -1);
+  EXPECT_EQ(m.left(), 2);
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "c"}));
+  m.set_generation(m.next_generation());
+  // Listed again at once: admitted (no cool-down), in its old slot, after the survivors.
+  auto o = m.offer("b", 1, 0.1);
+  EXPECT_EQ(o.slot, 1);
+  EXPECT_EQ(o.why, "");
+  m.ready(1);
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "c", "b"}));
+  // A loss after a retirement still counts as its host's first.
+  m.set_generation(m.next_generation());
+  EXPECT_EQ(m.lost(1, 1), 10);
+}

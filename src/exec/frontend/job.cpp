@@ -105,9 +105,12 @@ int JobController::run() {
     if (state_ != State::Preparing) return;
     for (size_t i = 0; i < membership_.size(); ++i) membership_.ready(static_cast<int>(i));
     start_generation();
-    if (NodeSources::wanted(cfg_) && state_ != State::Done)
+    if (NodeSources::wanted(cfg_) && state_ != State::Done) {
+      if (cfg_.hosts.empty())  // the first nodes came from the hostfile or the command
+        for (const auto& n : base_map_.nodes) listed_.insert(n.host);
       sources_ = std::make_unique<NodeSources>(
           loop_, cfg_, [this](const std::vector<HostSlots>& h) { on_hosts(h); });
+    }
   });
   if (state_ != State::Done) loop_.run();
   sources_.reset();  // a discovery command still running is killed
@@ -256,8 +259,12 @@ std::string JobController::reform_without(const std::string& host, const std::st
     return "the job is ending";
   const Membership::Node& node = membership_.node(slot);
   bool arriving = node.state == Membership::State::Starting && !node.initial;
-  double out = membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
-  logger("exec")->info("node {} is kept out for {} s (cool-down)", host, out);
+  if (host == retiring_) {
+    membership_.retire(slot);
+  } else {
+    double out = membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
+    logger("exec")->info("node {} is kept out for {} s (cool-down)", host, out);
+  }
   if (!member) {  // a spare, or a node that had not joined yet: nothing to re-form
     say((arriving ? "arriving node " : "spare node ") + host + ": " + why);
     if (arriving) loop_.post([this] { on_last_call(); });  // the others need not wait for it
@@ -282,14 +289,34 @@ std::string JobController::reform_without(const std::string& host, const std::st
   return "";
 }
 
-// Hosts a node source lists: those not in the job, and not kept out, get a slot and a daemon.
+// Hosts the node sources list: those not in the job, and not kept out, get a slot and a
+// daemon; those listed before and no longer leave the job.
 void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
   if (state_ != State::Running && state_ != State::Restarting && state_ != State::Reforming) return;
+  std::set<std::string> now;
+  for (const auto& h : hosts) now.insert(h.host);
+  std::vector<std::string> gone;
+  for (const auto& h : listed_)
+    if (!now.count(h)) gone.push_back(h);
+  listed_ = std::move(now);
+  for (const auto& h : gone) on_unlisted(h);
   for (const auto& h : hosts) {
     int ranks = cfg_.npernode > 0 ? cfg_.npernode : h.slots;
     std::string why = admit(h.host, ranks, ranks, false);
     if (!why.empty()) say("node " + h.host + ": " + why);
   }
+}
+
+// A host that its node source listed and no longer does leaves the job as a lost node does
+// (the group re-forms without it, or the job fails below --nnodes MIN), with no cool-down: its
+// daemon is stopped, and listed again it is admitted as any new host.
+void JobController::on_unlisted(const std::string& host) {
+  int slot = membership_.find(host);
+  if (slot < 0 || membership_.node(slot).spawn_only) return;
+  logger("exec")->info("node {} is no longer listed by its node source: it leaves the job", host);
+  retiring_ = host;
+  workers_->remove_node(slot, "no longer listed by its node source");
+  retiring_.clear();
 }
 
 // A host of the job's list without ranks, for MPI_Comm_spawn: a node of its own (not a member

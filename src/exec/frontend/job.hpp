@@ -7,6 +7,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +49,7 @@ class JobController : public AgentListener {
   std::string reform_without(const std::string& host, const std::string& why);
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
   void on_hosts(const std::vector<HostSlots>& hosts);
+  void on_unlisted(const std::string& host);
   std::string admit(const std::string& host, int ranks, int slots, bool spawn_only);
   std::string on_spawn_host(const std::string& host) override;
   void on_spawn_host_lost(const std::string& host, const std::string& why) override;
@@ -75,6 +77,8 @@ class JobController : public AgentListener {
   std::vector<int> members_;  // the slots of the current generation, in its order
   std::unique_ptr<NodeSources> sources_;
   std::map<std::string, std::string> kept_out_;  // hosts offered and not admitted: why (logged)
+  std::set<std::string> listed_;  // hosts the node sources list (or listed, for the first nodes)
+  std::string retiring_;          // the host on_unlisted is taking out of the job
   std::unique_ptr<WorkerSet> workers_;
 
   State state_ = State::Preparing;

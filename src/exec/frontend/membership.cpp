@@ -69,6 +69,8 @@ double Membership::lost(int slot, double now) {
   return keep_out;
 }
 
+void Membership::retire(int slot) { nodes_.at(static_cast<size_t>(slot)).state = State::Lost; }
+
 void Membership::set_generation(const std::vector<int>& slots) {
   generation_.clear();
   for (int s : slots) generation_.push_back(node(s).order);

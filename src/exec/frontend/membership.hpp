@@ -12,7 +12,8 @@
 //   as spares).  So survivors keep their order and new nodes come after them; a host that comes
 //   back after a loss is a new node.
 // - Cool-down: a host whose node was lost is not admitted again for `cooldown` seconds, doubled
-//   on each further loss of that host.
+//   on each further loss of that host.  A node retired on purpose (its host no longer listed)
+//   has none.
 #pragma once
 
 #include <map>
@@ -53,6 +54,9 @@ class Membership {
   void ready(int slot);
   // The node in `slot` is lost (or never came up); returns the seconds its host is kept out.
   double lost(int slot, double now);
+  // The node in `slot` leaves on purpose (its node source no longer lists its host): gone like
+  // a lost one, but its host is not kept out (it may be listed again at once).
+  void retire(int slot);
 
   // The generation that runs now (the slots, in its order).
   void set_generation(const std::vector<int>& slots);

@@ -129,7 +129,7 @@ NodeSources::NodeSources(EventLoop& loop, const LaunchConfig& cfg, HostsFn on_ho
     timer_.arm(kTick);
   });
   timer_.arm(kTick);
-  if (!cfg_.hostfile.empty()) read_hostfile();
+  if (!cfg_.hostfile.empty()) read_hostfile(true);
   next_run_ = next_report_ = now();
 }
 
@@ -141,7 +141,7 @@ bool NodeSources::wanted(const LaunchConfig& cfg) {
 
 void NodeSources::tick() {
   double t = now();
-  if (!cfg_.hostfile.empty()) read_hostfile();
+  if (!cfg_.hostfile.empty()) read_hostfile(false);
   if (!cfg_.host_discovery.empty() && !run_ && t >= next_run_) {
     next_run_ = t + cfg_.discovery_interval;
     try {
@@ -155,8 +155,11 @@ void NodeSources::tick() {
   if (t >= next_report_) report();
 }
 
-// Read again when its size, time or inode changed (an editor's rename too).
-void NodeSources::read_hostfile() {
+// Read again when its size, time or inode changed (an editor's rename too) and then stayed the
+// same for one look (kTick): a file being written in place (truncated, then filled) is not taken
+// half-written, and a hostfile that lists no host is not taken at all, since hosts that leave
+// it leave the job.
+void NodeSources::read_hostfile(bool at_once) {
   struct stat st;
   if (::stat(cfg_.hostfile.c_str(), &st) != 0) {
     warn("--hostfile " + cfg_.hostfile + ": " + std::strerror(errno) + " (keeping its hosts)");
@@ -165,10 +168,15 @@ void NodeSources::read_hostfile() {
   std::string stamp = std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" +
                       std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
   if (stamp == file_stamp_) return;
+  bool settled = stamp == seen_stamp_;
+  seen_stamp_ = stamp;
+  if (!settled && !at_once) return;
   std::ifstream in(cfg_.hostfile);
   try {
     if (!in) throw UsageError("cannot open it");
-    from_file_ = parse_hostfile(in, cfg_.hostfile);
+    auto hosts = parse_hostfile(in, cfg_.hostfile);
+    if (hosts.empty()) throw UsageError("--hostfile " + cfg_.hostfile + " lists no hosts");
+    from_file_ = std::move(hosts);
     file_stamp_ = stamp;
     logger("exec")->info("--hostfile {}: {} host(s)", cfg_.hostfile, from_file_.size());
     report();
@@ -190,6 +198,7 @@ void NodeSources::on_discovered(int status, const std::string& out) {
   }
   try {
     auto hosts = parse_discovery(out);
+    if (hosts.empty()) throw UsageError("--host-discovery: the command printed no hosts");
     bool changed = hosts.size() != from_command_.size();
     for (size_t i = 0; !changed && i < hosts.size(); ++i)
       changed = hosts[i].host != from_command_[i].host || hosts[i].slots != from_command_[i].slots;
@@ -209,9 +218,13 @@ void NodeSources::warn(const std::string& what) {
   logger("exec")->warn("{}", what);
 }
 
-// Every host once, the hostfile's first.
+// Every host once, the hostfile's first; nothing before every source has given its first list
+// (a host missing from the report leaves the job).
 void NodeSources::report() {
   next_report_ = now() + kReportEvery;
+  if ((!cfg_.hostfile.empty() && from_file_.empty()) ||
+      (!cfg_.host_discovery.empty() && from_command_.empty()))
+    return;
   std::vector<HostSlots> all = from_file_;
   for (const auto& h : from_command_) {
     bool seen = false;

@@ -3,7 +3,7 @@
 // --host-discovery-script), run every --host-discovery-interval seconds, which prints the hosts
 // that may be used, one "host" or "host:slots" per line.  At once when a source changes, and
 // every second (cool-downs end), the hosts of every source go to `on_hosts`; the membership
-// decides what to do with them.  Hosts that leave a source are not stopped.  A hostfile that
+// decides what to do with them (a host that leaves every list leaves the job).  A hostfile that
 // cannot be read or parsed, or a command that fails, times out or prints a malformed line, is
 // logged (a warning, once for the same trouble) and its source keeps its last list.
 //
@@ -56,7 +56,7 @@ class NodeSources {
 
  private:
   void tick();
-  void read_hostfile();
+  void read_hostfile(bool at_once);
   void on_discovered(int status, const std::string& out);
   void warn(const std::string& what);
   void report();
@@ -65,6 +65,7 @@ class NodeSources {
   const LaunchConfig& cfg_;
   HostsFn on_hosts_;
   std::string file_stamp_;  // what the hostfile looked like when last read
+  std::string seen_stamp_;  // what it looked like at the last look (a change must settle)
   std::vector<HostSlots> from_file_, from_command_;
   std::unique_ptr<CommandRun> run_;
   double next_run_ = 0, next_report_ = 0;

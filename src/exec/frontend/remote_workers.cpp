@@ -283,6 +283,12 @@ void RemoteWorkers::add_node(int slot) {
   launcher_.launch_node(slot, n.incarnation);
 }
 
+void RemoteWorkers::remove_node(int slot, const std::string& why) {
+  logger("ctrl")->info("node {} ({}): closing its connection ({})", slot,
+                       nodes_.at(static_cast<size_t>(slot)).host, why);
+  tree_.lose(slot, why);  // the daemon sees its connection close, stops its workers, exits
+}
+
 void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {
   if (m.e.spawn == 0) valid_rank(m.e.rank);
   m.e.stopped = m.e.spawn && spawn_.stopped(m.e.generation, m.e.spawn);

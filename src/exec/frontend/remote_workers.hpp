@@ -41,6 +41,7 @@ class RemoteWorkers : public WorkerSet {
   bool hosts_store() const override { return true; }  // the daemon of rank 0's node
   void use_map(const JobMap& map) override;
   void add_node(int slot) override;
+  void remove_node(int slot, const std::string& why) override;
   void start(const GenerationInfo& gen) override;
   void keep_alive() override { beats_.beat(); }
   void signal_all(int sig) override;

@@ -8,6 +8,7 @@
 namespace pe {
 
 void WorkerSet::add_node(int) { throw Error("the job cannot take more nodes"); }
+void WorkerSet::remove_node(int, const std::string&) {}  // a job of one node has none to remove
 
 LocalWorkers::LocalWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                            const EnvMap& env, const JobMap& map, const std::string& job_id,

@@ -41,6 +41,9 @@ class WorkerSet {
   // started; its readiness is reported through WorkerSetContext::node_ready, its loss as any
   // other.  Throws Error when this set cannot take nodes.
   virtual void add_node(int slot);
+  // Elastic departures: node `slot` leaves the job (its host no longer listed): its connection
+  // is closed (its daemon stops its workers and exits) and it is reported lost with `why`.
+  virtual void remove_node(int slot, const std::string& why);
   // Starts every worker of a generation.  Throws Error when they cannot be started.
   virtual void start(const GenerationInfo& gen) = 0;
   // The front end's loop is held up (its terminal does not take output): daemons must keep
