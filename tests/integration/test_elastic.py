@@ -105,30 +105,45 @@ echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE"
     assert_no_leftovers(marker, timeout=10)
 
 
-def test_a_host_that_comes_back_waits_its_cooldown():
-    """--hostfile a,b,c: b's daemon dies in generation 0, the group re-forms on a and c; b, still
-    listed, is kept out for its cool-down, then started again and admitted after the last call:
-    generation 2 runs on a, c and b, in that order (survivors first)."""
+# Generations 0 and 1 run `gen0` and `gen1` (shell, then sleep until stopped); generation 2
+# reports who it is.
+B_LEAVES_AND_COMES_BACK = """#!/bin/sh
+case "$PYTORCH_EXEC_GENERATION" in
+0) %s; exec sleep 60 ;;
+1) %s; exec sleep 60 ;;
+esac
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE restarts $TORCHELASTIC_RESTART_COUNT"
+"""
+
+
+def a_c_then_b(gen0, gen1, args):
+    """A job of --nnodes 2:3 on hosts a, b, c listed in a hostfile (its path in $HOSTFILE), which
+    loses b in generation 0 (`gen0`) and has it back, after the survivors, in generation 2."""
     env = job_env()
     marker = env["PE_TEST_MARKER"]
     hostfile = os.path.join(tmpdir(), "hosts")
     with open(hostfile, "w") as f:
         f.write("a\nb\nc\n")
-    body = script("""#!/bin/sh
-case "$PYTORCH_EXEC_GENERATION" in
-0) if [ "$PE_NODE" = b ]; then kill -9 $PPID; fi; exec sleep 60 ;;
-1) exec sleep 60 ;;
-esac
-echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE restarts $TORCHELASTIC_RESTART_COUNT"
-""")
-    r = run(["-v", "--kill-grace", "1", "--nnodes", "2:3", "--host-cooldown", "1.5", "--last-call",
-             "0.5", "--hostfile", hostfile, "--launch-agent", agent(marker), body], env=env,
-            timeout=90)
+    env["HOSTFILE"] = hostfile
+    body = script(B_LEAVES_AND_COMES_BACK % (gen0, gen1))
+    r = run(["-v", "--kill-grace", "1", "--nnodes", "2:3", "--last-call", "0.5", "-x", "HOSTFILE",
+             "--launch-agent", agent(marker)] + [a.replace("HOSTFILE", hostfile) for a in args] +
+            [body], env=env, timeout=60)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
     check(sorted(r.stdout.splitlines()) == ["gen 2 rank 0 of 3 node a restarts 2",
                                             "gen 2 rank 1 of 3 node c restarts 2",
                                             "gen 2 rank 2 of 3 node b restarts 2"], r.stdout)
-    said = [line for line in r.stderr.splitlines() if re.search(r"node(\(s\))? b\b", line)]
+    assert_no_leftovers(marker, timeout=10)
+    return r.stderr
+
+
+def test_a_host_that_comes_back_waits_its_cooldown():
+    """--hostfile a,b,c: b's daemon dies in generation 0, the group re-forms on a and c; b, still
+    listed, is kept out for its cool-down, then started again and admitted after the last call:
+    generation 2 runs on a, c and b, in that order (survivors first)."""
+    err = a_c_then_b('if [ "$PE_NODE" = b ]; then kill -9 $PPID; fi', "true",
+                     ["--host-cooldown", "1.5", "--hostfile", "HOSTFILE"])
+    said = [line for line in err.splitlines() if re.search(r"node(\(s\))? b\b", line)]
     steps = [r"node b is kept out for 1.5 s \(cool-down\)",
              r"node b: lost contact with its daemon .*re-forming the group on the 2 node\(s\) left",
              r"node b: lost 1 time\(s\): kept out for another .* s \(cool-down\)",
@@ -139,7 +154,6 @@ echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE resta
         if at < len(steps) and re.search(steps[at], line):
             at += 1
     check(at == len(steps), f"missing, in this order: {steps[at:]}\n" + "\n".join(said))
-    assert_no_leftovers(marker, timeout=10)
 
 
 def test_a_host_no_longer_listed_leaves_and_may_come_back():
@@ -147,38 +161,15 @@ def test_a_host_no_longer_listed_leaves_and_may_come_back():
     and the group re-forms on a and c; in generation 1, rank 0 lists b again: it is admitted at
     once (no cool-down: --host-cooldown 60 would outlast the test) and generation 2 runs on a, c
     and b.  The same with --host-discovery printing the file."""
-    unlisted_and_back(lambda f: ["--hostfile", f])
-    unlisted_and_back(lambda f: ["--host-discovery", f"cat {f}", "--host-discovery-interval",
-                                 "0.2"])
-
-
-def unlisted_and_back(source):
-    env = job_env()
-    marker = env["PE_TEST_MARKER"]
-    hostfile = os.path.join(tmpdir(), "hosts")
-    with open(hostfile, "w") as f:
-        f.write("a\nb\nc\n")
-    body = script("""#!/bin/sh
-case "$PYTORCH_EXEC_GENERATION" in
-0) if [ "$RANK" = 0 ]; then sleep 0.5; printf 'a\\nc\\n' > "$HOSTFILE.new"; mv "$HOSTFILE.new" "$HOSTFILE"; fi
-   exec sleep 60 ;;
-1) if [ "$RANK" = 0 ]; then sleep 0.5; printf 'a\\nc\\nb\\n' > "$HOSTFILE.new"; mv "$HOSTFILE.new" "$HOSTFILE"; fi
-   exec sleep 60 ;;
-esac
-echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE restarts $TORCHELASTIC_RESTART_COUNT"
-""")
-    env["HOSTFILE"] = hostfile
-    r = run(["-v", "--kill-grace", "1", "--nnodes", "2:3", "--host-cooldown", "60", "--last-call",
-             "0.5"] + source(hostfile) + ["-x", "HOSTFILE", "--launch-agent", agent(marker),
-                                          body], env=env, timeout=60)
-    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
-    check(sorted(r.stdout.splitlines()) == ["gen 2 rank 0 of 3 node a restarts 2",
-                                            "gen 2 rank 1 of 3 node c restarts 2",
-                                            "gen 2 rank 2 of 3 node b restarts 2"], r.stdout)
-    check("node b: no longer listed by its node source; re-forming the group on the 2 node(s) "
-          "left" in r.stderr, r.stderr[-3000:])
-    check("cool-down" not in r.stderr, r.stderr[-3000:])
-    assert_no_leftovers(marker, timeout=10)
+    rewrite = ('if [ "$RANK" = 0 ]; then sleep 0.5; printf \'%s\' > "$HOSTFILE.new"; '
+               'mv "$HOSTFILE.new" "$HOSTFILE"; fi')
+    for source in (["--hostfile", "HOSTFILE"],
+                   ["--host-discovery", "cat HOSTFILE", "--host-discovery-interval", "0.2"]):
+        err = a_c_then_b(rewrite % "a\\nc\\n", rewrite % "a\\nc\\nb\\n",
+                         ["--host-cooldown", "60"] + source)
+        check("node b: no longer listed by its node source; re-forming the group on the 2 "
+              "node(s) left" in err, err[-3000:])
+        check("cool-down" not in err, err[-3000:])
 
 
 def test_below_the_minimum_the_job_fails():
