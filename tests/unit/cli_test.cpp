@@ -291,6 +291,12 @@ TEST(CliTest, ElasticNodeCounts) {
             "--max-scale-events needs --nnodes MIN:MAX");
   EXPECT_EQ(usage_error({"--spares", "1", "prog"}), "--spares needs --nnodes MIN:MAX");
   EXPECT_EQ(config({"--nnodes", "2:3", "--spares", "2", "prog"}).spares, 2);
+  // Arrivals talk to the front end directly: it takes 2*(MAX+spares) nodes unless told.
+  EXPECT_EQ(config({"prog"}).tree_radix, 32);
+  EXPECT_EQ(config({"--nnodes", "2:4", "prog"}).tree_radix, 32);
+  EXPECT_EQ(config({"--nnodes", "8:40", "--spares", "2", "prog"}).tree_radix, 84);
+  EXPECT_EQ(config({"--nnodes", "8:4000", "prog"}).tree_radix, 1024);
+  EXPECT_EQ(config({"--nnodes", "8:40", "--tree-radix", "4", "prog"}).tree_radix, 4);
   EXPECT_NE(usage_error({"--nnodes", "2:3", "--max-scale-events", "-1", "prog"})
                 .find("--max-scale-events: expected a non-negative integer"),
             std::string::npos);

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <sstream>
@@ -35,7 +36,8 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::launch_agent},
     {"tree-radix", 0, "Processes", "N",
      "control-plane fan-out: at most N daemons talk to pytorch_exec, each relaying for N more "
-     "(default 32)",
+     "(default 32; with --nnodes MIN:MAX at least 2*(MAX+spares), up to 1024, since arriving "
+     "nodes talk to pytorch_exec directly)",
      &RawOptions::tree_radix},
     {"heartbeat-interval", 0, "Processes", "SECONDS",
      "every daemon and pytorch_exec send a heartbeat to their neighbours in the control plane "
@@ -328,6 +330,13 @@ void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
     throw UsageError("--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got '" + v + "'");
   c.nnodes_min = static_cast<int>(*lo);
   c.nnodes_max = static_cast<int>(*hi);
+  // Nodes that arrive while the job runs talk to the front end directly (the relays of the tree
+  // take no arrivals): unless --tree-radix says otherwise, the front end takes twice MAX plus
+  // the spares (arrivals beyond MAX wait as spares), up to kFlatElasticNodes.
+  constexpr long kFlatElasticNodes = 1024;
+  if (!raw.tree_radix)
+    c.tree_radix = static_cast<int>(std::max<long>(
+        c.tree_radix, std::min(2L * (c.nnodes_max + static_cast<long>(c.spares)), kFlatElasticNodes)));
 }
 
 // The choice spelled `v`, or a UsageError naming `opt` and every choice.
