@@ -330,6 +330,19 @@ def test_spawn_on_hosts_without_ranks():
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
+def test_a_job_on_this_machine_spawns_on_another_listed_host():
+    """-H localhost:2,b:2 -n 2: every rank runs here, b is in the list: the job has daemons (one
+    here, b's started when the spawn asks for it), as mpirun has, and the children run on b."""
+    env = tcp_env()
+    r = run(["-H", "localhost:2,b:2", "--launch-agent", agent(env["PE_TEST_MARKER"]), "-v", "-x",
+             "SPAWN_HOST_KEY=add-host", "-n", "2", prog("spawn"), "2", "b"], env=env, timeout=60)
+    check_exchange(r, 2, 2)
+    check(re.search(r"@b pmix info: namespace \S+\.spawn1 registered: 2 ranks, 2 here", r.stderr),
+          r.stderr)
+    check("node b: starting its daemon for spawned processes" in r.stderr, r.stderr)
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 def test_spawned_output_goes_to_output_files():
     """--output-filename DIR: a spawned job's processes write DIR/G.N/rank.R/{stdout,stderr}, as
     their lines are tagged [G.N,R] (the ranks keep DIR/rank.R)."""
@@ -479,5 +492,6 @@ if __name__ == "__main__":
           test_killing_the_launcher_leaves_no_children,
           test_mpi4py_comm_spawn, test_mpi4py_futures_pool,
           test_spawn_across_nodes, test_spawn_on_hosts_without_ranks,
+          test_a_job_on_this_machine_spawns_on_another_listed_host,
           test_spawned_output_goes_to_output_files, test_failure_events_reach_spawned_namespaces,
           test_spawn_failing_on_one_node_stops_the_rest, test_spawn_across_netns_hosts])

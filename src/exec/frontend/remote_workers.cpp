@@ -33,7 +33,10 @@ double daemon_timeout(const EnvMap& env) {
 
 WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow) {
   WorkerSetSource s;
-  s.local = !grow && map.nodes.size() == 1 && is_local_host(map.nodes[0].host, host);
+  // Hosts of the list without ranks (MPI_Comm_spawn may ask for them) need daemons, so a job
+  // that lists them has one on this machine too, as mpirun has on every host of its list.
+  s.local = !grow && map.nodes.size() == 1 && is_local_host(map.nodes[0].host, host) &&
+            map.spawn_hosts.empty();
   if (s.local) {
     s.make = [](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
       return std::make_unique<LocalWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,

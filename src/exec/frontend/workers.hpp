@@ -84,8 +84,9 @@ struct WorkerSetSource {
   std::function<std::unique_ptr<WorkerSet>(const WorkerSetContext&)> make;
 };
 
-// A map of one node, this machine, runs in-process (LocalWorkers) unless the job is to `grow`;
-// any other through pytorch_execd daemons (RemoteWorkers).
+// A map of one node, this machine, runs in-process (LocalWorkers) unless the job is to `grow`
+// or its host list has other hosts (for MPI_Comm_spawn); any other through pytorch_execd daemons
+// (RemoteWorkers).
 WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow = false);
 
 // The workers on this machine, through a node agent with a PMIx server (single-node jobs).
