@@ -332,15 +332,17 @@ def test_spawn_on_hosts_without_ranks():
 
 def test_a_job_on_this_machine_spawns_on_another_listed_host():
     """-H localhost:2,b:2 -n 2: every rank runs here, b is in the list: the job has daemons (one
-    here, b's started when the spawn asks for it), as mpirun has, and the children run on b."""
-    env = tcp_env()
-    r = run(["-H", "localhost:2,b:2", "--launch-agent", agent(env["PE_TEST_MARKER"]), "-v", "-x",
-             "SPAWN_HOST_KEY=add-host", "-n", "2", prog("spawn"), "2", "b"], env=env, timeout=60)
-    check_exchange(r, 2, 2)
-    check(re.search(r"@b pmix info: namespace \S+\.spawn1 registered: 2 ranks, 2 here", r.stderr),
-          r.stderr)
-    check("node b: starting its daemon for spawned processes" in r.stderr, r.stderr)
-    assert_no_leftovers(env["PE_TEST_MARKER"])
+    here, b's started when the spawn asks for it), as mpirun has, and the children run on b.
+    Likewise an elastic job (--nnodes 1:1 -H a:2,b:2) for b, a host of its list beyond MAX."""
+    for args in (["-H", "localhost:2,b:2", "-n", "2"], ["--nnodes", "1:1", "-H", "a:2,b:2"]):
+        env = tcp_env()
+        r = run(args + ["--launch-agent", agent(env["PE_TEST_MARKER"]), "-v", "-x",
+                        "SPAWN_HOST_KEY=add-host", prog("spawn"), "2", "b"], env=env, timeout=60)
+        check_exchange(r, 2, 2)
+        check(re.search(r"@b pmix info: namespace \S+\.spawn1 registered: 2 ranks, 2 here",
+                        r.stderr), r.stderr)
+        check("node b: starting its daemon for spawned processes" in r.stderr, r.stderr)
+        assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
 def test_spawned_output_goes_to_output_files():

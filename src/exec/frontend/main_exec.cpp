@@ -43,6 +43,7 @@ pe::Allocation first_nodes(const pe::LaunchConfig& cfg, const pe::EnvMap& env,
 
 pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
   pe::Allocation alloc = first_nodes(cfg, env, host);
+  const pe::Allocation listed = alloc;  // hosts beyond an elastic job's nodes: for spawns
   if (cfg.nnodes_min > 0) {  // elastic: at least MIN of the allocation's nodes, at most MAX
     if (static_cast<int>(alloc.nodes.size()) < cfg.nnodes_min)
       throw pe::UsageError("--nnodes " + std::to_string(cfg.nnodes_min) + ":" +
@@ -61,7 +62,7 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
   req.npernode = cfg.npernode;
   req.oversubscribe = cfg.oversubscribe;
   pe::JobMap map = pe::map_job(alloc, req);
-  if (cfg.nnodes_min == 0) map.spawn_hosts = pe::hosts_without_ranks(alloc, map);
+  map.spawn_hosts = pe::hosts_without_ranks(listed, map);
   return map;
 }
 
