@@ -29,6 +29,16 @@ struct DaemonOptions {
   std::string secret;                                // raw bytes
   double connect_timeout = 30.0;
   ctrl::HeartbeatSettings heartbeat;  // with the parent and the children in the tree
+  // Join mode: this daemon is a pytorch_exec that joins by itself (--rdzv-endpoint) rather
+  // than one the front end started.  It retries until `timeout` (the host may start later),
+  // brings `slots` ranks, prints its own workers' output, leaves the job on SIGINT/SIGTERM, and
+  // exits with the job's status (JobEnd), or 1 with a line when it loses the host.
+  struct Join {
+    int slots = 0;  // > 0: join mode
+    int node_rank = -1;
+    double timeout = 600;
+    std::string endpoint;  // HOST:PORT, for messages
+  } join;
 };
 
 class Daemon : public AgentListener, public pmix::ModexRouter {
@@ -54,6 +64,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status, std::string data,
                 const char* what);
   void on_closed(const std::string& why);
+  void join_handshake();
+  void on_leave(int sig);
   void start_heartbeats();
   void on_silent(int id);
   double upstream_timeout() const;
@@ -105,6 +117,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   // The upstream queue is full: the ranks' output and the children's links are not read.
   bool output_paused_ = false;
   int status_ = 0;
+  int job_status_ = -1;  // from JobEnd (join mode): the job is over
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace
   std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;

@@ -48,7 +48,12 @@ class JobController : public AgentListener {
   std::string reform_without(const std::string& host, const std::string& why);
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
   void on_hosts(const std::vector<HostSlots>& hosts);
-  std::string admit(const std::string& host, int ranks, int slots, bool spawn_only);
+  std::string admit(const std::string& host, int ranks, int slots, bool spawn_only,
+                    long order = -1, std::string* kept_out = nullptr);
+  // Join mode: a node asks to join; the first generation waits for MIN of them (gather).
+  ctrl::Verdict on_join(const std::string& host, int slots, int node_rank);
+  void gather();
+  void on_join_timeout();
   std::string on_spawn_host(const std::string& host) override;
   void on_spawn_host_lost(const std::string& host, const std::string& why) override;
   bool spawn_only(const std::string& host) const;
@@ -91,6 +96,9 @@ class JobController : public AgentListener {
   Event grace_timer_;
   Event kill_timer_;
   Event last_call_;  // --last-call: arrivals wait for others
+  bool gathering_ = false;  // join mode: waiting for --nnodes MIN nodes before generation 0
+  bool gather_called_ = false;  // the last call once MIN nodes are there was made
+  Event join_timer_;        // --rdzv-conf join_timeout
 
   // Standard input.
   StdinHow stdin_how_ = StdinHow::DevNull;

@@ -42,7 +42,8 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool gro
   } else {
     s.make = [host](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
       return std::make_unique<RemoteWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,
-                                             host, c.stdin_how == StdinHow::Forward, c.node_ready);
+                                             host, c.stdin_how == StdinHow::Forward, c.node_ready,
+                                             c.join);
     };
   }
   return s;
@@ -51,14 +52,14 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool gro
 RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
                              const std::string& host, bool stdin_forwarded,
-                             std::function<void(const std::string&)> node_ready)
+                             std::function<void(const std::string&)> node_ready, JoinFn join)
     : loop_(loop),
       listener_(listener),
       cfg_(cfg),
       env_(env),
       map_(map),
       job_id_(job_id),
-      secret_(auth::new_secret()),
+      secret_(cfg.rdzv_key.empty() ? auth::new_secret() : cfg.rdzv_key),
       slurm_(map.slurm && cfg.launch_agent.empty()),
       stdin_forwarded_(stdin_forwarded),
       nodes_(map.nodes.size()),
@@ -93,7 +94,8 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                         !tree_.attached(n) && !tree_.lost(n))
                       tree_.lose(n, why);
                 }),
-      node_ready_(std::move(node_ready)) {
+      node_ready_(std::move(node_ready)),
+      join_(cfg.join_mode() ? std::move(join) : JoinFn()) {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     nodes_[i].host = map_.nodes[i].host;
     by_host_[nodes_[i].host] = static_cast<int>(i);
@@ -166,18 +168,11 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
     throw ProgramError("cannot find pytorch_execd next to pytorch_exec (" + launcher_.execd() + ")",
                        1);
   acceptor_ = std::make_unique<ctrl::Acceptor>(
-      loop_, secret_,
-      [this](const std::string& name) -> std::string {
-        auto it = by_host_.find(name);
-        if (it == by_host_.end()) return "node '" + name + "' is not in the job";
-        int n = it->second;
-        if (tree_.attached(n) || tree_.waiting(n) || tree_.lost(n))
-          return "node '" + name + "' is already connected";
-        return "";
-      },
+      loop_, secret_, [this](const ctrl::Hello& h) { return check_node(h); },
       [this](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
         on_authenticated(by_host_.at(name), std::move(conn));
-      });
+      },
+      join_ ? cfg_.rdzv_port : 0);
   addresses_ = local_ipv4_addresses();
   double timeout = daemon_timeout_ = daemon_timeout(env_);
   ready_timer_ = loop_.timer([this, timeout] {
@@ -192,6 +187,24 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
                        acceptor_->port(), join(addresses_, ","), nodes_.size(),
                        slurm_ ? "srun" : "a launch agent");
   launcher_.launch(addresses_, acceptor_->port(), secret_);
+}
+
+// A node that proved it knows the secret: one of ours whose daemon we started, or (join mode) a
+// node that started by itself and asks to join, which the controller admits or refuses.
+ctrl::Verdict RemoteWorkers::check_node(const ctrl::Hello& h) {
+  const std::string& name = h.node;
+  bool joining = join_ && h.join_slots >= 0;
+  auto it = by_host_.find(name);
+  if (it != by_host_.end() && !(joining && tree_.lost(it->second))) {
+    int n = it->second;
+    if (joining)  // its first pytorch_exec is alive (or it is the host's own node)
+      return "node '" + name + "' is in the job already (a second pytorch_exec on that host?)";
+    if (tree_.attached(n) || tree_.waiting(n) || tree_.lost(n))
+      return "node '" + name + "' is already connected";
+    return "";
+  }
+  if (!joining) return "node '" + name + "' is not in the job";
+  return join_(name, h.join_slots, h.node_rank);
 }
 
 void RemoteWorkers::on_joined(int node) {
@@ -279,8 +292,19 @@ void RemoteWorkers::add_node(int slot) {
                          " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
   });
   n.deadline.arm(daemon_timeout_);
+  if (join_) {  // it is connecting by itself: its connection is accepted next
+    logger("ctrl")->info("node {} ({}) joins", slot, n.host);
+    return;
+  }
   logger("ctrl")->info("node {} ({}): starting its daemon", slot, n.host);
   launcher_.launch_node(slot, n.incarnation);
+}
+
+void RemoteWorkers::end_job(int status) {
+  if (!join_) return;
+  tree_.broadcast(ctrl::JobEnd{status});
+  for (auto& n : nodes_)
+    if (n.direct) n.direct->finish();  // flushed before the links are dropped
 }
 
 void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {

@@ -27,10 +27,14 @@ namespace pe {
 
 class RemoteWorkers : public WorkerSet {
  public:
+  using JoinFn = decltype(WorkerSetContext::join);
+  // Join mode (cfg.join_mode()): the control plane listens on cfg.rdzv_port with cfg.rdzv_key,
+  // only the first nodes' daemons (this host's) are started, and other nodes join by
+  // themselves through `join`.
   RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                 const EnvMap& env, const JobMap& map, const std::string& job_id,
                 const std::string& host, bool stdin_forwarded,
-                std::function<void(const std::string&)> node_ready = {});
+                std::function<void(const std::string&)> node_ready = {}, JoinFn join = {});
   // Closes every connection (the daemons then kill what is left and exit); the launchers are
   // waited for, then killed.
   ~RemoteWorkers() override;
@@ -51,6 +55,7 @@ class RemoteWorkers : public WorkerSet {
   size_t stdin_backlog() const override;
   std::string host_of_rank(int rank) const override;
   std::string format_map() const override;
+  void end_job(int status) override;
 
   std::vector<std::string> launch_command(int node) const { return launcher_.launch_command(node); }
 
@@ -69,6 +74,7 @@ class RemoteWorkers : public WorkerSet {
     bool spawn_only = false;  // runs no ranks: started for MPI_Comm_spawn's processes
     Event deadline;       // a node added while the job runs has this long to be ready
   };
+  ctrl::Verdict check_node(const ctrl::Hello& h);
   void on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn);
   void on_ready(int node, ctrl::Ready& m);
   void on_joined(int node);
@@ -112,6 +118,7 @@ class RemoteWorkers : public WorkerSet {
   Event ready_timer_;
   std::function<void()> ready_;
   std::function<void(const std::string&)> node_ready_;
+  JoinFn join_;  // join mode only
   double daemon_timeout_ = 60;
   bool prepared_ = false;
 };
