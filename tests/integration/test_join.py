@@ -1,0 +1,247 @@
+"""Join mode across network namespaces (netns.py): every host runs its own
+`pytorch_exec --rdzv-endpoint HOST:PORT ...`, as in a Kubernetes PyTorchJob or with torchrun, each
+in its own UTS namespace so that its host name is its own.  The one whose address is HOST hosts
+the job; the others join it.  Checked: a torch gloo allreduce across hosts with torchrun's
+flags; the Kubeflow training operator's PET_* variables alone (c10d and static rendezvous); a
+wrong secret and a second pytorch_exec on a host refused with one line while the job goes on; a
+node killed (SIGKILL of its pytorch_exec and workers) and the job finishing on the others; a
+node that starts late joining a new generation; SIGTERM to a joining node and to the host; the
+host lost; nothing left running anywhere.  Needs root (skips otherwise)."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+import netns
+from harness import (EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
+                     marker_env, need_torch, script, tmpdir, skip)
+
+BED = None
+SECRET = "join test secret"
+
+
+def endpoint(port):
+    return f"{BED.addr(1)}:{port}"
+
+
+def node(i, args, env, name=None):
+    """pytorch_exec ARGS on host i (1-based), named node<i> (or `name`), in the background."""
+    cmd = ["ip", "netns", "exec", BED.nodes[i - 1], "unshare", "-u", "sh", "-c",
+           'hostname "$0" && exec "$@"', name or f"node{i}", EXEC] + args
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(procs, timeout=60):
+    """Waits for every process: [(returncode, stdout, stderr)]; kills them all on a timeout."""
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            try:
+                o, e = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as ex:
+                raise TestFailure(f"a node did not finish within {timeout} s") from ex
+            out.append((p.returncode, o, e))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
+def secret_env(extra=None):
+    env = marker_env(extra)
+    env["PYTORCH_EXEC_RDZV_SECRET"] = SECRET
+    return env
+
+
+def wait_files(d, n, timeout=30):
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(d)) < n and time.monotonic() < deadline:
+        time.sleep(0.05)
+    check(len(os.listdir(d)) >= n, f"only {len(os.listdir(d))} of {n} ranks started")
+
+
+ENV_SCRIPT = ("#!/bin/sh\necho \"$(hostname) rank=$RANK world=$WORLD_SIZE group=$GROUP_RANK "
+              "groups=$GROUP_WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE run=$TORCHELASTIC_RUN_ID "
+              "master=$MASTER_ADDR secret=${PYTORCH_EXEC_RDZV_SECRET:-unset}\"\n")
+
+
+def test_gloo_allreduce_with_torchrun_flags():
+    """Three hosts with 1, 2 and 1 ranks, torchrun's spellings; host 3 starts first (it waits
+    for the host), host 1 last.  Each host prints its own ranks' lines; rank 0 the result."""
+    need_torch()
+    env = secret_env({"GLOO_SOCKET_IFNAME": "pe0"})
+    prog = os.path.join(SRCDIR, "examples", "hello_allreduce.py")
+    procs = {}
+    for i, n in ((3, 1), (2, 2), (1, 1)):
+        procs[i] = node(i, ["--nnodes", "3", "--nproc_per_node", str(n), "--rdzv_backend", "c10d",
+                            "--rdzv_endpoint", endpoint(29400), "--rdzv_id", "allreduce",
+                            TORCH_PYTHON, prog], env)
+        time.sleep(0.3)
+    res = dict(zip((3, 2, 1), finish([procs[3], procs[2], procs[1]], timeout=180)))
+    for i, (rc, out, err) in res.items():
+        check(rc == 0, f"host {i}: exit {rc}: {out} {err[-2000:]}")
+    check("allreduce over 4 ranks: [6.0, 10.0, 14.0, 18.0] (correct)" in res[1][1], res[1][1])
+    for i, want in ((1, 1), (2, 2), (3, 1)):
+        rows = re.findall(r"rank \d+ of 4 .* on (node\d)", res[i][1])
+        check(rows == [f"node{i}"] * want, f"host {i}: {res[i][1]}")
+    check("rendezvous allreduce complete: 3 node(s)" in res[1][2], res[1][2])
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
+def test_pet_variables_only():
+    """No flags but the program: PET_* as the Kubeflow training operator sets them (c10d with
+    MASTER_* set too), the secret from PYTORCH_EXEC_RDZV_SECRET, which workers do not see."""
+    env = secret_env({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_RDZV_BACKEND": "c10d",
+                      "PET_RDZV_ENDPOINT": endpoint(29401), "PET_RDZV_ID": "petjob",
+                      "PET_MASTER_ADDR": BED.addr(1), "PET_MASTER_PORT": "23456",
+                      "PET_NODE_RANK": "0"})
+    prog = script(ENV_SCRIPT)
+    res = finish([node(2, [prog], env), node(1, [prog], env)])
+    lines = []
+    for rc, out, err in res:
+        check(rc == 0, f"exit {rc}: {out} {err}")
+        lines += out.splitlines()
+    want = [f"node1 rank={r} world=4 group=0 groups=2 local={r}/2 run=petjob master={BED.addr(1)} "
+            "secret=unset" for r in (0, 1)]
+    want += [f"node2 rank={r + 2} world=4 group=1 groups=2 local={r}/2 run=petjob "
+             f"master={BED.addr(1)} secret=unset" for r in (0, 1)]
+    check(sorted(lines) == sorted(want), f"{sorted(lines)} != {sorted(want)}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
+def test_static_rendezvous_keeps_node_ranks():
+    """PET_MASTER_ADDR/PORT and PET_NODE_RANK (torchrun's static rendezvous): nodes 2 and 1
+    start before node 0, in that order; GROUP_RANK is each node's own rank."""
+    prog = script(ENV_SCRIPT)
+    env = secret_env({"PET_NNODES": "3", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": BED.addr(1),
+                      "PET_MASTER_PORT": "29402"})
+    procs = []
+    for host, rank in ((3, 2), (2, 1), (1, 0)):
+        procs.append(node(host, [prog], dict(env, PET_NODE_RANK=str(rank))))
+        time.sleep(0.3)
+    res = finish(procs)
+    for (rc, out, err), (host, rank) in zip(res, ((3, 2), (2, 1), (1, 0))):
+        check(rc == 0, f"host {host}: exit {rc}: {err}")
+        check(f"node{host} rank={rank} world=3 group={rank} groups=3" in out, f"host {host}: {out}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
+def sleeper(d):
+    """Generation 0 records its pid and sleeps; later generations print where they run."""
+    return script(f"#!/bin/sh\nif [ $PYTORCH_EXEC_GENERATION = 0 ]; then echo $$ > {d}/up.$RANK; "
+                  f"sleep ${{SLEEP:-120}}; exit 0; fi\n"
+                  "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n")
+
+
+def test_wrong_secret_and_second_launcher_are_refused():
+    """While a two-host job runs: a node with the wrong secret, and a second pytorch_exec on
+    host 2, are refused with one line and exit non-zero; the job is not disturbed."""
+    env = secret_env({"SLEEP": "4"})
+    d = tmpdir()
+    prog = sleeper(d)
+    args = ["--nnodes", "2:3", "--rdzv-endpoint", endpoint(29403), "--rdzv-id", "refusals", prog]
+    job = [node(1, args, env), node(2, args, env)]
+    wait_files(d, 2)
+    bad = node(3, args, dict(env, PYTORCH_EXEC_RDZV_SECRET="not the secret"))
+    twice = node(2, args, env)
+    (rc_bad, _, err_bad), (rc_twice, _, err_twice) = finish([bad, twice], timeout=30)
+    check(rc_bad != 0, f"wrong secret: exit {rc_bad}")
+    check(f"pytorch_exec: refused by the rendezvous host {endpoint(29403)}: authentication failed"
+          in err_bad, err_bad)
+    check(rc_twice != 0 and "refused by the rendezvous host" in err_twice and
+          "node 'node2' is in the job already" in err_twice, err_twice)
+    res = finish(job)
+    for rc, out, err in res:
+        check(rc == 0, f"exit {rc}: {err}")
+    check("re-forming" not in res[0][2] and "joined" not in res[0][2], res[0][2])
+    check("refused node 'node3'" in res[0][2] and "authentication failed" in res[0][2], res[0][2])
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
+def test_killed_node_and_late_node():
+    """--nnodes 2:3: hosts 1 and 2 start the job; host 3 starts late and joins generation 1;
+    then its pytorch_exec and its worker are killed (SIGKILL): generation 2 runs on hosts 1 and
+    2 and finishes."""
+    env = secret_env()
+    d = tmpdir()
+    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK\n"
+                  "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n"
+                  "[ $PYTORCH_EXEC_GENERATION = 2 ] && exit 0\nexec sleep 120\n")
+    args = ["--nnodes", "2:3", "--last-call", "0.2", "--rdzv-endpoint", endpoint(29404),
+            "--rdzv-id", "elastic", prog]
+    job = [node(1, args, env), node(2, args, env)]
+    wait_files(d, 2)
+    late = node(3, args, env)
+    wait_files(d, 2 + 3)  # generation 1 on three hosts
+    victim = int(open(os.path.join(d, "up.1.2")).read())
+    t0 = time.monotonic()
+    late.kill()
+    os.kill(victim, signal.SIGKILL)
+    rc3, _, _ = finish([late])[0]
+    check(rc3 == -signal.SIGKILL, f"killed node: {rc3}")
+    wait_files(d, 2 + 3 + 2)  # generation 2 on hosts 1 and 2
+    took = time.monotonic() - t0
+    res = finish(job)
+    for rc, out, err in res:
+        check(rc == 0, f"exit {rc}: {out} {err[-2000:]}")
+    check("gen 2 rank 0 of 2 on node1" in res[0][1], res[0][1])
+    check("gen 2 rank 1 of 2 on node2" in res[1][1], res[1][1])
+    check("gen 1 rank 2 of 3 on node3" not in res[0][1], "a joined node's output went to the host")
+    check(re.search(r"node node3: .*re-forming the group on the 2 node\(s\) left", res[0][2]),
+          res[0][2])
+    print(f"  killed node: re-formed group done {took:.2f} s after the kill")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
+def test_signals_and_a_lost_host():
+    """SIGTERM to a joined node: it stops its workers and leaves, the job goes on (>= MIN).
+    SIGTERM to the host: the whole job stops, every node exits with its status.  SIGKILL of the
+    host: the nodes say they lost it and exit 1."""
+    env = secret_env()
+    d = tmpdir()
+    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK\nexec sleep 120\n")
+    args = ["--nnodes", "1:3", "--last-call", "0.5", "--heartbeat-timeout", "2",
+            "--rdzv-endpoint", endpoint(29405), "--rdzv-id", "signals", prog]
+    others = [node(2, args, env), node(3, args, env)]
+    host = node(1, args, env)
+    wait_files(d, 3)  # one generation on the three nodes
+    others[1].send_signal(signal.SIGTERM)
+    rc, _, err = finish([others[1]])[0]
+    check(rc == 128 + signal.SIGTERM, f"SIGTERM to a node: exit {rc}: {err}")
+    check("leaving the job" in err, err)
+    time.sleep(1)
+    check(host.poll() is None and others[0].poll() is None, "the job ended with the node")
+    host.send_signal(signal.SIGTERM)
+    (rc1, _, err1), (rc2, _, err2) = finish([host, others[0]], timeout=30)
+    check(rc1 == 128 + signal.SIGTERM and rc2 == 128 + signal.SIGTERM,
+          f"SIGTERM to the host: exits {rc1}, {rc2}: {err1} {err2}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+    env = secret_env()
+    d = tmpdir()
+    args[-1] = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK\nexec sleep 120\n")
+    joined = node(2, args, env)
+    host = node(1, args, env)
+    wait_files(d, 2)
+    host.kill()
+    t0 = time.monotonic()
+    rc, _, err = finish([joined], timeout=30)[0]
+    check(rc == 1 and f"pytorch_exec: lost the rendezvous host {endpoint(29405)}" in err,
+          f"exit {rc}: {err}")
+    print(f"  host killed: the joined node exited {time.monotonic() - t0:.2f} s later")
+    finish([host])
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
+if __name__ == "__main__":
+    why = netns.available()
+    if why:
+        skip(why)
+    with netns.NetnsBed(4) as BED:
+        main([test_pet_variables_only, test_static_rendezvous_keeps_node_ranks,
+              test_wrong_secret_and_second_launcher_are_refused, test_killed_node_and_late_node,
+              test_signals_and_a_lost_host, test_gloo_allreduce_with_torchrun_flags])
