@@ -64,6 +64,23 @@ def wait_files(d, n, timeout=30):
     check(len(os.listdir(d)) >= n, f"only {len(os.listdir(d))} of {n} ranks started")
 
 
+def wait_generation(d, world, after=-1, timeout=30):
+    """Waits for a generation later than `after` whose `world` ranks all wrote up.G.RANK.WORLD
+    into `d`; returns its number."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        gens = {}
+        for f in os.listdir(d):
+            _, g, _, w = f.split(".")
+            if int(w) == world and int(g) > after:
+                gens[int(g)] = gens.get(int(g), 0) + 1
+        done = [g for g, n in gens.items() if n == world]
+        if done:
+            return max(done)
+        time.sleep(0.05)
+    raise TestFailure(f"no generation of {world} ranks after {after}: {sorted(os.listdir(d))}")
+
+
 ENV_SCRIPT = ("#!/bin/sh\necho \"$(hostname) rank=$RANK world=$WORLD_SIZE group=$GROUP_RANK "
               "groups=$GROUP_WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE run=$TORCHELASTIC_RUN_ID "
               "master=$MASTER_ADDR secret=${PYTORCH_EXEC_RDZV_SECRET:-unset}\"\n")
@@ -197,36 +214,45 @@ def test_killed_node_and_late_node():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 
-def test_signals_and_a_lost_host():
-    """SIGTERM to a joined node: it stops its workers and leaves, the job goes on (>= MIN).
-    SIGTERM to the host: the whole job stops, every node exits with its status.  SIGKILL of the
-    host: the nodes say they lost it and exit 1."""
+def test_signals_rejoin_and_a_lost_host():
+    """SIGTERM to a joined node: it stops its workers and leaves, the job goes on (>= MIN); the
+    node started again is refused during its cool-down, keeps trying, and joins.  SIGTERM to the
+    host: the whole job stops, every node exits with its status.  SIGKILL of the host: the nodes
+    say they lost it and exit 1."""
     env = secret_env()
     d = tmpdir()
-    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK\nexec sleep 120\n")
+    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
+                  "exec sleep 120\n")
     args = ["--nnodes", "1:3", "--last-call", "0.5", "--heartbeat-timeout", "2",
-            "--rdzv-endpoint", endpoint(29405), "--rdzv-id", "signals", prog]
+            "--host-cooldown", "1", "--rdzv-endpoint", endpoint(29405), "--rdzv-id", "signals", prog]
     others = [node(2, args, env), node(3, args, env)]
     host = node(1, args, env)
-    wait_files(d, 3)  # one generation on the three nodes
+    g = wait_generation(d, 3)
     others[1].send_signal(signal.SIGTERM)
     rc, _, err = finish([others[1]])[0]
     check(rc == 128 + signal.SIGTERM, f"SIGTERM to a node: exit {rc}: {err}")
     check("leaving the job" in err, err)
-    time.sleep(1)
+    g = wait_generation(d, 2, after=g)
     check(host.poll() is None and others[0].poll() is None, "the job ended with the node")
+    t0 = time.monotonic()
+    others[1] = node(3, args, env)
+    wait_generation(d, 3, after=g)
+    print(f"  node 3 joined again {time.monotonic() - t0:.2f} s after it was started again "
+          "(cool-down 1 s)")
     host.send_signal(signal.SIGTERM)
-    (rc1, _, err1), (rc2, _, err2) = finish([host, others[0]], timeout=30)
-    check(rc1 == 128 + signal.SIGTERM and rc2 == 128 + signal.SIGTERM,
-          f"SIGTERM to the host: exits {rc1}, {rc2}: {err1} {err2}")
+    (rc1, _, err1), (rc2, _, err2), (rc3, _, err3) = finish([host] + others, timeout=30)
+    check(rc1 == rc2 == rc3 == 128 + signal.SIGTERM,
+          f"SIGTERM to the host: exits {rc1}, {rc2}, {rc3}: {err1} {err2} {err3}")
+    check("kept out for another" in err1, err1)
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
     env = secret_env()
     d = tmpdir()
-    args[-1] = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK\nexec sleep 120\n")
+    args[-1] = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
+                      "exec sleep 120\n")
     joined = node(2, args, env)
     host = node(1, args, env)
-    wait_files(d, 2)
+    wait_generation(d, 2)
     host.kill()
     t0 = time.monotonic()
     rc, _, err = finish([joined], timeout=30)[0]
@@ -244,4 +270,4 @@ if __name__ == "__main__":
     with netns.NetnsBed(4) as BED:
         main([test_pet_variables_only, test_static_rendezvous_keeps_node_ranks,
               test_wrong_secret_and_second_launcher_are_refused, test_killed_node_and_late_node,
-              test_signals_and_a_lost_host, test_gloo_allreduce_with_torchrun_flags])
+              test_signals_rejoin_and_a_lost_host, test_gloo_allreduce_with_torchrun_flags])
