@@ -188,7 +188,7 @@ def test_killed_node_and_late_node():
     prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK\n"
                   "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n"
                   "[ $PYTORCH_EXEC_GENERATION = 2 ] && exit 0\nexec sleep 120\n")
-    args = ["--nnodes", "2:3", "--last-call", "0.2", "--rdzv-endpoint", endpoint(29404),
+    args = ["-v", "--nnodes", "2:3", "--last-call", "0.2", "--rdzv-endpoint", endpoint(29404),
             "--rdzv-id", "elastic", prog]
     job = [node(1, args, env), node(2, args, env)]
     wait_files(d, 2)
@@ -210,7 +210,14 @@ def test_killed_node_and_late_node():
     check("gen 1 rank 2 of 3 on node3" not in res[0][1], "a joined node's output went to the host")
     check(re.search(r"node node3: .*re-forming the group on the 2 node\(s\) left", res[0][2]),
           res[0][2])
-    print(f"  killed node: re-formed group done {took:.2f} s after the kill")
+    times = re.findall(r"generation (\d) timeline: detected 0 ms -> stopped (\d+) ms -> "
+                       r"re-formed (\d+) ms -> all workers running (\d+) ms", res[0][2])
+    check([t[0] for t in times] == ["1", "2"], res[0][2])
+    for gen, stopped, reformed, running in times:
+        check(int(stopped) <= int(reformed) <= int(running), times)
+    print(f"  arrival -> larger group running: {times[0][3]} ms (last call 200 ms); loss -> "
+          f"re-formed group running: {times[1][3]} ms (stopped {times[1][1]} ms); the job done "
+          f"{took:.2f} s after the kill")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 

@@ -24,8 +24,8 @@ LaunchConfig config(std::vector<const char*> args,
   pe::ValidationContext ctx;
   ctx.env = std::move(env);
   ctx.default_np = 8;
-  return pe::validate_options(
-      pe::parse_command_line(static_cast<int>(args.size()), args.data()), ctx);
+  return pe::validate_options(pe::parse_command_line(static_cast<int>(args.size()), args.data()),
+                              ctx);
 }
 
 std::string usage_error(std::vector<const char*> args,
@@ -69,10 +69,15 @@ TEST(RdzvOptionsTest, DefaultsAreTorchruns) {
 
 TEST(RdzvOptionsTest, PetVariablesFillWhatTheCommandLineLeaves) {
   std::map<std::string, std::string> env = kSecret;
-  env.insert({{"PET_NNODES", "1:3"}, {"PET_NPROC_PER_NODE", "2"},
-              {"PET_RDZV_ENDPOINT", "master:5000"}, {"PET_RDZV_ID", "pod-job"},
-              {"PET_RDZV_BACKEND", "c10d"}, {"PET_MASTER_ADDR", "master"},
-              {"PET_MASTER_PORT", "23456"}, {"PET_NODE_RANK", "1"}, {"PET_MAX_RESTARTS", "3"},
+  env.insert({{"PET_NNODES", "1:3"},
+              {"PET_NPROC_PER_NODE", "2"},
+              {"PET_RDZV_ENDPOINT", "master:5000"},
+              {"PET_RDZV_ID", "pod-job"},
+              {"PET_RDZV_BACKEND", "c10d"},
+              {"PET_MASTER_ADDR", "master"},
+              {"PET_MASTER_PORT", "23456"},
+              {"PET_NODE_RANK", "1"},
+              {"PET_MAX_RESTARTS", "3"},
               {"PET_RDZV_CONF", "join_timeout=30"}});
   auto c = config({}, env);
   EXPECT_EQ(c.rdzv_host, "master");  // the c10d endpoint, not MASTER_ADDR
@@ -95,8 +100,8 @@ TEST(RdzvOptionsTest, PetVariablesFillWhatTheCommandLineLeaves) {
 }
 
 TEST(RdzvOptionsTest, StaticRendezvousFromMasterAddrHasFixedRanks) {
-  auto c = config({"--nnodes", "3", "--master-addr", "m", "--master-port", "7000",
-                   "--node-rank", "2"});
+  auto c =
+      config({"--nnodes", "3", "--master-addr", "m", "--master-port", "7000", "--node-rank", "2"});
   EXPECT_TRUE(c.rdzv_static);
   EXPECT_EQ(c.rdzv_host, "m");
   EXPECT_EQ(c.rdzv_port, 7000);
@@ -124,9 +129,8 @@ TEST(RdzvOptionsTest, RdzvConfMapsOntoOurSettings) {
   EXPECT_EQ(c.heartbeat_interval, 0.5);
   EXPECT_EQ(c.heartbeat_timeout, 2);
   EXPECT_EQ(config({"--rdzv-endpoint", "h", "--rdzv-conf", "is_host=0"}).rdzv_is_host, 0);
-  EXPECT_EQ(config({"--rdzv-endpoint", "h", "--rdzv-host", "--rdzv-conf", "is_host=0"})
-                .rdzv_is_host,
-            1);
+  EXPECT_EQ(
+      config({"--rdzv-endpoint", "h", "--rdzv-host", "--rdzv-conf", "is_host=0"}).rdzv_is_host, 1);
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "h", "--rdzv-conf", "bogus=1"}),
             "--rdzv-conf: unknown key 'bogus' (known: join_timeout, last_call_timeout, "
             "read_timeout, is_host, keep_alive_interval, keep_alive_max_attempt)");
@@ -156,7 +160,8 @@ TEST(RdzvOptionsTest, MistakesNameTheOption) {
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "a:b:c"}),
             "--rdzv-endpoint: 'a:b:c' is not HOST[:PORT] (write an IPv6 address in [])");
   EXPECT_EQ(usage_error({"--rdzv-id", "x"}), "--rdzv-id needs --rdzv-endpoint (or --master-addr)");
-  EXPECT_EQ(usage_error({"--node-rank", "1"}), "--node-rank needs --rdzv-endpoint (or --master-addr)");
+  EXPECT_EQ(usage_error({"--node-rank", "1"}),
+            "--node-rank needs --rdzv-endpoint (or --master-addr)");
   EXPECT_EQ(usage_error({"--rdzv-backend", "c10d", "--master-addr", "m"}),
             "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]");
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "h", "-H", "a,b"}),

@@ -80,7 +80,8 @@ int JobController::run() {
       [this](const std::string& h) { on_node_ready(h); },
       [this](const std::string& h, int slots, int node_rank) {
         return on_join(h, slots, node_rank);
-      }});
+      },
+      [this](int generation) { on_running(generation); }});
   if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
@@ -154,7 +155,10 @@ void JobController::start_generation() {
                        gen.master_port);
   try {
     sink_.grow(map_.world_size);
+    timeline_.reformed = ctrl::Heartbeats::steady_seconds();
+    if (timeline_.detect < 0) timeline_.detect = timeline_.stopped = timeline_.reformed;
     workers_->start(gen);
+    if (!workers_->reports_running()) on_running(generation_);
     if (workers_->stdin_backlog() == 0) on_stdin_drained();
   } catch (const Error& e) {
     say(std::string("cannot start the workers: ") + e.what());
@@ -163,6 +167,22 @@ void JobController::start_generation() {
     stop_workers(SIGTERM);
     if (workers_->live() == 0) on_all_stopped();
   }
+}
+
+// One line per generation: the times from the change that led to it (for the first one, from
+// its start) to the old generation stopped, the new one started, and every worker running.
+void JobController::on_running(int generation) {
+  if (generation != generation_ || timeline_.detect < 0) return;
+  double now = ctrl::Heartbeats::steady_seconds();
+  auto ms = [this](double t) { return static_cast<long>((t - timeline_.detect) * 1000 + 0.5); };
+  if (generation == 0)
+    logger("exec")->info("generation 0: all workers running {} ms after its start", ms(now));
+  else
+    logger("exec")->info(
+        "generation {} timeline: detected 0 ms -> stopped {} ms -> re-formed {} ms -> all "
+        "workers running {} ms",
+        generation, ms(timeline_.stopped), ms(timeline_.reformed), ms(now));
+  timeline_ = Timeline{};
 }
 
 void JobController::on_output(int generation, int rank, Stream s, std::string_view lines) {
@@ -215,6 +235,8 @@ void JobController::on_abort(int generation, int rank, pid_t pid, int status,
 // cannot be executed or bound is not retried), else stop everything and report it.
 void JobController::on_rank_failed(Failure f) {
   failure_ = std::move(f);
+  timeline_ = Timeline{};
+  timeline_.detect = ctrl::Heartbeats::steady_seconds();
   if (restarts_ < cfg_.max_restarts && failure_->exec_errno == 0) {
     say(describe_failure(*failure_) + "; restarting all " + std::to_string(map_.world_size) +
         " ranks (restart " + std::to_string(restarts_ + 1) + " of " +
@@ -293,6 +315,10 @@ std::string JobController::reform_without(const std::string& host, const std::st
       (spare ? std::to_string(cfg_.nnodes_max) + " node(s), a spare taking its place"
              : "the " + std::to_string(left) + " node(s) left"));
   if (state_ == State::Preparing) return "";  // starts without it once the others are ready
+  if (state_ != State::Reforming) {  // a loss while re-forming keeps the first detection
+    timeline_ = Timeline{};
+    timeline_.detect = ctrl::Heartbeats::steady_seconds();
+  }
   state_ = State::Reforming;  // a failure seen while it went down was the loss: not a restart
   failure_.reset();
   stop_workers(SIGTERM);
@@ -341,6 +367,7 @@ std::string JobController::admit(const std::string& host, int ranks, int slots, 
   } else {
     logger("exec")->info("node {} arrives with {} rank(s): starting its daemon; last call {} s",
                          host, ranks, cfg_.last_call);
+    if (first_arrival_ < 0) first_arrival_ = ctrl::Heartbeats::steady_seconds();
     if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
   }
   set_node(base_map_, static_cast<size_t>(o.slot), host, ranks);
@@ -398,6 +425,7 @@ void JobController::gather() {
   gathering_ = false;
   join_timer_.disarm();
   last_call_.disarm();
+  first_arrival_ = -1;  // the arrivals so far are in the first generation
   say("rendezvous " + cfg_.rdzv_id + " complete: " + std::to_string(have) + " node(s)");
   start_generation();
 }
@@ -477,6 +505,9 @@ void JobController::on_last_call() {
   }
   say("node(s) " + names + " joined; re-forming the group on " + std::to_string(next.size()) +
       " node(s)");
+  timeline_ = Timeline{};
+  timeline_.detect = first_arrival_ >= 0 ? first_arrival_ : ctrl::Heartbeats::steady_seconds();
+  first_arrival_ = -1;
   state_ = State::Reforming;
   failure_.reset();
   stop_workers(SIGTERM);
@@ -510,6 +541,7 @@ void JobController::on_all_stopped() {
   switch (state_) {
     case State::Restarting:
     case State::Reforming:
+      timeline_.stopped = ctrl::Heartbeats::steady_seconds();
       ++(state_ == State::Restarting ? restarts_ : scale_events_);
       ++generation_;
       sink_.clear_tails();

@@ -10,12 +10,12 @@
 namespace pe {
 namespace {
 
-constexpr int kC10dPort = 29400;   // torchrun's default for --rdzv-endpoint
+constexpr int kC10dPort = 29400;    // torchrun's default for --rdzv-endpoint
 constexpr int kStaticPort = 29500;  // and for --master-port
 
 // rdzv-conf keys torchrun knows that mean nothing here (our store and keep-alive are our own).
-const char* const kIgnoredConfKeys[] = {"use_agent_store", "use_libuv", "close_timeout",
-                                        "timeout", "heartbeat_timeout"};
+const char* const kIgnoredConfKeys[] = {"use_agent_store", "use_libuv", "close_timeout", "timeout",
+                                        "heartbeat_timeout"};
 
 bool truthy(const std::string& v) {
   return v == "1" || v == "true" || v == "True" || v == "yes" || v == "on";
@@ -62,8 +62,7 @@ void apply_conf(const RawOptions& raw, LaunchConfig& c) {
   }
   // torchrun's keep-alive: a node is lost after max_attempt intervals without one.
   if (keep_alive > 0 && !raw.heartbeat_interval) c.heartbeat_interval = keep_alive;
-  if (attempts > 0 && !raw.heartbeat_timeout)
-    c.heartbeat_timeout = c.heartbeat_interval * attempts;
+  if (attempts > 0 && !raw.heartbeat_timeout) c.heartbeat_timeout = c.heartbeat_interval * attempts;
   if (c.heartbeat_timeout <= c.heartbeat_interval)
     throw UsageError("--rdzv-conf: the keep-alive timeout must be longer than its interval");
 }
@@ -147,7 +146,7 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
                      "' is not supported (pytorch_exec hosts its own rendezvous: use c10d or "
                      "static)");
   c.rdzv_static = backend == "static";
-  if (!raw.np && !raw.nproc_per_node) c.np = 1;  // torchrun's default: one per node
+  if (!raw.np && !raw.nproc_per_node) c.np = 1;            // torchrun's default: one per node
   if (c.nnodes_min == 0) c.nnodes_min = c.nnodes_max = 1;  // torchrun's default
   std::pair<std::string, int> ep;
   if (endpoint) {
@@ -172,14 +171,16 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
   if (c.run_id.empty()) c.run_id = c.rdzv_id;
   if (raw.node_rank) {
     auto r = parse_int(*raw.node_rank, 0, INT_MAX);
-    if (!r) throw UsageError("--node-rank: expected a non-negative integer, got '" +
-                             *raw.node_rank + "'");
+    if (!r)
+      throw UsageError("--node-rank: expected a non-negative integer, got '" + *raw.node_rank +
+                       "'");
     c.node_rank = static_cast<int>(*r);
   }
   if (c.rdzv_static) {  // torchrun's static rendezvous: a fixed number of nodes, fixed ranks
     if (c.nnodes_min != c.nnodes_max)
-      throw UsageError("static rendezvous (--master-addr, --rdzv-backend static) needs a fixed "
-                       "--nnodes N, not MIN:MAX");
+      throw UsageError(
+          "static rendezvous (--master-addr, --rdzv-backend static) needs a fixed "
+          "--nnodes N, not MIN:MAX");
     if (c.node_rank < 0) throw UsageError("static rendezvous needs --node-rank");
     if (c.node_rank >= c.nnodes_max)
       throw UsageError("--node-rank " + std::to_string(c.node_rank) + " is not below --nnodes " +

@@ -43,7 +43,7 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool gro
     s.make = [host](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
       return std::make_unique<RemoteWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,
                                              host, c.stdin_how == StdinHow::Forward, c.node_ready,
-                                             c.join);
+                                             c.join, c.running);
     };
   }
   return s;
@@ -52,7 +52,8 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool gro
 RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
                              const std::string& host, bool stdin_forwarded,
-                             std::function<void(const std::string&)> node_ready, JoinFn join)
+                             std::function<void(const std::string&)> node_ready, JoinFn join,
+                             std::function<void(int)> running)
     : loop_(loop),
       listener_(listener),
       cfg_(cfg),
@@ -95,7 +96,8 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                       tree_.lose(n, why);
                 }),
       node_ready_(std::move(node_ready)),
-      join_(cfg.join_mode() ? std::move(join) : JoinFn()) {
+      join_(cfg.join_mode() ? std::move(join) : JoinFn()),
+      running_(std::move(running)) {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     nodes_[i].host = map_.nodes[i].host;
     by_host_[nodes_[i].host] = static_cast<int>(i);
@@ -105,7 +107,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
   dispatch_
       .on<Joined>([this](int n, Joined&) { on_joined(n); })
       .on<Ready>([this](int n, Ready& m) { on_ready(n, m); })
-      .on<Port>([this](int n, Port& m) { nodes_[n].port = m.port; })
+      .on<Port>([this](int n, Port& m) { on_port(n, m); })
       .on<Output>([this](int, Output& m) {
         Stream s = m.stream == 1 ? Stream::Out : Stream::Err;
         if (m.spawn)
@@ -267,6 +269,16 @@ void RemoteWorkers::on_ready(int node, ctrl::Ready& m) {
   check_ready();
 }
 
+// After a start, a node's workers run (or its StartFailed follows): the port of the store for
+// the next generation comes with that news.
+void RemoteWorkers::on_port(int node, ctrl::Port& m) {
+  nodes_[static_cast<size_t>(node)].port = m.port;
+  auto it = std::find(unstarted_.begin(), unstarted_.end(), node);
+  if (it == unstarted_.end()) return;
+  unstarted_.erase(it);
+  if (unstarted_.empty() && running_) running_(gen_info_.generation);
+}
+
 // The controller put the node in map_ already.  Its place in the tree is new, or a lost node's.
 void RemoteWorkers::add_node(int slot) {
   if (ctrl::tree_parent(slot, cfg_.tree_radix) >= 0)
@@ -403,6 +415,7 @@ void RemoteWorkers::start(const GenerationInfo& gen) {
   remap_ = false;
   gen_info_ = gen;
   started_ = true;
+  unstarted_ = members_;
   tree_.broadcast(ctrl::Start{gen});
 }
 

@@ -63,6 +63,9 @@ class WorkerSet {
   // The job is over with pytorch_exec's exit `status`: nodes that joined by themselves (join
   // mode) are told, so that they exit with it.  Before the set is destroyed.
   virtual void end_job(int /*status*/) {}
+  // Whether the set reports through WorkerSetContext::running that every worker of a started
+  // generation runs; otherwise they do when start() returns.
+  virtual bool reports_running() const { return false; }
 };
 
 // What a job controller gives the maker of its WorkerSet.
@@ -80,6 +83,9 @@ struct WorkerSetContext {
   // `slots` ranks (`node_rank`: its fixed place, or -1).  An empty verdict admits it, and
   // add_node() of its slot follows before the call returns; else it is refused with the reason.
   std::function<ctrl::Verdict(const std::string& host, int slots, int node_rank)> join;
+  // Every worker of `generation` was started (every node of it said so), when
+  // reports_running().
+  std::function<void(int generation)> running;
 };
 
 // How a job controller gets its workers: `local` (everything on this machine: standard input
