@@ -175,7 +175,7 @@ def test_wrong_secret_and_second_launcher_are_refused():
     for rc, out, err in res:
         check(rc == 0, f"exit {rc}: {err}")
     check("re-forming" not in res[0][2] and "joined" not in res[0][2], res[0][2])
-    check("refused node 'node3'" in res[0][2] and "authentication failed" in res[0][2], res[0][2])
+    check("(node 'node3'): authentication failed" in res[0][2], res[0][2])
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 

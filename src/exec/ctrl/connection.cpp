@@ -215,7 +215,7 @@ void Acceptor::drop(Pending* p, const std::string& why) {
 // The node has sent its hello and waits for an answer: nothing of it is left unread, so the
 // Refused frame is not lost to a reset when the connection closes.
 void Acceptor::refuse(Pending* p, const Verdict& v, const std::string& name) {
-  warn("refused node '" + name + "' from " + p->conn->peer() + ": " + v.why);
+  warn("dropped connection from " + p->conn->peer() + " (node '" + name + "'): " + v.why);
   p->conn->send(Refused{v.why, v.retry});
   p->conn->flush_and_close(kRefuseFlush);
   forget(p);
