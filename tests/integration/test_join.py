@@ -132,18 +132,21 @@ def test_pet_variables_only():
 
 def test_static_rendezvous_keeps_node_ranks():
     """PET_MASTER_ADDR/PORT and PET_NODE_RANK (torchrun's static rendezvous): nodes 2 and 1
-    start before node 0, in that order; GROUP_RANK is each node's own rank."""
+    start before node 0, in that order; GROUP_RANK is each node's own rank.  Node 2 tags its
+    own output (--tag-output)."""
     prog = script(ENV_SCRIPT)
     env = secret_env({"PET_NNODES": "3", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": BED.addr(1),
                       "PET_MASTER_PORT": "29402"})
     procs = []
     for host, rank in ((3, 2), (2, 1), (1, 0)):
-        procs.append(node(host, [prog], dict(env, PET_NODE_RANK=str(rank))))
+        procs.append(node(host, (["--tag-output"] if rank == 2 else []) + [prog],
+                          dict(env, PET_NODE_RANK=str(rank))))
         time.sleep(0.3)
     res = finish(procs)
     for (rc, out, err), (host, rank) in zip(res, ((3, 2), (2, 1), (1, 0))):
         check(rc == 0, f"host {host}: exit {rc}: {err}")
         check(f"node{host} rank={rank} world=3 group={rank} groups=3" in out, f"host {host}: {out}")
+    check(res[0][1].startswith("[1,2]<stdout>:node3 rank=2"), res[0][1])
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 
@@ -270,6 +273,37 @@ def test_signals_rejoin_and_a_lost_host():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 
+def test_cut_off_host():
+    """The host's link is cut: the joined node hears nothing for the heartbeat timeout, stops its
+    worker and exits 1 saying so; the host goes on alone (MIN 1) until SIGTERM."""
+    env = secret_env()
+    d = tmpdir()
+    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
+                  "exec sleep 120\n")
+    args = ["--nnodes", "1:2", "--last-call", "0.2", "--heartbeat-interval", "0.5",
+            "--heartbeat-timeout", "1.5", "--rdzv-endpoint", endpoint(29406), "--rdzv-id", "cut",
+            prog]
+    joined = node(2, args, env)
+    host = node(1, args, env)
+    try:
+        wait_generation(d, 2)
+        t0 = time.monotonic()
+        BED.cut(1)
+        rc, _, err = finish([joined], timeout=30)[0]
+        took = time.monotonic() - t0
+    finally:
+        BED.uncut(1)
+    check(rc == 1 and f"pytorch_exec: lost the rendezvous host {endpoint(29406)}" in err,
+          f"exit {rc}: {err}")
+    check(took < 1.5 + 1.0, f"the node took {took:.2f} s to give up (heartbeat timeout 1.5 s)")
+    print(f"  host cut off: the joined node gave up {took:.2f} s later (heartbeat timeout 1.5 s)")
+    wait_generation(d, 1, after=0)  # the host alone
+    host.send_signal(signal.SIGTERM)
+    rc, _, err = finish([host])[0]
+    check(rc == 128 + signal.SIGTERM, f"host: exit {rc}: {err}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
 if __name__ == "__main__":
     why = netns.available()
     if why:
@@ -277,4 +311,5 @@ if __name__ == "__main__":
     with netns.NetnsBed(4) as BED:
         main([test_pet_variables_only, test_static_rendezvous_keeps_node_ranks,
               test_wrong_secret_and_second_launcher_are_refused, test_killed_node_and_late_node,
-              test_signals_rejoin_and_a_lost_host, test_gloo_allreduce_with_torchrun_flags])
+              test_signals_rejoin_and_a_lost_host, test_cut_off_host,
+              test_gloo_allreduce_with_torchrun_flags])

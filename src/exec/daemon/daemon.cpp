@@ -195,10 +195,14 @@ int Daemon::run() {
   ::signal(SIGPIPE, SIG_IGN);
   start_heartbeats();
   bool joins = opts_.join.slots > 0;
-  if (joins)
+  if (joins) {
+    join_sink_ = std::make_unique<OutputSink>(opts_.join.output, 0);
+    join_sink_->open_files();
+    join_sink_->while_blocked(opts_.heartbeat.interval, [this] { beats_->beat(); });
     join_handshake();
-  else
+  } else {
     handshake(opts_.connect);
+  }
   // srun and the launch agents forward signals; the workers get them, the front end decides.
   // A node that joined by itself decides for itself: it leaves the job.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
@@ -294,6 +298,9 @@ void Daemon::on_closed(const std::string& why) {
   if (opts_.join.slots > 0) {  // the job's status, or the host is gone
     if (job_status_ >= 0) {
       status_ = job_status_;
+      if (status_ != 0)
+        say_joined("the job ended with exit status " + std::to_string(status_) + " (the host " +
+                   opts_.join.endpoint + " says why)");
     } else {
       size_t live = agent_ ? agent_->live() : 0;
       say_joined("lost the rendezvous host " + opts_.join.endpoint + " (" + why + ")" +
@@ -510,8 +517,9 @@ int Daemon::next_store_port() {
 void Daemon::on_output(int generation, int rank, Stream s, std::string_view lines) {
   // Join mode: each node prints its own workers' output, as torchrun's agents do (a pod's log
   // is its workers').
-  if (opts_.join.slots > 0) {
-    write_all(s == Stream::Out ? 1 : 2, lines.data(), lines.size());
+  if (join_sink_) {
+    if (rank >= join_sink_ranks_) join_sink_->grow(join_sink_ranks_ = rank + 1);
+    join_sink_->write(generation, rank, s, lines);
     return;
   }
   send_output(ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2), "", 0},
@@ -520,7 +528,7 @@ void Daemon::on_output(int generation, int rank, Stream s, std::string_view line
 
 void Daemon::on_spawned_output(int generation, int spawn, int rank, Stream s,
                                std::string_view lines) {
-  if (opts_.join.slots > 0) return on_output(generation, rank, s, lines);
+  if (join_sink_) return join_sink_->write(generation, rank, s, lines, spawn);
   send_output(
       ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2), "", spawn},
       lines);

@@ -17,6 +17,7 @@
 #include "common/torch_store.hpp"
 #include "exec/ctrl/connection.hpp"
 #include "exec/ctrl/heartbeat.hpp"
+#include "exec/frontend/stdio.hpp"
 #include "exec/node/node_agent.hpp"
 #include "exec/node/node_runner.hpp"
 #include "pmix_rdzv/modex_router.hpp"
@@ -38,6 +39,7 @@ struct DaemonOptions {
     int node_rank = -1;
     double timeout = 600;
     std::string endpoint;  // HOST:PORT, for messages
+    OutputOptions output;  // this node's --tag-output, --timestamp-output, --output-filename
   } join;
 };
 
@@ -118,6 +120,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   bool output_paused_ = false;
   int status_ = 0;
   int job_status_ = -1;  // from JobEnd (join mode): the job is over
+  std::unique_ptr<OutputSink> join_sink_;  // join mode: our workers' output, printed here
+  int join_sink_ranks_ = 0;
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace
   std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;

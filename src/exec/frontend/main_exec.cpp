@@ -144,6 +144,8 @@ int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string
   o.join.node_rank = cfg.rdzv_static ? cfg.node_rank : -1;
   o.join.timeout = cfg.join_timeout;
   o.join.endpoint = cfg.rdzv_host + ":" + std::to_string(cfg.rdzv_port);
+  o.join.output =
+      pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy};
   pe::Daemon d(std::move(o));
   return d.run();
 }
