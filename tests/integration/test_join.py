@@ -273,6 +273,32 @@ def test_signals_rejoin_and_a_lost_host():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 
+def test_node_beyond_max_waits_as_a_spare():
+    """--nnodes 2: a third node waits as a spare (no ranks); when node 2 leaves (SIGTERM), the
+    spare takes its place and the group keeps two nodes."""
+    env = secret_env()
+    d = tmpdir()
+    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
+                  "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n"
+                  "exec sleep 120\n")
+    args = ["-v", "--nnodes", "2", "--last-call", "0.2", "--rdzv-endpoint", endpoint(29407),
+            "--rdzv-id", "spare", prog]
+    host, second = node(1, args, env), node(2, args, env)
+    g = wait_generation(d, 2)
+    spare = node(3, args, env)
+    time.sleep(1)
+    check(not [f for f in os.listdir(d) if int(f.split(".")[1]) > g], "a spare changed the group")
+    second.send_signal(signal.SIGTERM)
+    wait_generation(d, 2, after=g)
+    host.send_signal(signal.SIGTERM)
+    res = finish([host, second, spare])
+    check([r[0] for r in res] == [143, 143, 143], [(r[0], r[2][-500:]) for r in res])
+    check(re.search(r"node node3 is ready: it waits as a spare", res[0][2]), res[0][2][-3000:])
+    check(re.search(r"node node2: .*a spare taking its place", res[0][2]), res[0][2][-3000:])
+    check(re.search(rf"gen {g + 1} rank 1 of 2 on node3", res[2][1]), res[2][1])
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
 def test_cut_off_host():
     """The host's link is cut: the joined node hears nothing for the heartbeat timeout, stops its
     worker and exits 1 saying so; the host goes on alone (MIN 1) until SIGTERM."""
@@ -311,5 +337,6 @@ if __name__ == "__main__":
     with netns.NetnsBed(4) as BED:
         main([test_pet_variables_only, test_static_rendezvous_keeps_node_ranks,
               test_wrong_secret_and_second_launcher_are_refused, test_killed_node_and_late_node,
-              test_signals_rejoin_and_a_lost_host, test_cut_off_host,
+              test_signals_rejoin_and_a_lost_host, test_node_beyond_max_waits_as_a_spare,
+              test_cut_off_host,
               test_gloo_allreduce_with_torchrun_flags])

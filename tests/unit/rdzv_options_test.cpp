@@ -93,6 +93,8 @@ TEST(RdzvOptionsTest, PetVariablesFillWhatTheCommandLineLeaves) {
   EXPECT_EQ(d.np, 4);
   EXPECT_EQ(d.rdzv_id, "mine");
   EXPECT_EQ(d.nnodes_min, 2);
+  // Nodes named on the command line: not a pod's job.
+  EXPECT_FALSE(config({"-H", "a,b"}, env).join_mode());
   // Empty variables are not values.
   auto raw = pe::with_pet_environment({}, {{"PET_NNODES", ""}, {"PET_STANDALONE", "1"}});
   EXPECT_FALSE(raw.nnodes);

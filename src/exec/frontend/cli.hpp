@@ -73,7 +73,8 @@ struct RawOptions {
 // torchrun's rule for the Kubeflow training operator's variables: an option not on the command
 // line takes its value from PET_<NAME> (PET_NNODES, PET_NPROC_PER_NODE, PET_RDZV_ENDPOINT,
 // PET_RDZV_ID, PET_RDZV_BACKEND, PET_RDZV_CONF, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT,
-// PET_MAX_RESTARTS, PET_STANDALONE).  Empty variables are ignored.
+// PET_MAX_RESTARTS, PET_STANDALONE).  Empty variables are ignored, and all of them when -H,
+// --hostfile or --host-discovery name the nodes.
 RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std::string>& env);
 
 // The variable that holds join mode's secret when --rdzv-secret-file is not given.

@@ -193,6 +193,7 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
 }
 
 RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std::string>& env) {
+  if (raw.hosts || raw.hostfile || raw.host_discovery) return raw;  // nodes named here: no pod
   auto from = [&env](const char* name, std::optional<std::string>& field) {
     auto it = env.find(name);
     if (!field && it != env.end() && !it->second.empty()) field = it->second;
