@@ -157,6 +157,15 @@ def sleeper(d):
                   "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n")
 
 
+def recorder(d, last_gen=None):
+    """Each rank records its pid in d/up.GENERATION.RANK.WORLD_SIZE and prints where it runs;
+    then it sleeps, or exits 0 in generation `last_gen`."""
+    end = f"[ $PYTORCH_EXEC_GENERATION = {last_gen} ] && exit 0\n" if last_gen is not None else ""
+    return script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
+                  "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n"
+                  f"{end}exec sleep 120\n")
+
+
 def test_wrong_secret_and_second_launcher_are_refused():
     """While a two-host job runs: a node with the wrong secret, and a second pytorch_exec on
     host 2, are refused with one line and exit non-zero; the job is not disturbed."""
@@ -188,22 +197,21 @@ def test_killed_node_and_late_node():
     2 and finishes."""
     env = secret_env()
     d = tmpdir()
-    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK\n"
-                  "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n"
-                  "[ $PYTORCH_EXEC_GENERATION = 2 ] && exit 0\nexec sleep 120\n")
+    prog = recorder(d, last_gen=2)
     args = ["-v", "--nnodes", "2:3", "--last-call", "0.2", "--rdzv-endpoint", endpoint(29404),
             "--rdzv-id", "elastic", prog]
     job = [node(1, args, env), node(2, args, env)]
-    wait_files(d, 2)
+    wait_generation(d, 2)
     late = node(3, args, env)
-    wait_files(d, 2 + 3)  # generation 1 on three hosts
-    victim = int(open(os.path.join(d, "up.1.2")).read())
+    g = wait_generation(d, 3)
+    check(g == 1, f"generation {g} on three hosts")
+    victim = int(open(os.path.join(d, "up.1.2.3")).read())
     t0 = time.monotonic()
     late.kill()
     os.kill(victim, signal.SIGKILL)
     rc3, _, _ = finish([late])[0]
     check(rc3 == -signal.SIGKILL, f"killed node: {rc3}")
-    wait_files(d, 2 + 3 + 2)  # generation 2 on hosts 1 and 2
+    wait_generation(d, 2, after=1)
     took = time.monotonic() - t0
     res = finish(job)
     for rc, out, err in res:
@@ -231,8 +239,7 @@ def test_signals_rejoin_and_a_lost_host():
     say they lost it and exit 1."""
     env = secret_env()
     d = tmpdir()
-    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
-                  "exec sleep 120\n")
+    prog = recorder(d)
     args = ["--nnodes", "1:3", "--last-call", "0.5", "--heartbeat-timeout", "2",
             "--host-cooldown", "1", "--rdzv-endpoint", endpoint(29405), "--rdzv-id", "signals", prog]
     others = [node(2, args, env), node(3, args, env)]
@@ -258,8 +265,7 @@ def test_signals_rejoin_and_a_lost_host():
 
     env = secret_env()
     d = tmpdir()
-    args[-1] = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
-                      "exec sleep 120\n")
+    args[-1] = recorder(d)
     joined = node(2, args, env)
     host = node(1, args, env)
     wait_generation(d, 2)
@@ -278,9 +284,7 @@ def test_node_beyond_max_waits_as_a_spare():
     spare takes its place and the group keeps two nodes."""
     env = secret_env()
     d = tmpdir()
-    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
-                  "echo gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE on $(hostname)\n"
-                  "exec sleep 120\n")
+    prog = recorder(d)
     args = ["-v", "--nnodes", "2", "--last-call", "0.2", "--rdzv-endpoint", endpoint(29407),
             "--rdzv-id", "spare", prog]
     host, second = node(1, args, env), node(2, args, env)
@@ -304,8 +308,7 @@ def test_cut_off_host():
     worker and exits 1 saying so; the host goes on alone (MIN 1) until SIGTERM."""
     env = secret_env()
     d = tmpdir()
-    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
-                  "exec sleep 120\n")
+    prog = recorder(d)
     args = ["--nnodes", "1:2", "--last-call", "0.2", "--heartbeat-interval", "0.5",
             "--heartbeat-timeout", "1.5", "--rdzv-endpoint", endpoint(29406), "--rdzv-id", "cut",
             prog]
