@@ -233,22 +233,24 @@ def test_killed_node_and_late_node():
 
 
 def test_signals_rejoin_and_a_lost_host():
-    """SIGTERM to a joined node: it stops its workers and leaves, the job goes on (>= MIN); the
-    node started again is refused during its cool-down, keeps trying, and joins.  SIGTERM to the
-    host: the whole job stops, every node exits with its status.  SIGKILL of the host: the nodes
-    say they lost it and exit 1."""
+    """SIGTERM to a joined node: it leaves, its worker gets the signal and time to say so, the
+    job goes on (>= MIN); the node started again is refused during its cool-down, keeps trying,
+    and joins.  SIGTERM to the host: the whole job stops, every node exits with its status.
+    SIGKILL of the host: the nodes say they lost it and exit 1."""
     env = secret_env()
     d = tmpdir()
-    prog = recorder(d)
+    prog = script(f"#!/bin/sh\necho $$ > {d}/up.$PYTORCH_EXEC_GENERATION.$RANK.$WORLD_SIZE\n"
+                  "trap 'echo saved gen $PYTORCH_EXEC_GENERATION on $(hostname); kill $!; exit 0' "
+                  "TERM\nsleep 120 & wait\n")
     args = ["--nnodes", "1:3", "--last-call", "0.5", "--heartbeat-timeout", "2",
             "--host-cooldown", "1", "--rdzv-endpoint", endpoint(29405), "--rdzv-id", "signals", prog]
     others = [node(2, args, env), node(3, args, env)]
     host = node(1, args, env)
     g = wait_generation(d, 3)
     others[1].send_signal(signal.SIGTERM)
-    rc, _, err = finish([others[1]])[0]
+    rc, out, err = finish([others[1]])[0]
     check(rc == 128 + signal.SIGTERM, f"SIGTERM to a node: exit {rc}: {err}")
-    check("leaving the job" in err, err)
+    check("leaving the job" in err and f"saved gen {g} on node3" in out, f"{out} {err}")
     g = wait_generation(d, 2, after=g)
     check(host.poll() is None and others[0].poll() is None, "the job ended with the node")
     t0 = time.monotonic()

@@ -251,15 +251,25 @@ void Daemon::join_handshake() {
   }
 }
 
-// Join mode: SIGINT, SIGTERM or SIGHUP to this pytorch_exec.  Its workers are stopped and the
-// node leaves the job (the host sees the connection close: an elastic loss).
+// Join mode: SIGINT, SIGTERM or SIGHUP to this pytorch_exec.  The node leaves the job at once
+// (the host sees the connection close: an elastic loss); its workers get the signal and
+// --kill-grace seconds to exit before the rest is killed.  A second signal kills them now.
 void Daemon::on_leave(int sig) {
-  say_joined("signal " + std::to_string(sig) + ": stopping " +
-             std::to_string(agent_ ? agent_->live() : 0) + " worker(s) and leaving the job");
+  size_t live = agent_ ? agent_->live() : 0;
+  if (leaving_) {
+    say_joined("second signal: killing " + std::to_string(live) + " worker(s) now");
+    return loop_.stop();
+  }
+  leaving_ = true;
+  say_joined("signal " + std::to_string(sig) + ": stopping " + std::to_string(live) +
+             " worker(s) and leaving the job");
   status_ = 128 + sig;
   if (conn_) conn_->close();
   conn_.reset();
-  loop_.stop();
+  if (live == 0) return loop_.stop();
+  agent_->signal_all(sig);
+  leave_timer_ = loop_.timer([this] { loop_.stop(); });
+  leave_timer_.arm(opts_.join.kill_grace);
 }
 
 // Heartbeats go to the parent and to each child; a silent parent is a lost front end (this
@@ -580,6 +590,10 @@ void Daemon::hold_output(bool held) {
 
 void Daemon::on_exit(const WorkerExit& e) {
   if (conn_) conn_->send(ctrl::Exit{e});
+  if (leaving_)  // once the agent has counted this exit
+    loop_.post([this] {
+      if (agent_ && agent_->live() == 0) loop_.stop();
+    });
 }
 
 void Daemon::on_stdin_drained() {

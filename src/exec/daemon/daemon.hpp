@@ -40,6 +40,7 @@ struct DaemonOptions {
     double timeout = 600;
     std::string endpoint;  // HOST:PORT, for messages
     OutputOptions output;  // this node's --tag-output, --timestamp-output, --output-filename
+    double kill_grace = 5;  // leaving: seconds the workers get after the signal (--kill-grace)
   } join;
 };
 
@@ -122,6 +123,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   int job_status_ = -1;  // from JobEnd (join mode): the job is over
   std::unique_ptr<OutputSink> join_sink_;  // join mode: our workers' output, printed here
   int join_sink_ranks_ = 0;
+  bool leaving_ = false;  // join mode: a signal came; the workers have kill_grace to exit
+  Event leave_timer_;
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace
   std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;

@@ -399,6 +399,7 @@ ctrl::Verdict JobController::on_join(const std::string& host, int slots, int nod
                 membership_.node(static_cast<int>(s)).host};
     order = node_rank;
   }
+  if (membership_.find(host) >= 0) return {"node '" + host + "' is in the job already"};
   std::string kept_out;
   std::string why = admit(host, slots, slots, false, order, &kept_out);
   if (!kept_out.empty()) return {kept_out, true};
@@ -408,7 +409,8 @@ ctrl::Verdict JobController::on_join(const std::string& host, int slots, int nod
 }
 
 // Join mode, before the first generation: it starts once MIN nodes are there and the last call
-// after the latest arrival is over (at once with MAX), within the join timeout.
+// (armed by the first arrival, or once MIN are there) is over, at once with MAX nodes; within
+// the join timeout.
 void JobController::gather() {
   if (!gathering_ || state_ != State::Preparing) return;
   int have = membership_.left();

@@ -146,6 +146,7 @@ int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string
   o.join.endpoint = cfg.rdzv_host + ":" + std::to_string(cfg.rdzv_port);
   o.join.output =
       pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy};
+  o.join.kill_grace = cfg.kill_grace;
   pe::Daemon d(std::move(o));
   return d.run();
 }
