@@ -305,6 +305,26 @@ def test_node_beyond_max_waits_as_a_spare():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 
+def test_too_few_nodes_within_the_join_timeout():
+    """--nnodes 4 with a 3 s join timeout: three nodes join, node 3 leaves again before the job
+    starts, so two are there when the timeout ends: the host says so, every node exits 1."""
+    env = secret_env()
+    args = ["--nnodes", "4", "--rdzv-conf", "join_timeout=3", "--rdzv-endpoint", endpoint(29408),
+            "--rdzv-id", "few", "true"]
+    host, second, third = node(1, args, env), node(2, args, env), node(3, args, env)
+    time.sleep(1)
+    third.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    (rc1, _, err1), (rc2, _, err2), (rc3, _, _) = finish([host, second, third], timeout=30)
+    check(rc1 == 1 and "only 2 of at least 4 node(s) joined within the join timeout of 3 s" in err1,
+          f"host: exit {rc1}: {err1}")
+    check("node node3 left before the job started" in err1, err1)
+    check(rc2 == 1 and "the job ended with exit status 1" in err2, f"node 2: exit {rc2}: {err2}")
+    check(rc3 == 128 + signal.SIGTERM, f"node 3: exit {rc3}")
+    check(time.monotonic() - t0 < 5, "the join timeout was not kept")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
 def test_cut_off_host():
     """The host's link is cut: the joined node hears nothing for the heartbeat timeout, stops its
     worker and exits 1 saying so; the host goes on alone (MIN 1) until SIGTERM."""
@@ -343,5 +363,6 @@ if __name__ == "__main__":
         main([test_pet_variables_only, test_static_rendezvous_keeps_node_ranks,
               test_wrong_secret_and_second_launcher_are_refused, test_killed_node_and_late_node,
               test_signals_rejoin_and_a_lost_host, test_node_beyond_max_waits_as_a_spare,
+              test_too_few_nodes_within_the_join_timeout,
               test_cut_off_host,
               test_gloo_allreduce_with_torchrun_flags])
