@@ -228,10 +228,16 @@ void Daemon::join_handshake() {
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(opts_.join.timeout));
   double pause = kJoinRetryFirst;
+  const double per_attempt = opts_.connect_timeout;
   std::string last;
   while (true) {
+    // An attempt (a connection to a silent address, a handshake) ends by the join deadline too.
+    double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    opts_.connect_timeout = std::max(0.001, std::min(per_attempt, left));
     try {
-      return handshake(opts_.connect);
+      handshake(opts_.connect);
+      opts_.connect_timeout = per_attempt;
+      return;
     } catch (const Refusal& e) {
       if (!e.retry)
         throw Error("refused by the rendezvous host " + opts_.join.endpoint + ": " + e.what());
@@ -241,7 +247,7 @@ void Daemon::join_handshake() {
     } catch (const Error& e) {
       last = e.what();
     }
-    double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    left = std::chrono::duration<double>(deadline - Clock::now()).count();
     if (left <= 0)
       throw TimeoutError("could not join the rendezvous host " + opts_.join.endpoint +
                          " within the join timeout (" + last + ")");
