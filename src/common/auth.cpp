@@ -1,5 +1,10 @@
 #include "common/auth.hpp"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <fstream>
+
 #include "common/error.hpp"
 #include "common/hmac.hpp"
 
@@ -61,6 +66,25 @@ std::string frontend_proof(const std::string& secret, const std::string& nonce_f
 
 bool proof_matches(const std::string& expected, const std::string& received) {
   return crypto::equal_constant_time(expected, received);
+}
+
+std::string rdzv_key(const std::string& user_secret, const std::string& rdzv_id) {
+  const std::string label = "pe-rdzv";
+  std::string h = crypto::hmac_parts(user_secret, {&label, &rdzv_id});
+  if (h.size() != kSecretBytes) throw Error("HMAC-SHA256 failed");
+  return h;
+}
+
+std::string secret_from_file(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) throw SystemError("secret file " + path, errno);
+  if ((st.st_mode & 077) != 0)
+    throw UsageError("secret file " + path + " is readable by others (needs mode 0600)");
+  std::ifstream f(path);
+  std::string line;
+  if (!std::getline(f, line)) throw UsageError("no secret in " + path);
+  while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+  return line;
 }
 
 }  // namespace pe::auth

@@ -32,4 +32,14 @@ std::string frontend_proof(const std::string& secret, const std::string& nonce_f
 // Constant-time check of a received proof.
 bool proof_matches(const std::string& expected, const std::string& received);
 
+// Join mode (pytorch_exec --rdzv-endpoint): the control plane's key for a secret the user chose
+// (any length, any bytes) and the rendezvous id: HMAC-SHA256(secret, "pe-rdzv" | rdzv_id), so
+// that two jobs with one secret cannot join each other, and a node with the wrong secret or id
+// fails the handshake.  kSecretBytes long.
+std::string rdzv_key(const std::string& user_secret, const std::string& rdzv_id);
+
+// The first line of a secret file (trailing CR and blanks dropped).  Throws SystemError when it
+// cannot be read, UsageError when it is readable by group or others (0600 needed) or empty.
+std::string secret_from_file(const std::string& path);
+
 }  // namespace pe::auth

@@ -328,7 +328,7 @@ def test_node_names_are_escaped_and_warnings_limited():
             s = connect(port)
             s.recv(4096)
             payload = struct.pack("<I", len(name)) + name + struct.pack("<I", 32) + os.urandom(32) \
-                + struct.pack("<I", 32) + os.urandom(32)
+                + struct.pack("<I", 32) + os.urandom(32) + struct.pack("<ii", -1, -1)
             send(s, b"PEX1" + struct.pack("<HHI", 2, 0, len(payload)) + payload)
             closed_soon(s)
             s.close()

@@ -248,14 +248,21 @@ def test_strangers_are_dropped_and_the_job_goes_on():
         check(challenge[:4] == b"PEX1", f"no challenge: {challenge!r}")
         name = b"a"
         payload = struct.pack("<I", len(name)) + name + struct.pack("<I", 32) + os.urandom(32) \
-            + struct.pack("<I", 32) + os.urandom(32)
+            + struct.pack("<I", 32) + os.urandom(32) + struct.pack("<ii", -1, -1)
         s.sendall(frame(2, payload))
-        closed = False
+        # The only answer is a refused frame (type 70, saying why), then the connection closes.
+        answer = b""
         try:
-            closed = s.recv(4096) == b""
+            while True:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                answer += chunk
         except ConnectionResetError:
-            closed = True
-        check(closed, "a wrong proof got an answer")
+            pass
+        check(answer == b"" or (answer[:4] == b"PEX1" and struct.unpack("<H", answer[4:6])[0] == 70
+                                 and b"authentication failed" in answer),
+              f"a wrong proof got an answer: {answer!r}")
         s.close()
         # Frames that only an authenticated peer may send, before authenticating: output for a
         # rank, and a signal routed to every node.  Dropped unread; no worker sees a signal.

@@ -38,6 +38,26 @@ def test_restart_once_then_succeed():
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
+TIMELINE = re.compile(r"generation (\d+) timeline: detected 0 ms -> stopped (\d+) ms -> "
+                      r"re-formed (\d+) ms -> all workers running (\d+) ms")
+
+
+def test_verbose_logs_each_generations_timeline():
+    """-v: one line per generation with the times from the failure to the old group stopped,
+    the new one started and every worker running, in that order."""
+    out = tmpdir()
+    env = marker_env({"FAIL_UNTIL": "1"})
+    r = run(["-v", "-n", "2", "--max-restarts", "1", RECORDER, out], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    lines = TIMELINE.findall(r.stderr)
+    check(len(lines) == 1 and lines[0][0] == "1", r.stderr)
+    stopped, reformed, running = (int(x) for x in lines[0][1:])
+    check(stopped <= reformed <= running < 5000, lines)
+    check("generation 0: all workers running" in r.stderr, r.stderr)
+    print(f"  restart: stopped {stopped} ms, re-formed {reformed} ms, running {running} ms")
+    check(not TIMELINE.search(run(["-n", "1", "true"]).stderr), "logged without -v")
+
+
 def test_restarts_exhausted():
     out = tmpdir()
     env = marker_env({"FAIL_UNTIL": "100"})
@@ -60,4 +80,5 @@ def test_no_restart_by_default():
 
 
 if __name__ == "__main__":
-    main([test_restart_once_then_succeed, test_restarts_exhausted, test_no_restart_by_default])
+    main([test_restart_once_then_succeed, test_verbose_logs_each_generations_timeline,
+          test_restarts_exhausted, test_no_restart_by_default])

@@ -41,3 +41,12 @@ TEST(AuthTest, HexRoundTripAndMalformedSecrets) {
   EXPECT_THROW(from_hex("zz"), pe::Error);
   EXPECT_NE(new_secret(), new_secret());
 }
+
+TEST(AuthTest, RdzvKeyDependsOnSecretAndId) {
+  std::string k = rdzv_key("any secret, any length", "job");
+  EXPECT_EQ(k.size(), kSecretBytes);
+  EXPECT_EQ(k, rdzv_key("any secret, any length", "job"));
+  EXPECT_NE(k, rdzv_key("any secret, any length", "job2"));
+  EXPECT_NE(k, rdzv_key("another secret", "job"));
+  EXPECT_EQ(rdzv_key("", "job").size(), kSecretBytes);  // --rdzv-insecure
+}

@@ -166,3 +166,21 @@ TEST(MembershipTest, ARetiredNodeLeavesWithoutACooldownAndItsPlaceIsUsedAgain) {
   m.set_generation(m.next_generation());
   EXPECT_EQ(m.lost(1, 1), 10);
 }
+
+// Join mode's static rendezvous: nodes arrive in any order but take their fixed node rank.
+TEST(MembershipTest, FixedPlacesOrderTheGenerationWhateverTheArrivalOrder) {
+  Membership m(MembershipSettings{4, 8, 10});
+  m.add_initial("n0", 1);
+  m.ready(0);
+  for (auto [host, rank] : {std::pair<const char*, long>{"n3", 3}, {"n1", 1}, {"n2", 2}}) {
+    auto o = m.offer(host, 1, 0, false, rank);
+    ASSERT_GE(o.slot, 0);
+    m.ready(o.slot);
+  }
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (std::vector<std::string>{"n0", "n1", "n2", "n3"}));
+  // A node without a fixed place comes after them all.
+  auto o = m.offer("n4", 1, 0);
+  m.ready(o.slot);
+  Membership::Node n = m.node(o.slot);
+  EXPECT_GT(n.order, 3);
+}

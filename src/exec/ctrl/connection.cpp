@@ -134,6 +134,8 @@ constexpr size_t kMaxPendingPerSource = 64;
 // Warnings about dropped connections: at most kWarnings per kWarnWindow seconds.
 constexpr int kWarnings = 10;
 constexpr double kWarnWindow = 10.0;
+// A Refused frame fits an empty socket buffer: this bounds a peer that does not read at all.
+constexpr double kRefuseFlush = 0.2;
 
 std::string source_of(const std::string& peer) { return peer.substr(0, peer.rfind(':')); }
 }  // namespace
@@ -150,12 +152,13 @@ struct Acceptor::Pending {
   bool done = false;
 };
 
-Acceptor::Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted)
+Acceptor::Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted,
+                   int port)
     : loop_(loop),
       secret_(secret),
       check_(std::move(check)),
       accepted_(std::move(accepted)),
-      fd_(listen_tcp("0.0.0.0", 0, &port_)),
+      fd_(listen_tcp("0.0.0.0", port, &port_)),
       warnings_(kWarnings, kWarnWindow),
       accept_(
           loop, fd_.get(), [this](UniqueFd fd, std::string peer) { on_accept(std::move(fd), peer); },
@@ -209,6 +212,15 @@ void Acceptor::drop(Pending* p, const std::string& why) {
   forget(p);
 }
 
+// The node has sent its hello and waits for an answer: nothing of it is left unread, so the
+// Refused frame is not lost to a reset when the connection closes.
+void Acceptor::refuse(Pending* p, const Verdict& v, const std::string& name) {
+  warn("dropped connection from " + p->conn->peer() + " (node '" + name + "'): " + v.why);
+  p->conn->send(Refused{v.why, v.retry});
+  p->conn->flush_and_close(kRefuseFlush);
+  forget(p);
+}
+
 // Destroyed later: this runs inside the connection's own callbacks.
 void Acceptor::forget(Pending* p) {
   p->done = true;
@@ -228,9 +240,9 @@ void Acceptor::on_frame(Pending* p, wire::Frame& f) {
   Hello h = decode<Hello>(f.payload);
   const std::string& name = h.node;
   if (!auth::proof_matches(auth::daemon_proof(secret_, p->nonce_f, h.nonce, name), h.proof))
-    return drop(p, "authentication failed (node '" + name + "')");
-  std::string refused = check_(name);
-  if (!refused.empty()) return drop(p, refused);
+    return refuse(p, Verdict("authentication failed (a wrong secret or rendezvous id)"), name);
+  Verdict v = check_(h);
+  if (!v.why.empty()) return refuse(p, v, name);
   p->conn->send(Welcome{auth::frontend_proof(secret_, p->nonce_f, h.nonce, name)});
   p->conn->set_max_payload(wire::kMaxPayload);
   std::unique_ptr<Connection> conn = std::move(p->conn);

@@ -100,16 +100,18 @@ class ConnLink : public Link {
 };
 
 // The accepting side of the handshake, for the front end and for relaying daemons: listens on
-// every address, challenges each new connection, and hands over those that prove they know the
-// secret and name a node `check` accepts.  Everything else is dropped and logged (warn); a
-// connection has 10 s to complete the handshake, and frames before it are limited to 4 KiB.
+// every address (at `port`, 0: any free one), challenges each new connection, and hands over
+// those that prove they know the secret and name a node `check` accepts.  The others are told
+// why in a Refused frame (nothing they did not send, or a failed proof), closed and logged (warn,
+// rate-limited); a connection has 10 s to complete the handshake, and frames before it are
+// limited to 4 KiB.
 class Acceptor {
  public:
-  // "" accepts node `name`; anything else is the reason to refuse it.
-  using CheckFn = std::function<std::string(const std::string& name)>;
+  using CheckFn = std::function<Verdict(const Hello& hello)>;
   using AcceptedFn = std::function<void(const std::string& name, std::unique_ptr<Connection> conn)>;
 
-  Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted);
+  Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted,
+           int port = 0);
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;
@@ -120,6 +122,7 @@ class Acceptor {
   void on_accept(UniqueFd fd, const std::string& peer);
   void on_frame(Pending* p, wire::Frame& f);
   void drop(Pending* p, const std::string& why);
+  void refuse(Pending* p, const Verdict& v, const std::string& name);
   void forget(Pending* p);
   void warn(const std::string& what);
 

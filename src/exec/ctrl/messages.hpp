@@ -87,6 +87,9 @@ enum class Msg : uint16_t {
   Heartbeat = 50,
   // Front end to daemon (MPI_Comm_spawn that failed on another node).
   SpawnStop = 60,
+  // Join mode (pytorch_exec --rdzv-endpoint): a node that starts its own launcher and joins.
+  Refused = 70,  // acceptor to a connecting node instead of a welcome; then it closes
+  JobEnd = 71,   // front end to the nodes that joined: the job is over
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
@@ -109,9 +112,15 @@ struct Hello {
   static constexpr Msg kType = Msg::Hello;
   static constexpr const char* kName = "hello";
   std::string node, nonce, proof;
+  // Join mode (a node that started by itself, pytorch_exec --rdzv-endpoint): the ranks it
+  // brings (its --nproc-per-node) and its fixed node rank (static rendezvous), else -1.  A
+  // daemon the front end started sends -1, -1.
+  int32_t join_slots = -1;
+  int32_t node_rank = -1;
   template <class IO>
   void io(IO& f) {
     f(node, kMaxName), f(nonce, auth::kNonceBytes), f(proof, auth::kProofBytes);
+    f(join_slots), f(node_rank);
   }
 };
 struct Welcome {
@@ -123,6 +132,29 @@ struct Welcome {
     f(proof, auth::kProofBytes);
   }
 };
+// The handshake was refused: why, and whether trying again later may succeed (a host kept out
+// for its cool-down).  Sent before the connection closes, so that a node that joins by itself
+// can say why; it carries nothing the peer did not send.
+struct Refused {
+  static constexpr Msg kType = Msg::Refused;
+  static constexpr const char* kName = "refused";
+  std::string why;
+  bool retry = false;
+  template <class IO>
+  void io(IO& f) {
+    f(why, kMaxName), f(retry);
+  }
+};
+// What the accepting side says of a node that proved it knows the secret: `why` empty accepts
+// it, else it is refused with that reason (told to the node in a Refused frame, and logged), and
+// `retry` says whether it may be accepted later (a host in its cool-down).
+struct Verdict {
+  std::string why;
+  bool retry = false;
+  Verdict(std::string w = "", bool r = false) : why(std::move(w)), retry(r) {}
+  Verdict(const char* w) : why(w) {}
+};
+
 // Connect to your parent in the tree instead, at one of these addresses.
 struct Redirect {
   static constexpr Msg kType = Msg::Redirect;
@@ -445,6 +477,17 @@ struct SpawnStop {
     f.count(generation, 1 << 30), f.count(spawn, 1 << 30);
   }
 };
+// Join mode: the job is over (front end to the nodes that joined by themselves), with
+// pytorch_exec's exit status, which theirs becomes.
+struct JobEnd {
+  static constexpr Msg kType = Msg::JobEnd;
+  static constexpr const char* kName = "job-end";
+  int32_t status = 0;
+  template <class IO>
+  void io(IO& f) {
+    f.count(status, 255);
+  }
+};
 // Sent every heartbeat interval over each link of the tree, both ways (heartbeat.hpp).
 struct Heartbeat {
   static constexpr Msg kType = Msg::Heartbeat;
@@ -473,7 +516,7 @@ using AllMessages =
                ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
                StartFailed, StdinDrained, Port, Lost, Joined, Routed, SpawnReq, SpawnResp,
                SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish, Heartbeat,
-               SpawnStop>;
+               SpawnStop, Refused, JobEnd>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "common/strings.hpp"
 #include "exec/frontend/workers.hpp"
 
 namespace pe {
@@ -38,6 +39,23 @@ void say(const std::string& node, const std::string& line) {
   std::string s = "pytorch_execd (" + node + "): " + line + "\n";
   write_all(2, s.data(), s.size());
 }
+
+// Join mode: this process is the user's pytorch_exec.
+void say_joined(const std::string& line) {
+  std::string s = "pytorch_exec: " + line + "\n";
+  write_all(2, s.data(), s.size());
+}
+
+// The front end (or a relaying daemon) refused our hello; `retry`: it may take us later.
+struct Refusal : Error {
+  Refusal(const std::string& why, bool r) : Error(why), retry(r) {}
+  bool retry;
+};
+
+// Join mode's attempts to reach the host: the first retry after this long, doubling up to
+// kJoinRetryMax.
+constexpr double kJoinRetryFirst = 0.1;
+constexpr double kJoinRetryMax = 2.0;
 
 // Reads exactly one frame from a blocking-style exchange during the handshake, so that nothing
 // that follows it is consumed.  Throws TimeoutError, IoError or WireError.
@@ -81,10 +99,11 @@ wire::Frame read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
 
 Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
   using namespace ctrl;
-  before_job_.on<Job>([this](Job& m) { on_job(m); }).on<Redirect>([this](Redirect& m) {
-    on_redirect(m);
-  });
+  before_job_.on<Job>([this](Job& m) { on_job(m); })
+      .on<Redirect>([this](Redirect& m) { on_redirect(m); })
+      .on<JobEnd>([this](JobEnd& m) { job_status_ = m.status; });
   dispatch_.on<Start>([this](Start& m) { on_start(m); })
+      .on<JobEnd>([this](JobEnd& m) { job_status_ = m.status; })
       .on<Remap>([this](Remap& m) { on_remap(m); })
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
       .on<ProcFailed>([this](ProcFailed& m) {
@@ -135,12 +154,20 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
     throw wire::WireError("expected a challenge");
   std::string nonce_f = ctrl::decode<ctrl::Challenge>(ch.payload).nonce;
   ctrl::Hello hello{opts_.node, auth::random_bytes(auth::kNonceBytes), ""};
+  if (opts_.join.slots > 0) {
+    hello.join_slots = opts_.join.slots;
+    hello.node_rank = opts_.join.node_rank;
+  }
   hello.proof = auth::daemon_proof(opts_.secret, nonce_f, hello.nonce, opts_.node);
   std::string frame =
       wire::encode_frame(static_cast<uint16_t>(ctrl::Msg::Hello), ctrl::encode(hello));
   if (!write_all(fd.get(), frame.data(), frame.size()))
     throw SystemError("write to the front end", errno);
   wire::Frame wel = read_frame(fd.get(), deadline);
+  if (wel.type == static_cast<uint16_t>(ctrl::Msg::Refused)) {
+    ctrl::Refused r = ctrl::decode<ctrl::Refused>(wel.payload);
+    throw Refusal(printable(r.why, 512), r.retry);
+  }
   if (wel.type != static_cast<uint16_t>(ctrl::Msg::Welcome))
     throw wire::WireError("expected a welcome");
   std::string proof = ctrl::decode<ctrl::Welcome>(wel.payload).proof;
@@ -167,10 +194,20 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
 int Daemon::run() {
   ::signal(SIGPIPE, SIG_IGN);
   start_heartbeats();
-  handshake(opts_.connect);
+  bool joins = opts_.join.slots > 0;
+  if (joins) {
+    join_sink_ = std::make_unique<OutputSink>(opts_.join.output, 0);
+    join_sink_->open_files();
+    join_sink_->while_blocked(opts_.heartbeat.interval, [this] { beats_->beat(); });
+    join_handshake();
+  } else {
+    handshake(opts_.connect);
+  }
   // srun and the launch agents forward signals; the workers get them, the front end decides.
+  // A node that joined by itself decides for itself: it leaves the job.
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
-    signal_events_.push_back(loop_.watch_signal(sig, [this, sig] {
+    signal_events_.push_back(loop_.watch_signal(sig, [this, sig, joins] {
+      if (joins && sig != SIGUSR1 && sig != SIGUSR2) return on_leave(sig);
       logger("agent")->info("signal {}: forwarding to the workers", sig);
       if (agent_) agent_->signal_all(sig);
     }));
@@ -181,6 +218,64 @@ int Daemon::run() {
   relay_.reset();
   opts_.secret.assign(opts_.secret.size(), '\0');
   return status_;
+}
+
+// Join mode: the host may start after us, so connection failures are tried again with a
+// growing pause until the join timeout; a refusal is final unless the host says it may take us
+// later (a cool-down).  Blocking: nothing else runs yet.
+void Daemon::join_handshake() {
+  using Clock = std::chrono::steady_clock;
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(opts_.join.timeout));
+  double pause = kJoinRetryFirst;
+  const double per_attempt = opts_.connect_timeout;
+  std::string last;
+  while (true) {
+    // An attempt (a connection to a silent address, a handshake) ends by the join deadline too.
+    double left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    opts_.connect_timeout = std::max(0.001, std::min(per_attempt, left));
+    try {
+      handshake(opts_.connect);
+      opts_.connect_timeout = per_attempt;
+      return;
+    } catch (const Refusal& e) {
+      if (!e.retry)
+        throw Error("refused by the rendezvous host " + opts_.join.endpoint + ": " + e.what());
+      last = std::string("refused: ") + e.what();
+    } catch (const wire::WireError&) {
+      throw;
+    } catch (const Error& e) {
+      last = e.what();
+    }
+    left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0)
+      throw TimeoutError("could not join the rendezvous host " + opts_.join.endpoint +
+                         " within the join timeout (" + last + ")");
+    logger("ctrl")->info("joining {}: {}; again in {:.1f} s", opts_.join.endpoint, last, pause);
+    ::usleep(static_cast<useconds_t>(std::min(pause, left) * 1e6));
+    pause = std::min(pause * 2, kJoinRetryMax);
+  }
+}
+
+// Join mode: SIGINT, SIGTERM or SIGHUP to this pytorch_exec.  The node leaves the job at once
+// (the host sees the connection close: an elastic loss); its workers get the signal and
+// --kill-grace seconds to exit before the rest is killed.  A second signal kills them now.
+void Daemon::on_leave(int sig) {
+  size_t live = agent_ ? agent_->live() : 0;
+  if (leaving_) {
+    say_joined("second signal: killing " + std::to_string(live) + " worker(s) now");
+    return loop_.stop();
+  }
+  leaving_ = true;
+  say_joined("signal " + std::to_string(sig) + ": stopping " + std::to_string(live) +
+             " worker(s) and leaving the job");
+  status_ = 128 + sig;
+  if (conn_) conn_->close();
+  conn_.reset();
+  if (live == 0) return loop_.stop();
+  agent_->signal_all(sig);
+  leave_timer_ = loop_.timer([this] { loop_.stop(); });
+  leave_timer_.arm(opts_.join.kill_grace);
 }
 
 // Heartbeats go to the parent and to each child; a silent parent is a lost front end (this
@@ -196,6 +291,9 @@ void Daemon::start_heartbeats() {
 }
 
 double Daemon::upstream_timeout() const {
+  // A node that joined by itself stands for the user's pytorch_exec: it gives up on the host
+  // within the heartbeat timeout, as the host does on it.
+  if (opts_.join.slots > 0) return opts_.heartbeat.timeout;
   return std::max(kMinUpstreamTimeout, 3 * opts_.heartbeat.timeout);
 }
 
@@ -213,6 +311,22 @@ void Daemon::on_silent(int id) {
 void Daemon::on_closed(const std::string& why) {
   if (!conn_) return;
   logger("ctrl")->info("front end connection: {}", why);
+  if (opts_.join.slots > 0) {  // the job's status, or the host is gone
+    if (job_status_ >= 0) {
+      status_ = job_status_;
+      if (status_ != 0)
+        say_joined("the job ended with exit status " + std::to_string(status_) + " (the host " +
+                   opts_.join.endpoint + " says why)");
+    } else {
+      size_t live = agent_ ? agent_->live() : 0;
+      say_joined("lost the rendezvous host " + opts_.join.endpoint + " (" + why + ")" +
+                 (live ? ": stopping " + std::to_string(live) + " worker(s)" : std::string()));
+      status_ = 1;
+    }
+    conn_.reset();
+    loop_.stop();
+    return;
+  }
   if (agent_ && agent_->live() > 0) {
     say(opts_.node, "lost the front end (" + why + "): killing " + std::to_string(agent_->live()) +
                         " worker(s)");
@@ -321,7 +435,8 @@ void Daemon::start_relay() {
   };
   acceptor_ = std::make_unique<ctrl::Acceptor>(
       loop_, opts_.secret,
-      [this, index_of](const std::string& name) -> std::string {
+      [this, index_of](const ctrl::Hello& h) -> ctrl::Verdict {
+        const std::string& name = h.node;
         int i = index_of(name);
         if (i < 0) return "node '" + name + "' is not in the job";
         std::string why = relay_->check_child(i);
@@ -416,12 +531,20 @@ int Daemon::next_store_port() {
 }
 
 void Daemon::on_output(int generation, int rank, Stream s, std::string_view lines) {
+  // Join mode: each node prints its own workers' output, as torchrun's agents do (a pod's log
+  // is its workers').
+  if (join_sink_) {
+    if (rank >= join_sink_ranks_) join_sink_->grow(join_sink_ranks_ = rank + 1);
+    join_sink_->write(generation, rank, s, lines);
+    return;
+  }
   send_output(ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2), "", 0},
               lines);
 }
 
 void Daemon::on_spawned_output(int generation, int spawn, int rank, Stream s,
                                std::string_view lines) {
+  if (join_sink_) return join_sink_->write(generation, rank, s, lines, spawn);
   send_output(
       ctrl::Output{generation, rank, static_cast<uint8_t>(s == Stream::Out ? 1 : 2), "", spawn},
       lines);
@@ -473,6 +596,10 @@ void Daemon::hold_output(bool held) {
 
 void Daemon::on_exit(const WorkerExit& e) {
   if (conn_) conn_->send(ctrl::Exit{e});
+  if (leaving_)  // once the agent has counted this exit
+    loop_.post([this] {
+      if (agent_ && agent_->live() == 0) loop_.stop();
+    });
 }
 
 void Daemon::on_stdin_drained() {

@@ -17,6 +17,7 @@
 #include "common/torch_store.hpp"
 #include "exec/ctrl/connection.hpp"
 #include "exec/ctrl/heartbeat.hpp"
+#include "exec/frontend/stdio.hpp"
 #include "exec/node/node_agent.hpp"
 #include "exec/node/node_runner.hpp"
 #include "pmix_rdzv/modex_router.hpp"
@@ -29,6 +30,18 @@ struct DaemonOptions {
   std::string secret;                                // raw bytes
   double connect_timeout = 30.0;
   ctrl::HeartbeatSettings heartbeat;  // with the parent and the children in the tree
+  // Join mode: this daemon is a pytorch_exec that joins by itself (--rdzv-endpoint) rather
+  // than one the front end started.  It retries until `timeout` (the host may start later),
+  // brings `slots` ranks, prints its own workers' output, leaves the job on SIGINT/SIGTERM, and
+  // exits with the job's status (JobEnd), or 1 with a line when it loses the host.
+  struct Join {
+    int slots = 0;  // > 0: join mode
+    int node_rank = -1;
+    double timeout = 600;
+    std::string endpoint;  // HOST:PORT, for messages
+    OutputOptions output;  // this node's --tag-output, --timestamp-output, --output-filename
+    double kill_grace = 5;  // leaving: seconds the workers get after the signal (--kill-grace)
+  } join;
 };
 
 class Daemon : public AgentListener, public pmix::ModexRouter {
@@ -54,6 +67,8 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   void on_reply(std::map<M, pmix::ModexDone>& waiting, const M& key, int status, std::string data,
                 const char* what);
   void on_closed(const std::string& why);
+  void join_handshake();
+  void on_leave(int sig);
   void start_heartbeats();
   void on_silent(int id);
   double upstream_timeout() const;
@@ -105,6 +120,11 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   // The upstream queue is full: the ranks' output and the children's links are not read.
   bool output_paused_ = false;
   int status_ = 0;
+  int job_status_ = -1;  // from JobEnd (join mode): the job is over
+  std::unique_ptr<OutputSink> join_sink_;  // join mode: our workers' output, printed here
+  int join_sink_ranks_ = 0;
+  bool leaving_ = false;  // join mode: a signal came; the workers have kill_grace to exit
+  Event leave_timer_;
   // Fences and direct-modex requests waiting for the front end.
   std::map<std::string, uint32_t> fence_seq_;  // per namespace
   std::map<std::pair<std::string, uint32_t>, pmix::ModexDone> fences_;

@@ -3,12 +3,10 @@
 //   pytorch_execd --connect ADDR:PORT[,ADDR:PORT...] (--node NAME | --slurm) [--secret-stdin]
 // The job's secret comes from PYTORCH_EXEC_SECRET (removed from the environment at once), from
 // the first line of standard input (--secret-stdin), or from a 0600 file (--secret-file).
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -30,15 +28,6 @@ std::string read_secret_line(std::istream& in, const std::string& from) {
   return line;
 }
 
-std::string secret_from_file(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) throw pe::SystemError("secret file " + path, errno);
-  if ((st.st_mode & 077) != 0)
-    throw pe::UsageError("secret file " + path + " is readable by others (needs mode 0600)");
-  std::ifstream f(path);
-  return read_secret_line(f, path);
-}
-
 // PYTORCH_EXEC_SECRET (wiped and removed from the environment at once), else --secret-stdin's
 // line, else --secret-file's.
 std::string read_secret(const pe::ExecdRawOptions& raw) {
@@ -49,7 +38,7 @@ std::string read_secret(const pe::ExecdRawOptions& raw) {
     return hex;
   }
   if (raw.secret_stdin) return read_secret_line(std::cin, "standard input");
-  if (raw.secret_file && !raw.secret_file->empty()) return secret_from_file(*raw.secret_file);
+  if (raw.secret_file && !raw.secret_file->empty()) return pe::auth::secret_from_file(*raw.secret_file);
   throw pe::UsageError("no job secret (PYTORCH_EXEC_SECRET, --secret-stdin or --secret-file)");
 }
 

@@ -11,6 +11,7 @@
 #include "common/error.hpp"
 #include "common/strings.hpp"
 #include "exec/frontend/option_table.hpp"
+#include "exec/frontend/rdzv_options.hpp"
 
 namespace pe {
 namespace {
@@ -137,6 +138,46 @@ const OptionDef<RawOptions> kOptions[] = {
      "a host whose node was lost is not admitted again for SECONDS, doubled on each further "
      "loss (default 10)",
      &RawOptions::host_cooldown},
+    {"rdzv-endpoint", 0, "Join mode", "HOST[:PORT]",
+     "join mode, as torchrun: run pytorch_exec on every node; the one whose address is HOST "
+     "hosts the job (the front end, listening on PORT, default 29400) and runs its node's "
+     "workers, the others join it as its node daemons (also PET_RDZV_ENDPOINT)",
+     &RawOptions::rdzv_endpoint},
+    {"rdzv-id", 0, "Join mode", "ID",
+     "the job's name, the same on every node; TORCHELASTIC_RUN_ID (default: none)",
+     &RawOptions::rdzv_id},
+    {"rdzv-backend", 0, "Join mode", "c10d|static",
+     "c10d (default with --rdzv-endpoint): nodes join in any order; static (default with "
+     "--master-addr): --nnodes N nodes with fixed --node-rank",
+     &RawOptions::rdzv_backend},
+    {"rdzv-conf", 0, "Join mode", "KEY=VALUE,...",
+     "join_timeout (seconds to wait for MIN nodes or for the host, default 600), "
+     "last_call_timeout (as --last-call), read_timeout (each connection attempt, default 60), "
+     "is_host, keep_alive_interval, keep_alive_max_attempt (the heartbeat)",
+     &RawOptions::rdzv_conf},
+    {"rdzv-host", 0, "Join mode", nullptr,
+     "this node hosts the job whatever HOST's address (default: it does when HOST is one of its "
+     "addresses)",
+     &RawOptions::rdzv_host},
+    {"rdzv-secret-file", 0, "Join mode", "FILE",
+     "the job's secret, the same on every node: the first line of FILE (mode 0600); else "
+     "PYTORCH_EXEC_RDZV_SECRET",
+     &RawOptions::rdzv_secret_file},
+    {"rdzv-insecure", 0, "Join mode", nullptr,
+     "run join mode without a secret: anyone who knows the id can join (a warning is printed)",
+     &RawOptions::rdzv_insecure},
+    {"node-rank", 0, "Join mode", "N",
+     "static rendezvous: this node's fixed place (GROUP_RANK); node 0 hosts the job",
+     &RawOptions::node_rank},
+    {"master-addr", 0, "Join mode", "HOST",
+     "static rendezvous (torchrun's default): the host of node rank 0 (the endpoint is "
+     "HOST:--master-port)",
+     &RawOptions::master_addr},
+    {"master-port", 0, "Join mode", "PORT", "static rendezvous: its port (default 29500)",
+     &RawOptions::master_port},
+    {"standalone", 0, "Join mode", nullptr,
+     "torchrun's single-node mode: accepted; pytorch_exec runs on this machine",
+     &RawOptions::standalone},
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
@@ -146,7 +187,7 @@ const OptionDef<RawOptions> kOptions[] = {
 
 const std::vector<std::string> kGroups = {"Processes", "Mapping and binding", "Environment",
                                           "Output",    "Failure handling",    "Elastic",
-                                          "Debugging"};
+                                          "Join mode", "Debugging"};
 
 int parse_count(const std::string& opt, const std::string& v, long long min) {
   auto n = parse_int(v, min, INT_MAX);
@@ -191,7 +232,10 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
     c.launch_agent = *raw.launch_agent;
   }
   if (raw.nproc_per_node) {
-    int per_node = parse_count("--nproc-per-node", *raw.nproc_per_node, 1);
+    // torchrun's auto and cpu: one per processor here (no GPUs are counted).
+    const std::string& v = *raw.nproc_per_node;
+    int per_node =
+        v == "auto" || v == "cpu" ? ctx.default_np : parse_count("--nproc-per-node", v, 1);
     if (raw.hosts || raw.hostfile || raw.npernode) {
       if (raw.npernode && c.npernode != per_node)
         throw UsageError("-N and --nproc-per-node disagree");
@@ -401,7 +445,8 @@ std::string help_text() {
   return os.str();
 }
 
-LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ctx) {
+LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& ctx) {
+  const RawOptions raw = with_pet_environment(typed, ctx.env);
   LaunchConfig c;
   c.verbosity = raw.verbosity;
   validate_counts(raw, ctx, c);
@@ -430,6 +475,7 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
     if (raw.run_id->empty()) throw UsageError("--run-id: the id is empty");
     c.run_id = *raw.run_id;
   }
+  validate_join(raw, ctx, c);
   c.program = program_path(c, ctx);  // last: the other mistakes are usage errors
   return c;
 }

@@ -55,8 +55,30 @@ struct RawOptions {
   std::optional<std::string> last_call;
   std::optional<std::string> host_cooldown;
   std::optional<std::string> run_id;
+  // Join mode (torchrun's names).
+  std::optional<std::string> rdzv_endpoint;
+  std::optional<std::string> rdzv_id;
+  std::optional<std::string> rdzv_backend;
+  std::optional<std::string> rdzv_conf;
+  bool rdzv_host = false;
+  std::optional<std::string> rdzv_secret_file;
+  bool rdzv_insecure = false;
+  std::optional<std::string> node_rank;
+  std::optional<std::string> master_addr;
+  std::optional<std::string> master_port;
+  bool standalone = false;
   std::vector<std::string> command;  // PROGRAM ARGS...
 };
+
+// torchrun's rule for the Kubeflow training operator's variables: an option not on the command
+// line takes its value from PET_<NAME> (PET_NNODES, PET_NPROC_PER_NODE, PET_RDZV_ENDPOINT,
+// PET_RDZV_ID, PET_RDZV_BACKEND, PET_RDZV_CONF, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT,
+// PET_MAX_RESTARTS, PET_STANDALONE).  Empty variables are ignored, and all of them when -H,
+// --hostfile or --host-discovery name the nodes.
+RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std::string>& env);
+
+// The variable that holds join mode's secret when --rdzv-secret-file is not given.
+inline constexpr const char* kRdzvSecretVariable = "PYTORCH_EXEC_RDZV_SECRET";
 
 // Parses argv (argv[0] is pytorch_exec itself).  Throws UsageError for unknown options, missing
 // values and the like.  Options end at the first word that is not an option or an option's value,

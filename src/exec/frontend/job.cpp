@@ -75,8 +75,13 @@ JobController::~JobController() = default;
 
 int JobController::run() {
   if (!cfg_.dry_run) setup_stdin(source_.local);
-  workers_ = source_.make(WorkerSetContext{loop_, *this, cfg_, env_, base_map_, job_id_, stdin_how_,
-                                           [this](const std::string& h) { on_node_ready(h); }});
+  workers_ = source_.make(WorkerSetContext{
+      loop_, *this, cfg_, env_, base_map_, job_id_, stdin_how_,
+      [this](const std::string& h) { on_node_ready(h); },
+      [this](const std::string& h, int slots, int node_rank) {
+        return on_join(h, slots, node_rank);
+      },
+      [this](int generation) { on_running(generation); }});
   if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
@@ -101,9 +106,15 @@ int JobController::run() {
     last_call_.disarm();
     on_last_call();
   });
+  if (cfg_.join_mode()) {
+    gathering_ = true;
+    join_timer_ = loop_.timer([this] { on_join_timeout(); });
+    join_timer_.arm(cfg_.join_timeout);
+  }
   workers_->prepare([this] {
     if (state_ != State::Preparing) return;
     for (size_t i = 0; i < membership_.size(); ++i) membership_.ready(static_cast<int>(i));
+    if (gathering_) return gather();
     start_generation();
     if (NodeSources::wanted(cfg_) && state_ != State::Done) {
       if (cfg_.hosts.empty())  // the first nodes came from the hostfile or the command
@@ -114,6 +125,7 @@ int JobController::run() {
   });
   if (state_ != State::Done) loop_.run();
   sources_.reset();  // a discovery command still running is killed
+  workers_->end_job(exit_status_);
   workers_.reset();  // stops daemons and reaps what is left before the status is returned
   return exit_status_;
 }
@@ -146,7 +158,10 @@ void JobController::start_generation() {
                        gen.master_port);
   try {
     sink_.grow(map_.world_size);
+    timeline_.reformed = ctrl::Heartbeats::steady_seconds();
+    if (timeline_.detect < 0) timeline_.detect = timeline_.stopped = timeline_.reformed;
     workers_->start(gen);
+    if (!workers_->reports_running()) on_running(generation_);
     if (workers_->stdin_backlog() == 0) on_stdin_drained();
   } catch (const Error& e) {
     say(std::string("cannot start the workers: ") + e.what());
@@ -155,6 +170,22 @@ void JobController::start_generation() {
     stop_workers(SIGTERM);
     if (workers_->live() == 0) on_all_stopped();
   }
+}
+
+// One line per generation: the times from the change that led to it (for the first one, from
+// its start) to the old generation stopped, the new one started, and every worker running.
+void JobController::on_running(int generation) {
+  if (generation != generation_ || timeline_.detect < 0) return;
+  double now = ctrl::Heartbeats::steady_seconds();
+  auto ms = [this](double t) { return static_cast<long>((t - timeline_.detect) * 1000 + 0.5); };
+  if (generation == 0)
+    logger("exec")->info("generation 0: all workers running {} ms after its start", ms(now));
+  else
+    logger("exec")->info(
+        "generation {} timeline: detected 0 ms -> stopped {} ms -> re-formed {} ms -> all "
+        "workers running {} ms",
+        generation, ms(timeline_.stopped), ms(timeline_.reformed), ms(now));
+  timeline_ = Timeline{};
 }
 
 void JobController::on_output(int generation, int rank, Stream s, std::string_view lines) {
@@ -207,6 +238,8 @@ void JobController::on_abort(int generation, int rank, pid_t pid, int status,
 // cannot be executed or bound is not retried), else stop everything and report it.
 void JobController::on_rank_failed(Failure f) {
   failure_ = std::move(f);
+  timeline_ = Timeline{};
+  timeline_.detect = ctrl::Heartbeats::steady_seconds();
   if (restarts_ < cfg_.max_restarts && failure_->exec_errno == 0) {
     say(describe_failure(*failure_) + "; restarting all " + std::to_string(map_.world_size) +
         " ranks (restart " + std::to_string(restarts_ + 1) + " of " +
@@ -257,6 +290,13 @@ std::string JobController::reform_without(const std::string& host, const std::st
   // or a failure of another kind does.
   if (state_ == State::Interrupted || (state_ == State::Failing && !failure_))
     return "the job is ending";
+  if (gathering_ && !membership_.node(slot).initial) {  // join mode, before the first
+                                                         // generation: the others wait on
+    membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
+    say("node " + host + " left before the job started: " + why);
+    loop_.post([this] { gather(); });
+    return "";
+  }
   const Membership::Node& node = membership_.node(slot);
   bool arriving = node.state == Membership::State::Starting && !node.initial;
   if (host == retiring_) {
@@ -282,6 +322,10 @@ std::string JobController::reform_without(const std::string& host, const std::st
       (spare ? std::to_string(cfg_.nnodes_max) + " node(s), a spare taking its place"
              : "the " + std::to_string(left) + " node(s) left"));
   if (state_ == State::Preparing) return "";  // starts without it once the others are ready
+  if (state_ != State::Reforming) {  // a loss while re-forming keeps the first detection
+    timeline_ = Timeline{};
+    timeline_.detect = ctrl::Heartbeats::steady_seconds();
+  }
   state_ = State::Reforming;  // a failure seen while it went down was the loss: not a restart
   failure_.reset();
   stop_workers(SIGTERM);
@@ -334,12 +378,14 @@ std::string JobController::on_spawn_host(const std::string& host) {
 
 // Gives an offered host a slot and starts its daemon (RemoteWorkers::add_node); "" when it is
 // starting or was in the job already, else the error (a host kept out is logged only).
-std::string JobController::admit(const std::string& host, int ranks, int slots, bool spawn_only) {
+std::string JobController::admit(const std::string& host, int ranks, int slots, bool spawn_only,
+                                 long order, std::string* kept_out) {
   Membership::Offer o =
-      membership_.offer(host, ranks, ctrl::Heartbeats::steady_seconds(), spawn_only);
+      membership_.offer(host, ranks, ctrl::Heartbeats::steady_seconds(), spawn_only, order);
   if (o.slot < 0) {
     if (!o.why.empty() && kept_out_[host].empty())
       logger("exec")->info("node {}: {}", host, kept_out_[host] = o.why);
+    if (kept_out) *kept_out = o.why;
     return spawn_only ? o.why : "";
   }
   kept_out_.erase(host);
@@ -348,6 +394,7 @@ std::string JobController::admit(const std::string& host, int ranks, int slots, 
   } else {
     logger("exec")->info("node {} arrives with {} rank(s): starting its daemon; last call {} s",
                          host, ranks, cfg_.last_call);
+    if (first_arrival_ < 0) first_arrival_ = ctrl::Heartbeats::steady_seconds();
     if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
   }
   set_node(base_map_, static_cast<size_t>(o.slot), host, ranks);
@@ -359,6 +406,71 @@ std::string JobController::admit(const std::string& host, int ranks, int slots, 
     return e.what();
   }
   return "";
+}
+
+// Join mode: a node that started by itself asks to join; it is an arrival like any other (a last
+// call, MAX, spares, cool-downs), but for its fixed place under a static rendezvous.
+ctrl::Verdict JobController::on_join(const std::string& host, int slots, int node_rank) {
+  if (state_ == State::Done || state_ == State::Failing || state_ == State::Interrupted)
+    return {"the job is ending"};
+  if (slots < 1) return {"a node must bring at least one rank (--nproc-per-node)"};
+  long order = -1;
+  if (cfg_.rdzv_static) {
+    if (node_rank < 1 || node_rank >= cfg_.nnodes_max)
+      return {"static rendezvous: --node-rank must be 1.." + std::to_string(cfg_.nnodes_max - 1) +
+              " (node 0 hosts the job)"};
+    for (size_t s = 0; s < membership_.size(); ++s)
+      if (membership_.node(static_cast<int>(s)).state != Membership::State::Lost &&
+          membership_.node(static_cast<int>(s)).order == node_rank)
+        return {"node rank " + std::to_string(node_rank) + " is taken by " +
+                membership_.node(static_cast<int>(s)).host};
+    order = node_rank;
+  }
+  if (membership_.find(host) >= 0) return {"node '" + host + "' is in the job already"};
+  std::string kept_out;
+  std::string why = admit(host, slots, slots, false, order, &kept_out);
+  if (!kept_out.empty()) return {kept_out, true};
+  if (!why.empty()) return {why};
+  logger("exec")->info("node {} joins with {} rank(s)", host, slots);
+  return {};
+}
+
+// Join mode, before the first generation: it starts once MIN nodes are there and the last call
+// (armed by the first arrival, or once MIN are there) is over, at once with MAX nodes; within
+// the join timeout.
+void JobController::gather() {
+  if (!gathering_ || state_ != State::Preparing) return;
+  int have = membership_.left();
+  bool full = have >= cfg_.nnodes_max;
+  if (have >= cfg_.nnodes_min && !full && !gather_called_) {  // torchrun's last call
+    gather_called_ = true;
+    if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
+  }
+  if (have < cfg_.nnodes_min || membership_.starting() > 0 || (last_call_.pending() && !full)) {
+    logger("exec")->info("waiting for nodes: {} of at least {} (at most {})", have,
+                         cfg_.nnodes_min, cfg_.nnodes_max);
+    return;
+  }
+  gathering_ = false;
+  join_timer_.disarm();
+  last_call_.disarm();
+  first_arrival_ = -1;  // the arrivals so far are in the first generation
+  say("rendezvous " + cfg_.rdzv_id + " complete: " + std::to_string(have) + " node(s)");
+  start_generation();
+}
+
+void JobController::on_join_timeout() {
+  if (!gathering_ || state_ != State::Preparing) return;
+  gathering_ = false;
+  char t[32];
+  std::snprintf(t, sizeof t, "%g", cfg_.join_timeout);
+  say("only " + std::to_string(membership_.left()) + " of at least " +
+      std::to_string(cfg_.nnodes_min) + " node(s) joined within the join timeout of " + t +
+      " s (--rdzv-conf join_timeout)");
+  exit_status_ = 1;
+  state_ = State::Failing;
+  stop_workers(SIGTERM);
+  if (workers_->live() == 0) on_all_stopped();
 }
 
 // Before any of its processes ran: its spawns fail (SpawnRelay says why), the job goes on.
@@ -379,6 +491,7 @@ void JobController::on_node_ready(const std::string& host) {
   int slot = membership_.find(host);
   if (slot < 0) return;
   membership_.ready(slot);
+  if (gathering_) return gather();
   if (membership_.node(slot).spawn_only) {
     logger("exec")->info("node {} is ready for spawned processes", host);
     return;
@@ -399,6 +512,7 @@ void JobController::on_node_ready(const std::string& host) {
 // The last call (--last-call after the first arrival) is over: the arrivals that are ready join
 // in one re-forming, once every arrival still starting is ready or lost.
 void JobController::on_last_call() {
+  if (gathering_) return gather();
   if (state_ != State::Running || last_call_.pending()) return;
   std::vector<int> next = membership_.next_generation();
   if (next == members_) return;
@@ -420,6 +534,9 @@ void JobController::on_last_call() {
   }
   say("node(s) " + names + " joined; re-forming the group on " + std::to_string(next.size()) +
       " node(s)");
+  timeline_ = Timeline{};
+  timeline_.detect = first_arrival_ >= 0 ? first_arrival_ : ctrl::Heartbeats::steady_seconds();
+  first_arrival_ = -1;
   state_ = State::Reforming;
   failure_.reset();
   stop_workers(SIGTERM);
@@ -453,6 +570,7 @@ void JobController::on_all_stopped() {
   switch (state_) {
     case State::Restarting:
     case State::Reforming:
+      timeline_.stopped = ctrl::Heartbeats::steady_seconds();
       ++(state_ == State::Restarting ? restarts_ : scale_events_);
       ++generation_;
       sink_.clear_tails();

@@ -50,7 +50,14 @@ class JobController : public AgentListener {
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
   void on_hosts(const std::vector<HostSlots>& hosts);
   void on_unlisted(const std::string& host);
-  std::string admit(const std::string& host, int ranks, int slots, bool spawn_only);
+  std::string admit(const std::string& host, int ranks, int slots, bool spawn_only,
+                    long order = -1, std::string* kept_out = nullptr);
+  // Join mode: a node asks to join; the first generation waits for MIN of them (gather).
+  ctrl::Verdict on_join(const std::string& host, int slots, int node_rank);
+  void gather();
+  void on_join_timeout();
+  // -v: each generation's timeline (detect -> stopped -> re-formed -> all workers running).
+  void on_running(int generation);
   std::string on_spawn_host(const std::string& host) override;
   void on_spawn_host_lost(const std::string& host, const std::string& why) override;
   bool spawn_only(const std::string& host) const;
@@ -95,6 +102,16 @@ class JobController : public AgentListener {
   Event grace_timer_;
   Event kill_timer_;
   Event last_call_;  // --last-call: arrivals wait for others
+  // When the change that led to the next generation was seen (a failure, a loss, the first
+  // arrival of a last call), when the old one had stopped, when the new one was started; -1:
+  // not yet.  Seconds of ctrl::Heartbeats::steady_seconds().
+  struct Timeline {
+    double detect = -1, stopped = -1, reformed = -1;
+  } timeline_;
+  double first_arrival_ = -1;  // of the arrivals not admitted yet
+  bool gathering_ = false;  // join mode: waiting for --nnodes MIN nodes before generation 0
+  bool gather_called_ = false;  // the last call once MIN nodes are there was made
+  Event join_timer_;        // --rdzv-conf join_timeout
 
   // Standard input.
   StdinHow stdin_how_ = StdinHow::DevNull;

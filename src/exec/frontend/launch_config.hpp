@@ -71,7 +71,23 @@ struct LaunchConfig {
   double last_call = 1.0;           // seconds an arrival waits for others to join with it
   double host_cooldown = 10.0;      // a lost host is kept out this long, doubled each time
 
-  std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id
+  // Join mode (torchrun's way, as in a Kubernetes PyTorchJob): every node runs its own
+  // pytorch_exec with --rdzv-endpoint HOST[:PORT] (or the static --master-addr); the one on HOST
+  // is the front end and runs its node's workers, the others join it as its node daemons.
+  std::string rdzv_host;           // empty: not join mode
+  int rdzv_port = 29400;
+  std::string rdzv_id = "none";    // the job's name: part of the control plane's key
+  bool rdzv_static = false;        // static rendezvous: node ranks fixed by --node-rank
+  int rdzv_is_host = -1;           // --rdzv-host or is_host=: 1, 0; -1: HOST is an address here
+  int node_rank = -1;              // --node-rank; -1: none (places by arrival)
+  double join_timeout = 600;       // seconds for MIN nodes to join, or to reach the host
+  double rdzv_read_timeout = 60;   // seconds for one connection attempt and handshake
+  std::string rdzv_secret_file;    // --rdzv-secret-file; else PYTORCH_EXEC_RDZV_SECRET
+  bool rdzv_insecure = false;      // no secret: a fixed key derived from the id alone
+  std::string rdzv_key;            // the control plane's key (auth::rdzv_key), set by main
+  bool join_mode() const { return !rdzv_host.empty(); }
+
+  std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id (join mode: the rdzv id)
   int verbosity = 0;
 };
 

@@ -1,16 +1,23 @@
 // pytorch_exec: the front end.
+#include <netdb.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include <cstdio>
 #include <iostream>
 
 #include <pytorch_exec/version.h>
 
+#include "common/auth.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/cli.hpp"
+#include "exec/daemon/daemon.hpp"
 #include "exec/frontend/direct_launch.hpp"
 #include "exec/frontend/job.hpp"
 #include "exec/frontend/node_sources.hpp"
@@ -81,6 +88,70 @@ int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std:
   return 0;
 }
 
+// Join mode: whether HOST of the endpoint is this machine (one of its IPv4 addresses, or
+// loopback).  A name that does not resolve is not.
+bool endpoint_is_here(const std::string& host) {
+  struct addrinfo hints {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return false;
+  std::vector<std::string> mine = pe::local_ipv4_addresses();
+  bool here = false;
+  for (auto* a = res; a && !here; a = a->ai_next) {
+    char buf[INET_ADDRSTRLEN];
+    auto* in = reinterpret_cast<struct sockaddr_in*>(a->ai_addr);
+    if (!::inet_ntop(AF_INET, &in->sin_addr, buf, sizeof buf)) continue;
+    std::string addr = buf;
+    here = addr.rfind("127.", 0) == 0 || std::find(mine.begin(), mine.end(), addr) != mine.end();
+  }
+  ::freeaddrinfo(res);
+  return here;
+}
+
+// Join mode's key: from --rdzv-secret-file, else PYTORCH_EXEC_RDZV_SECRET (removed from the
+// environment at once: workers never see it), else none (--rdzv-insecure, with a warning).
+std::string join_key(const pe::LaunchConfig& cfg, pe::EnvMap& env) {
+  std::string secret;
+  if (const char* s = std::getenv(pe::kRdzvSecretVariable)) {
+    secret = s;
+    std::memset(const_cast<char*>(s), 0, secret.size());
+    ::unsetenv(pe::kRdzvSecretVariable);
+  }
+  env.erase(pe::kRdzvSecretVariable);
+  if (!cfg.rdzv_secret_file.empty()) secret = pe::auth::secret_from_file(cfg.rdzv_secret_file);
+  if (cfg.rdzv_insecure)
+    std::fprintf(stderr,
+                 "pytorch_exec: warning: --rdzv-insecure: any process that can reach %s:%d and "
+                 "knows the id '%s' can join this job and run programs here\n",
+                 cfg.rdzv_host.c_str(), cfg.rdzv_port, cfg.rdzv_id.c_str());
+  else if (secret.empty())
+    throw pe::UsageError("the job's secret is empty");
+  std::string key = pe::auth::rdzv_key(secret, cfg.rdzv_id);
+  secret.assign(secret.size(), '\0');
+  return key;
+}
+
+// Join mode on a node that does not host the job: it becomes a node daemon of the host's front
+// end, in this process, and exits with the job's status.
+int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string& host) {
+  pe::DaemonOptions o;
+  o.connect = {{cfg.rdzv_host, cfg.rdzv_port}};
+  o.node = host;
+  o.secret = std::move(key);
+  o.connect_timeout = cfg.rdzv_read_timeout;
+  o.heartbeat = pe::ctrl::HeartbeatSettings{cfg.heartbeat_interval, cfg.heartbeat_timeout};
+  o.join.slots = cfg.np;
+  o.join.node_rank = cfg.rdzv_static ? cfg.node_rank : -1;
+  o.join.timeout = cfg.join_timeout;
+  o.join.endpoint = cfg.rdzv_host + ":" + std::to_string(cfg.rdzv_port);
+  o.join.output =
+      pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy};
+  o.join.kill_grace = cfg.kill_grace;
+  pe::Daemon d(std::move(o));
+  return d.run();
+}
+
 int real_main(int argc, char** argv) {
   // hwloc (loaded by the PMIx server) need not load its X11/GL, OpenCL and libxml2 plugins in
   // this process; workers still see the environment as it was.
@@ -116,7 +187,17 @@ int real_main(int argc, char** argv) {
   // A task of `srun --mpi=pmix ... pytorch_exec PROGRAM`: become that rank of the program.
   if (pe::is_step_task(ctx.env) && !cfg.dry_run)
     pe::direct_exec(cfg, ctx.env, pe::step_identity(ctx.env));
-  pe::JobMap map = make_map(cfg, ctx.env, host);
+  if (cfg.join_mode() && !cfg.dry_run) {
+    pe::LaunchConfig jc = cfg;
+    jc.rdzv_key = join_key(cfg, ctx.env);
+    bool hosts = cfg.rdzv_is_host >= 0 ? cfg.rdzv_is_host == 1 : endpoint_is_here(cfg.rdzv_host);
+    if (!hosts) return join_as_node(jc, std::move(jc.rdzv_key), host);
+    pe::JobMap map = pe::map_single_node(host, cfg.np);
+    pe::WorkerSetSource workers = pe::workers_for(map, host, true);
+    pe::JobController job(std::move(jc), std::move(ctx.env), std::move(map), std::move(workers));
+    return job.run();
+  }
+  pe::JobMap map = cfg.join_mode() ? pe::map_single_node(host, cfg.np) : make_map(cfg, ctx.env, host);
   pe::check_stdin_rank(cfg, map.world_size);
   if (cfg.dry_run && (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)))
     return print_dry_run(cfg, map, host);

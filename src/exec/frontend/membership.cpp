@@ -28,7 +28,7 @@ int Membership::free_slot(const std::string& host) const {
 }
 
 Membership::Offer Membership::offer(const std::string& host, int ranks, double now,
-                                    bool spawn_only) {
+                                    bool spawn_only, long order) {
   if (find(host) >= 0) return {};
   auto h = history_.find(host);
   if (h != history_.end() && now < h->second.until) {
@@ -44,7 +44,8 @@ Membership::Offer Membership::offer(const std::string& host, int ranks, double n
   Node n;
   n.host = host;
   n.ranks = ranks;
-  n.order = next_order_++;
+  n.order = order >= 0 ? order : next_order_;
+  next_order_ = std::max(next_order_, n.order + 1);
   n.spawn_only = spawn_only;
   if (slot == static_cast<int>(nodes_.size()))
     nodes_.push_back(std::move(n));

@@ -50,7 +50,10 @@ class Membership {
 
   // One of the job's first nodes, in order; they are in slots 0, 1, ...
   void add_initial(const std::string& host, int ranks);
-  Offer offer(const std::string& host, int ranks, double now, bool spawn_only = false);
+  // `order`: the node's place among the others (a fixed node rank, join mode's static
+  // rendezvous), else -1: after every node admitted so far.
+  Offer offer(const std::string& host, int ranks, double now, bool spawn_only = false,
+              long order = -1);
   void ready(int slot);
   // The node in `slot` is lost (or never came up); returns the seconds its host is kept out.
   double lost(int slot, double now);

@@ -45,7 +45,8 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool gro
   } else {
     s.make = [host](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
       return std::make_unique<RemoteWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,
-                                             host, c.stdin_how == StdinHow::Forward, c.node_ready);
+                                             host, c.stdin_how == StdinHow::Forward, c.node_ready,
+                                             c.join, c.running);
     };
   }
   return s;
@@ -54,14 +55,15 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool gro
 RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
                              const std::string& host, bool stdin_forwarded,
-                             std::function<void(const std::string&)> node_ready)
+                             std::function<void(const std::string&)> node_ready, JoinFn join,
+                             std::function<void(int)> running)
     : loop_(loop),
       listener_(listener),
       cfg_(cfg),
       env_(env),
       map_(map),
       job_id_(job_id),
-      secret_(auth::new_secret()),
+      secret_(cfg.rdzv_key.empty() ? auth::new_secret() : cfg.rdzv_key),
       slurm_(map.slurm && cfg.launch_agent.empty()),
       stdin_forwarded_(stdin_forwarded),
       nodes_(map.nodes.size()),
@@ -96,7 +98,9 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                         !tree_.attached(n) && !tree_.lost(n))
                       tree_.lose(n, why);
                 }),
-      node_ready_(std::move(node_ready)) {
+      node_ready_(std::move(node_ready)),
+      join_(cfg.join_mode() ? std::move(join) : JoinFn()),
+      running_(std::move(running)) {
   for (size_t i = 0; i < nodes_.size(); ++i) {
     nodes_[i].host = map_.nodes[i].host;
     by_host_[nodes_[i].host] = static_cast<int>(i);
@@ -106,7 +110,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
   dispatch_
       .on<Joined>([this](int n, Joined&) { on_joined(n); })
       .on<Ready>([this](int n, Ready& m) { on_ready(n, m); })
-      .on<Port>([this](int n, Port& m) { nodes_[n].port = m.port; })
+      .on<Port>([this](int n, Port& m) { on_port(n, m); })
       .on<Output>([this](int, Output& m) {
         Stream s = m.stream == 1 ? Stream::Out : Stream::Err;
         if (m.spawn)
@@ -169,18 +173,11 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
     throw ProgramError("cannot find pytorch_execd next to pytorch_exec (" + launcher_.execd() + ")",
                        1);
   acceptor_ = std::make_unique<ctrl::Acceptor>(
-      loop_, secret_,
-      [this](const std::string& name) -> std::string {
-        auto it = by_host_.find(name);
-        if (it == by_host_.end()) return "node '" + name + "' is not in the job";
-        int n = it->second;
-        if (tree_.attached(n) || tree_.waiting(n) || tree_.lost(n))
-          return "node '" + name + "' is already connected";
-        return "";
-      },
+      loop_, secret_, [this](const ctrl::Hello& h) { return check_node(h); },
       [this](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
         on_authenticated(by_host_.at(name), std::move(conn));
-      });
+      },
+      join_ ? cfg_.rdzv_port : 0);
   addresses_ = local_ipv4_addresses();
   double timeout = daemon_timeout_ = daemon_timeout(env_);
   ready_timer_ = loop_.timer([this, timeout] {
@@ -195,6 +192,24 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
                        acceptor_->port(), join(addresses_, ","), nodes_.size(),
                        slurm_ ? "srun" : "a launch agent");
   launcher_.launch(addresses_, acceptor_->port(), secret_);
+}
+
+// A node that proved it knows the secret: one of ours whose daemon we started, or (join mode) a
+// node that started by itself and asks to join, which the controller admits or refuses.
+ctrl::Verdict RemoteWorkers::check_node(const ctrl::Hello& h) {
+  const std::string& name = h.node;
+  bool joining = join_ && h.join_slots >= 0;
+  auto it = by_host_.find(name);
+  if (it != by_host_.end() && !(joining && tree_.lost(it->second))) {
+    int n = it->second;
+    if (joining)  // its first pytorch_exec is alive (or it is the host's own node)
+      return "node '" + name + "' is in the job already (a second pytorch_exec on that host?)";
+    if (tree_.attached(n) || tree_.waiting(n) || tree_.lost(n))
+      return "node '" + name + "' is already connected";
+    return "";
+  }
+  if (!joining) return "node '" + name + "' is not in the job";
+  return join_(name, h.join_slots, h.node_rank);
 }
 
 void RemoteWorkers::on_joined(int node) {
@@ -257,6 +272,16 @@ void RemoteWorkers::on_ready(int node, ctrl::Ready& m) {
   check_ready();
 }
 
+// After a start, a node's workers run (or its StartFailed follows): the port of the store for
+// the next generation comes with that news.
+void RemoteWorkers::on_port(int node, ctrl::Port& m) {
+  nodes_[static_cast<size_t>(node)].port = m.port;
+  auto it = std::find(unstarted_.begin(), unstarted_.end(), node);
+  if (it == unstarted_.end()) return;
+  unstarted_.erase(it);
+  if (unstarted_.empty() && running_) running_(gen_info_.generation);
+}
+
 // The controller put the node in map_ already.  Its place in the tree is new, or a lost node's.
 void RemoteWorkers::add_node(int slot) {
   if (ctrl::tree_parent(slot, cfg_.tree_radix) >= 0)
@@ -282,6 +307,10 @@ void RemoteWorkers::add_node(int slot) {
                          " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
   });
   n.deadline.arm(daemon_timeout_);
+  if (join_) {  // it is connecting by itself: its connection is accepted next
+    logger("ctrl")->info("node {} ({}) joins", slot, n.host);
+    return;
+  }
   logger("ctrl")->info("node {} ({}): starting its daemon", slot, n.host);
   launcher_.launch_node(slot, n.incarnation);
 }
@@ -290,6 +319,13 @@ void RemoteWorkers::remove_node(int slot, const std::string& why) {
   logger("ctrl")->info("node {} ({}): closing its connection ({})", slot,
                        nodes_.at(static_cast<size_t>(slot)).host, why);
   tree_.lose(slot, why);  // the daemon sees its connection close, stops its workers, exits
+}
+
+void RemoteWorkers::end_job(int status) {
+  if (!join_) return;
+  tree_.broadcast(ctrl::JobEnd{status});
+  for (auto& n : nodes_)
+    if (n.direct) n.direct->finish();  // flushed before the links are dropped
 }
 
 void RemoteWorkers::on_exit(int node, ctrl::Exit& m) {
@@ -388,6 +424,7 @@ void RemoteWorkers::start(const GenerationInfo& gen) {
   remap_ = false;
   gen_info_ = gen;
   started_ = true;
+  unstarted_ = members_;
   tree_.broadcast(ctrl::Start{gen});
 }
 

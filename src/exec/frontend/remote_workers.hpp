@@ -27,10 +27,15 @@ namespace pe {
 
 class RemoteWorkers : public WorkerSet {
  public:
+  using JoinFn = decltype(WorkerSetContext::join);
+  // Join mode (cfg.join_mode()): the control plane listens on cfg.rdzv_port with cfg.rdzv_key,
+  // only the first nodes' daemons (this host's) are started, and other nodes join by
+  // themselves through `join`.
   RemoteWorkers(EventLoop& loop, AgentListener& listener, const LaunchConfig& cfg,
                 const EnvMap& env, const JobMap& map, const std::string& job_id,
                 const std::string& host, bool stdin_forwarded,
-                std::function<void(const std::string&)> node_ready = {});
+                std::function<void(const std::string&)> node_ready = {}, JoinFn join = {},
+                std::function<void(int)> running = {});
   // Closes every connection (the daemons then kill what is left and exit); the launchers are
   // waited for, then killed.
   ~RemoteWorkers() override;
@@ -52,6 +57,8 @@ class RemoteWorkers : public WorkerSet {
   size_t stdin_backlog() const override;
   std::string host_of_rank(int rank) const override;
   std::string format_map() const override;
+  void end_job(int status) override;
+  bool reports_running() const override { return true; }
 
   std::vector<std::string> launch_command(int node) const { return launcher_.launch_command(node); }
 
@@ -70,8 +77,10 @@ class RemoteWorkers : public WorkerSet {
     bool spawn_only = false;  // runs no ranks: started for MPI_Comm_spawn's processes
     Event deadline;       // a node added while the job runs has this long to be ready
   };
+  ctrl::Verdict check_node(const ctrl::Hello& h);
   void on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn);
   void on_ready(int node, ctrl::Ready& m);
+  void on_port(int node, ctrl::Port& m);
   void on_joined(int node);
   void on_exit(int node, ctrl::Exit& m);
   int spawn_node(const std::string& host) const;
@@ -113,6 +122,9 @@ class RemoteWorkers : public WorkerSet {
   Event ready_timer_;
   std::function<void()> ready_;
   std::function<void(const std::string&)> node_ready_;
+  JoinFn join_;  // join mode only
+  std::function<void(int)> running_;
+  std::vector<int> unstarted_;  // nodes of the generation started last that have not said so
   double daemon_timeout_ = 60;
   bool prepared_ = false;
 };

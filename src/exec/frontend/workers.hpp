@@ -13,6 +13,7 @@
 
 #include "common/event_loop.hpp"
 #include "common/torch_store.hpp"
+#include "exec/ctrl/messages.hpp"
 #include "exec/frontend/job_map.hpp"
 #include "exec/frontend/launch_config.hpp"
 #include "exec/node/node_agent.hpp"
@@ -62,6 +63,12 @@ class WorkerSet {
   virtual std::string host_of_rank(int rank) const = 0;
   // --display-map
   virtual std::string format_map() const = 0;
+  // The job is over with pytorch_exec's exit `status`: nodes that joined by themselves (join
+  // mode) are told, so that they exit with it.  Before the set is destroyed.
+  virtual void end_job(int /*status*/) {}
+  // Whether the set reports through WorkerSetContext::running that every worker of a started
+  // generation runs; otherwise they do when start() returns.
+  virtual bool reports_running() const { return false; }
 };
 
 // What a job controller gives the maker of its WorkerSet.
@@ -75,6 +82,13 @@ struct WorkerSetContext {
   StdinHow stdin_how;
   // A node added while the job runs (add_node) is ready.
   std::function<void(const std::string& host)> node_ready;
+  // Join mode: a node that started by itself (pytorch_exec --rdzv-endpoint) asks to join with
+  // `slots` ranks (`node_rank`: its fixed place, or -1).  An empty verdict admits it, and
+  // add_node() of its slot follows before the call returns; else it is refused with the reason.
+  std::function<ctrl::Verdict(const std::string& host, int slots, int node_rank)> join;
+  // Every worker of `generation` was started (every node of it said so), when
+  // reports_running().
+  std::function<void(int generation)> running;
 };
 
 // How a job controller gets its workers: `local` (everything on this machine: standard input

@@ -1,0 +1,216 @@
+#include "exec/frontend/rdzv_options.hpp"
+
+#include <climits>
+#include <vector>
+
+#include "common/error.hpp"
+#include "common/strings.hpp"
+#include "exec/frontend/option_table.hpp"
+
+namespace pe {
+namespace {
+
+constexpr int kC10dPort = 29400;    // torchrun's default for --rdzv-endpoint
+constexpr int kStaticPort = 29500;  // and for --master-port
+
+// rdzv-conf keys torchrun knows that mean nothing here (our store and keep-alive are our own).
+const char* const kIgnoredConfKeys[] = {"use_agent_store", "use_libuv", "close_timeout", "timeout",
+                                        "heartbeat_timeout"};
+
+bool truthy(const std::string& v) {
+  return v == "1" || v == "true" || v == "True" || v == "yes" || v == "on";
+}
+
+// --rdzv-conf k=v,...: join_timeout, last_call_timeout, read_timeout, is_host,
+// keep_alive_interval, keep_alive_max_attempt.
+void apply_conf(const RawOptions& raw, LaunchConfig& c) {
+  if (!raw.rdzv_conf || raw.rdzv_conf->empty()) return;
+  double keep_alive = 0;
+  int attempts = 0;
+  for (const auto& item : split(*raw.rdzv_conf, ',')) {
+    if (item.empty()) continue;
+    auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("--rdzv-conf: '" + item + "' is not KEY=VALUE");
+    std::string k = item.substr(0, eq), v = item.substr(eq + 1);
+    if (k == "join_timeout") {
+      c.join_timeout = positive_seconds("--rdzv-conf join_timeout", v);
+    } else if (k == "last_call_timeout") {
+      auto s = parse_seconds(v);
+      if (!s || *s > 3600)
+        throw UsageError("--rdzv-conf last_call_timeout: '" + v +
+                         "' is not a number of seconds in [0, 3600]");
+      if (!raw.last_call) c.last_call = *s;
+    } else if (k == "read_timeout") {
+      c.rdzv_read_timeout = positive_seconds("--rdzv-conf read_timeout", v);
+    } else if (k == "is_host") {
+      if (!raw.rdzv_host) c.rdzv_is_host = truthy(v) ? 1 : 0;
+    } else if (k == "keep_alive_interval") {
+      keep_alive = positive_seconds("--rdzv-conf keep_alive_interval", v);
+    } else if (k == "keep_alive_max_attempt") {
+      auto n = parse_int(v, 1, 1000);
+      if (!n) throw UsageError("--rdzv-conf keep_alive_max_attempt: '" + v + "' is not 1..1000");
+      attempts = static_cast<int>(*n);
+    } else {
+      bool ignored = false;
+      for (const char* i : kIgnoredConfKeys) ignored = ignored || k == i;
+      if (!ignored)
+        throw UsageError("--rdzv-conf: unknown key '" + k +
+                         "' (known: join_timeout, last_call_timeout, read_timeout, is_host, "
+                         "keep_alive_interval, keep_alive_max_attempt)");
+    }
+  }
+  // torchrun's keep-alive: a node is lost after max_attempt intervals without one.
+  if (keep_alive > 0 && !raw.heartbeat_interval) c.heartbeat_interval = keep_alive;
+  if (attempts > 0 && !raw.heartbeat_timeout) c.heartbeat_timeout = c.heartbeat_interval * attempts;
+  if (c.heartbeat_timeout <= c.heartbeat_interval)
+    throw UsageError("--rdzv-conf: the keep-alive timeout must be longer than its interval");
+}
+
+// Options that mean something in join mode only.
+void refuse_alone(const RawOptions& raw) {
+  const std::pair<bool, const char*> given[] = {
+      {raw.rdzv_id.has_value(), "--rdzv-id"},
+      {raw.rdzv_backend.has_value(), "--rdzv-backend"},
+      {raw.rdzv_conf.has_value(), "--rdzv-conf"},
+      {raw.rdzv_host, "--rdzv-host"},
+      {raw.rdzv_secret_file.has_value(), "--rdzv-secret-file"},
+      {raw.rdzv_insecure, "--rdzv-insecure"},
+      {raw.node_rank.has_value(), "--node-rank"},
+      {raw.master_port.has_value(), "--master-port"}};
+  for (const auto& [g, name] : given)
+    if (g) throw UsageError(std::string(name) + " needs --rdzv-endpoint (or --master-addr)");
+}
+
+void check_secret(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
+  if (raw.rdzv_secret_file) {
+    if (raw.rdzv_secret_file->empty())
+      throw UsageError("--rdzv-secret-file: the file name is empty");
+    c.rdzv_secret_file = *raw.rdzv_secret_file;
+  }
+  c.rdzv_insecure = raw.rdzv_insecure;
+  bool env = ctx.env.count(kRdzvSecretVariable) && !ctx.env.at(kRdzvSecretVariable).empty();
+  if (c.rdzv_insecure && (env || raw.rdzv_secret_file))
+    throw UsageError("--rdzv-insecure and a secret (--rdzv-secret-file or " +
+                     std::string(kRdzvSecretVariable) + ") exclude each other");
+  if (!c.rdzv_insecure && !env && !raw.rdzv_secret_file)
+    throw UsageError("join mode needs the job's secret: --rdzv-secret-file FILE (mode 0600) or " +
+                     std::string(kRdzvSecretVariable) +
+                     " in the environment, the same on every node (or --rdzv-insecure)");
+}
+
+}  // namespace
+
+std::pair<std::string, int> parse_endpoint(const std::string& opt, const std::string& v,
+                                           int default_port) {
+  std::string host = v, port;
+  if (!v.empty() && v[0] == '[') {  // [IPv6]:PORT
+    auto close = v.find(']');
+    if (close == std::string::npos) throw UsageError(opt + ": '" + v + "' is not HOST[:PORT]");
+    host = v.substr(1, close - 1);
+    if (close + 1 < v.size()) {
+      if (v[close + 1] != ':') throw UsageError(opt + ": '" + v + "' is not HOST[:PORT]");
+      port = v.substr(close + 2);
+    }
+  } else if (auto colon = v.find(':'); colon != std::string::npos) {
+    if (v.find(':', colon + 1) != std::string::npos)
+      throw UsageError(opt + ": '" + v + "' is not HOST[:PORT] (write an IPv6 address in [])");
+    host = v.substr(0, colon);
+    port = v.substr(colon + 1);
+  }
+  if (host.empty()) throw UsageError(opt + ": no host in '" + v + "'");
+  if (port.empty()) return {host, default_port};
+  auto p = parse_int(port, 1, 65535);
+  if (!p) throw UsageError(opt + ": '" + port + "' is not a port number");
+  return {host, static_cast<int>(*p)};
+}
+
+void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
+  bool endpoint = raw.rdzv_endpoint && !raw.rdzv_endpoint->empty();
+  bool master = raw.master_addr && !raw.master_addr->empty();
+  if (raw.standalone) {  // torchrun --standalone: one node, a local rendezvous; that is ours
+    if (endpoint || master)
+      throw UsageError("--standalone runs on one node: no --rdzv-endpoint or --master-addr");
+    if (c.nnodes_min > 1) throw UsageError("--standalone runs on one node: --nnodes must be 1");
+    c.nnodes_min = c.nnodes_max = 0;
+    return;
+  }
+  if (!endpoint && !master) return refuse_alone(raw);
+  if (!c.hosts.empty() || !c.hostfile.empty() || !c.host_discovery.empty() || c.spares > 0)
+    throw UsageError(
+        "--rdzv-endpoint: nodes join by themselves (run pytorch_exec on each); -H, --hostfile, "
+        "--host-discovery and --spares do not apply");
+  std::string backend = raw.rdzv_backend.value_or(endpoint ? "c10d" : "static");
+  if (backend != "c10d" && backend != "static")
+    throw UsageError("--rdzv-backend: '" + backend +
+                     "' is not supported (pytorch_exec hosts its own rendezvous: use c10d or "
+                     "static)");
+  c.rdzv_static = backend == "static";
+  if (!raw.np && !raw.nproc_per_node) c.np = 1;            // torchrun's default: one per node
+  if (c.nnodes_min == 0) c.nnodes_min = c.nnodes_max = 1;  // torchrun's default
+  std::pair<std::string, int> ep;
+  if (endpoint) {
+    ep = parse_endpoint("--rdzv-endpoint", *raw.rdzv_endpoint,
+                        c.rdzv_static ? kStaticPort : kC10dPort);
+  } else if (!c.rdzv_static) {
+    throw UsageError("--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]");
+  } else {
+    ep = parse_endpoint("--master-addr", *raw.master_addr, kStaticPort);
+    if (raw.master_port) {
+      auto p = parse_int(*raw.master_port, 1, 65535);
+      if (!p) throw UsageError("--master-port: '" + *raw.master_port + "' is not a port number");
+      ep.second = static_cast<int>(*p);
+    }
+  }
+  c.rdzv_host = ep.first;
+  c.rdzv_port = ep.second;
+  if (raw.rdzv_id) {
+    if (raw.rdzv_id->empty()) throw UsageError("--rdzv-id: the id is empty");
+    c.rdzv_id = *raw.rdzv_id;
+  }
+  if (c.run_id.empty()) c.run_id = c.rdzv_id;
+  if (raw.node_rank) {
+    auto r = parse_int(*raw.node_rank, 0, INT_MAX);
+    if (!r)
+      throw UsageError("--node-rank: expected a non-negative integer, got '" + *raw.node_rank +
+                       "'");
+    c.node_rank = static_cast<int>(*r);
+  }
+  if (c.rdzv_static) {  // torchrun's static rendezvous: a fixed number of nodes, fixed ranks
+    if (c.nnodes_min != c.nnodes_max)
+      throw UsageError(
+          "static rendezvous (--master-addr, --rdzv-backend static) needs a fixed "
+          "--nnodes N, not MIN:MAX");
+    if (c.node_rank < 0) throw UsageError("static rendezvous needs --node-rank");
+    if (c.node_rank >= c.nnodes_max)
+      throw UsageError("--node-rank " + std::to_string(c.node_rank) + " is not below --nnodes " +
+                       std::to_string(c.nnodes_max));
+  }
+  if (raw.rdzv_host) c.rdzv_is_host = 1;
+  apply_conf(raw, c);
+  if (c.rdzv_is_host < 0 && c.rdzv_static) c.rdzv_is_host = c.node_rank == 0 ? 1 : 0;
+  check_secret(raw, ctx, c);
+}
+
+RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std::string>& env) {
+  if (raw.hosts || raw.hostfile || raw.host_discovery) return raw;  // nodes named here: no pod
+  auto from = [&env](const char* name, std::optional<std::string>& field) {
+    auto it = env.find(name);
+    if (!field && it != env.end() && !it->second.empty()) field = it->second;
+  };
+  from("PET_NNODES", raw.nnodes);
+  from("PET_NPROC_PER_NODE", raw.nproc_per_node);
+  from("PET_RDZV_ENDPOINT", raw.rdzv_endpoint);
+  from("PET_RDZV_ID", raw.rdzv_id);
+  from("PET_RDZV_BACKEND", raw.rdzv_backend);
+  from("PET_RDZV_CONF", raw.rdzv_conf);
+  from("PET_NODE_RANK", raw.node_rank);
+  from("PET_MASTER_ADDR", raw.master_addr);
+  from("PET_MASTER_PORT", raw.master_port);
+  from("PET_MAX_RESTARTS", raw.max_restarts);
+  auto st = env.find("PET_STANDALONE");
+  if (!raw.standalone && st != env.end()) raw.standalone = truthy(st->second);
+  return raw;
+}
+
+}  // namespace pe
