@@ -188,6 +188,50 @@ def test_below_the_minimum_the_job_fails():
     assert_no_leftovers(marker, timeout=5)
 
 
+def test_below_the_minimum_the_job_waits_for_a_replacement():
+    """--nnodes 2:2 --hostfile a,b: b's daemon dies in generation 0; one node is left, so a's
+    ranks are stopped and the job waits (--join-timeout) for another host.  c is added to the
+    hostfile: generation 1 runs on a and c.  With nothing added, the job fails once the join
+    timeout is over, saying how many nodes it had."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    hostfile = os.path.join(tmpdir(), "hosts")
+    with open(hostfile, "w") as f:
+        f.write("a\nb\n")
+    args = [EXEC, "--kill-grace", "1", "--nnodes", "2:2", "--hostfile", hostfile, "--launch-agent",
+            agent(marker)]
+    p = subprocess.Popen(args + ["--join-timeout", "60", WORKER], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    said = []
+    try:
+        for line in p.stderr:
+            said.append(line)
+            if "waiting up to 60 s for more (--join-timeout)" in line:
+                break
+        check(said and "1 node(s) left, --nnodes needs at least 2" in said[-1], "".join(said))
+        with open(hostfile, "a") as f:
+            f.write("c\n")
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+    check(p.returncode == 0, f"exit {p.returncode}: {''.join(said) + err}")
+    rows = sorted(out.splitlines())
+    check(rows == ["gen 1 rank 0 of 2 node a group 0/2 restarts 1",
+                   "gen 1 rank 1 of 2 node c group 1/2 restarts 1"], f"{rows}\n{err}")
+    assert_no_leftovers(marker, timeout=5)
+    with open(hostfile, "w") as f:
+        f.write("a\nb\n")
+    t0 = time.monotonic()
+    r = run(args[1:] + ["--join-timeout", "1", WORKER], env=env, timeout=60)
+    took = time.monotonic() - t0
+    check(r.returncode == 1 and "only 1 of at least 2 node(s) left or arrived within the join "
+          "timeout of 1 s (--join-timeout)" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+    check(took < 20, f"took {took:.1f} s")
+    assert_no_leftovers(marker, timeout=5)
+
+
 def test_node_counts_are_checked_against_the_allocation():
     r = run(["--nnodes", "4:5", "-H", "a,b,c", "true"], timeout=30)
     check(r.returncode == 2 and "--nnodes 4:5 needs at least 4 nodes; -H a,b,c has 3" in r.stderr,
@@ -238,5 +282,6 @@ if __name__ == "__main__":
           test_a_host_that_comes_back_waits_its_cooldown,
           test_a_host_no_longer_listed_leaves_and_may_come_back,
           test_below_the_minimum_the_job_fails,
+          test_below_the_minimum_the_job_waits_for_a_replacement,
           test_node_counts_are_checked_against_the_allocation,
           test_random_losses])

@@ -184,3 +184,16 @@ TEST(MembershipTest, FixedPlacesOrderTheGenerationWhateverTheArrivalOrder) {
   Membership::Node n = m.node(o.slot);
   EXPECT_GT(n.order, 3);
 }
+
+TEST(MembershipTest, AGenerationIsItsNodesNotItsSlots) {
+  Membership m = running({"a", "b"});
+  EXPECT_TRUE(m.is_generation(Slots{0, 1}));
+  EXPECT_FALSE(m.is_generation(Slots{1, 0}));
+  EXPECT_FALSE(m.is_generation(Slots{0}));
+  m.lost(1, 0);
+  int c = m.offer("c", 1, 0).slot;  // takes b's place
+  ASSERT_EQ(c, 1);
+  m.ready(c);
+  EXPECT_EQ(m.next_generation(), (Slots{0, 1}));  // the same slots as the running generation...
+  EXPECT_FALSE(m.is_generation(m.next_generation()));  // ...with another node in one of them
+}

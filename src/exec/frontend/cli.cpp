@@ -138,6 +138,11 @@ const OptionDef<RawOptions> kOptions[] = {
      "a host whose node was lost is not admitted again for SECONDS, doubled on each further "
      "loss (default 10)",
      &RawOptions::host_cooldown},
+    {"join-timeout", 0, "Elastic", "SECONDS",
+     "when fewer than MIN nodes are left (or, in join mode, before the start), wait up to "
+     "SECONDS for more to arrive from the hostfile, the discovery command or join mode, then "
+     "fail (default 600; also --rdzv-conf join_timeout)",
+     &RawOptions::join_timeout},
     {"rdzv-endpoint", 0, "Join mode", "HOST[:PORT]",
      "join mode, as torchrun: run pytorch_exec on every node; the one whose address is HOST "
      "hosts the job (the front end, listening on PORT, default 29400) and runs its node's "
@@ -323,13 +328,14 @@ void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
   if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
 }
 
-// --host-discovery, --host-discovery-interval, --last-call, --host-cooldown.
+// --host-discovery, --host-discovery-interval, --last-call, --host-cooldown, --join-timeout.
 void validate_arrivals(const RawOptions& raw, LaunchConfig& c) {
   const std::pair<const std::optional<std::string>*, const char*> need_nnodes[] = {
       {&raw.host_discovery, "--host-discovery"},
       {&raw.host_discovery_interval, "--host-discovery-interval"},
       {&raw.last_call, "--last-call"},
-      {&raw.host_cooldown, "--host-cooldown"}};
+      {&raw.host_cooldown, "--host-cooldown"},
+      {&raw.join_timeout, "--join-timeout"}};
   for (const auto& [given, name] : need_nnodes)
     if (*given && !raw.nnodes) throw UsageError(std::string(name) + " needs --nnodes MIN:MAX");
   if (raw.host_discovery) {
@@ -352,6 +358,7 @@ void validate_arrivals(const RawOptions& raw, LaunchConfig& c) {
       throw UsageError("--host-cooldown: '" + *raw.host_cooldown + "' is not a number of seconds");
     c.host_cooldown = *s;
   }
+  if (raw.join_timeout) c.join_timeout = positive_seconds("--join-timeout", *raw.join_timeout);
 }
 
 // --nnodes N or MIN:MAX (torchrun's spelling), --max-scale-events N.

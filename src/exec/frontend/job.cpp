@@ -106,9 +106,9 @@ int JobController::run() {
     last_call_.disarm();
     on_last_call();
   });
+  join_timer_ = loop_.timer([this] { on_join_timeout(); });
   if (cfg_.join_mode()) {
     gathering_ = true;
-    join_timer_ = loop_.timer([this] { on_join_timeout(); });
     join_timer_.arm(cfg_.join_timeout);
   }
   workers_->prepare([this] {
@@ -140,7 +140,8 @@ void JobController::start_generation() {
   std::vector<int> next = membership_.next_generation();
   bool whole = next.size() == base_map_.nodes.size();
   for (size_t i = 0; whole && i < next.size(); ++i) whole = next[i] == static_cast<int>(i);
-  if (!whole || next != members_) {
+  // By the nodes, not the slots: a lost node's slot may have another node now.
+  if (!whole || !membership_.is_generation(next)) {
     map_ = reform_map(base_map_, next);
     workers_->use_map(map_);
   }
@@ -290,7 +291,8 @@ std::string JobController::reform_without(const std::string& host, const std::st
   // or a failure of another kind does.
   if (state_ == State::Interrupted || (state_ == State::Failing && !failure_))
     return "the job is ending";
-  if (gathering_ && !membership_.node(slot).initial) {  // join mode, before the first
+  if (gathering_ && state_ == State::Preparing &&
+      !membership_.node(slot).initial) {  // join mode, before the first
                                                          // generation: the others wait on
     membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
     say("node " + host + " left before the job started: " + why);
@@ -311,16 +313,29 @@ std::string JobController::reform_without(const std::string& host, const std::st
     return "";
   }
   int left = membership_.left();
-  if (left < cfg_.nnodes_min)
-    return std::to_string(left) + " node(s) left, --nnodes needs at least " +
-           std::to_string(cfg_.nnodes_min);
+  if (left < cfg_.nnodes_min && !gathering_) {
+    std::string below = std::to_string(left) + " node(s) left, --nnodes needs at least " +
+                        std::to_string(cfg_.nnodes_min);
+    // Nothing can bring another node: a static list (-H, an allocation) without sources.
+    if (!NodeSources::wanted(cfg_) && !cfg_.join_mode()) return below;
+    char t[32];
+    std::snprintf(t, sizeof t, "%g", cfg_.join_timeout);
+    say("node " + host + ": " + why + "; " + below + ": stopping the others and waiting up to " +
+        t + " s for more (--join-timeout)");
+    gathering_ = true;
+    gather_called_ = false;
+    join_timer_.arm(cfg_.join_timeout);
+  } else if (left < cfg_.nnodes_min) {
+    return "";  // waiting for more already
+  }
   if (cfg_.max_scale_events >= 0 && scale_events_ >= cfg_.max_scale_events)
     return "no scale events left (--max-scale-events " + std::to_string(cfg_.max_scale_events) +
            ")";
   bool spare = cfg_.nnodes_max > 0 && left >= cfg_.nnodes_max;  // one was idle before
-  say("node " + host + ": " + why + "; re-forming the group on " +
-      (spare ? std::to_string(cfg_.nnodes_max) + " node(s), a spare taking its place"
-             : "the " + std::to_string(left) + " node(s) left"));
+  if (!gathering_)
+    say("node " + host + ": " + why + "; re-forming the group on " +
+        (spare ? std::to_string(cfg_.nnodes_max) + " node(s), a spare taking its place"
+               : "the " + std::to_string(left) + " node(s) left"));
   if (state_ == State::Preparing) return "";  // starts without it once the others are ready
   if (state_ != State::Reforming) {  // a loss while re-forming keeps the first detection
     timeline_ = Timeline{};
@@ -439,7 +454,9 @@ ctrl::Verdict JobController::on_join(const std::string& host, int slots, int nod
 // (armed by the first arrival, or once MIN are there) is over, at once with MAX nodes; within
 // the join timeout.
 void JobController::gather() {
-  if (!gathering_ || state_ != State::Preparing) return;
+  if (!gathering_) return;
+  bool reforming = state_ == State::Reforming;  // below MIN after a loss, the others stopped
+  if (!(state_ == State::Preparing || (reforming && workers_->live() == 0))) return;
   int have = membership_.left();
   bool full = have >= cfg_.nnodes_max;
   if (have >= cfg_.nnodes_min && !full && !gather_called_) {  // torchrun's last call
@@ -454,19 +471,28 @@ void JobController::gather() {
   gathering_ = false;
   join_timer_.disarm();
   last_call_.disarm();
-  first_arrival_ = -1;  // the arrivals so far are in the first generation
-  say("rendezvous " + cfg_.rdzv_id + " complete: " + std::to_string(have) + " node(s)");
+  first_arrival_ = -1;  // the arrivals so far are in the (next) generation
+  if (!reforming) {
+    say("rendezvous " + cfg_.rdzv_id + " complete: " + std::to_string(have) + " node(s)");
+    start_generation();
+    return;
+  }
+  say("re-forming the group on " + std::to_string(std::min(have, cfg_.nnodes_max)) + " node(s)");
+  ++scale_events_;
+  ++generation_;
+  sink_.clear_tails();
   start_generation();
 }
 
 void JobController::on_join_timeout() {
-  if (!gathering_ || state_ != State::Preparing) return;
+  if (!gathering_ || (state_ != State::Preparing && state_ != State::Reforming)) return;
   gathering_ = false;
   char t[32];
   std::snprintf(t, sizeof t, "%g", cfg_.join_timeout);
   say("only " + std::to_string(membership_.left()) + " of at least " +
-      std::to_string(cfg_.nnodes_min) + " node(s) joined within the join timeout of " + t +
-      " s (--rdzv-conf join_timeout)");
+      std::to_string(cfg_.nnodes_min) + " node(s) " +
+      (state_ == State::Preparing ? "joined" : "left or arrived") + " within the join timeout of " +
+      t + " s (--join-timeout)");
   exit_status_ = 1;
   state_ = State::Failing;
   stop_workers(SIGTERM);
@@ -491,7 +517,8 @@ void JobController::on_node_ready(const std::string& host) {
   int slot = membership_.find(host);
   if (slot < 0) return;
   membership_.ready(slot);
-  if (gathering_) return gather();
+  // From the loop, not from inside the workers' report of the node (it is not done with it).
+  if (gathering_) return loop_.post([this] { gather(); });
   if (membership_.node(slot).spawn_only) {
     logger("exec")->info("node {} is ready for spawned processes", host);
     return;
@@ -571,6 +598,7 @@ void JobController::on_all_stopped() {
     case State::Restarting:
     case State::Reforming:
       timeline_.stopped = ctrl::Heartbeats::steady_seconds();
+      if (gathering_) return gather();  // below MIN: the group re-forms when more are there
       ++(state_ == State::Restarting ? restarts_ : scale_events_);
       ++generation_;
       sink_.clear_tails();

@@ -77,6 +77,13 @@ void Membership::set_generation(const std::vector<int>& slots) {
   for (int s : slots) generation_.push_back(node(s).order);
 }
 
+bool Membership::is_generation(const std::vector<int>& slots) const {
+  if (slots.size() != generation_.size()) return false;
+  for (size_t i = 0; i < slots.size(); ++i)
+    if (node(slots[i]).order != generation_[i]) return false;
+  return true;
+}
+
 std::vector<int> Membership::next_generation() const {
   std::vector<int> out, others;
   for (long o : generation_)

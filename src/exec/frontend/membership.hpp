@@ -63,6 +63,9 @@ class Membership {
 
   // The generation that runs now (the slots, in its order).
   void set_generation(const std::vector<int>& slots);
+  // Whether `slots` hold the nodes of that generation, in its order (a lost node's slot taken
+  // by another node is not).
+  bool is_generation(const std::vector<int>& slots) const;
   // The slots of the next generation: the current one's that are left, then ready nodes (and
   // first nodes still starting) in admission order, at most MAX.
   std::vector<int> next_generation() const;
