@@ -7,6 +7,7 @@ its hostfile or discovery command lists a new one.  Needs root (skips otherwise)
 import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 
@@ -207,6 +208,117 @@ def test_elastic_job_grows_with_the_discovery_command():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
 
 
+
+# Elastic training (examples/elastic_ddp.py: DDP that checkpoints every 2 steps and resumes from
+# the newest checkpoint) across the hosts, with one fault or arrival once generation 0 has done
+# 4 of its 16 steps.  The weights at the end must be those of a run without any change (the
+# global batch does not depend on the world size), the generations must have had the expected
+# world sizes, and nothing may be left running.
+ELASTIC_DDP = os.path.join(SRCDIR, "examples", "elastic_ddp.py")
+STEPS = 16
+REFERENCE = []
+
+
+def reference_weights():
+    if not REFERENCE:
+        r = subprocess.run([EXEC, "-n", "1", TORCH_PYTHON, ELASTIC_DDP, "--ckpt",
+                            os.path.join(tmpdir(), "ckpt"), "--steps", str(STEPS)],
+                           capture_output=True, text=True, timeout=120)
+        check(r.returncode == 0, f"reference run: {r.stderr[-2000:]}")
+        REFERENCE.append(float(re.search(r"weights (\S+)", r.stdout).group(1)))
+    return REFERENCE[0]
+
+
+def ns_pids(i):
+    """The processes in host i's namespace."""
+    r = subprocess.run(["ip", "netns", "pids", BED.nodes[i - 1]], capture_output=True, text=True,
+                       timeout=30)
+    return [int(x) for x in r.stdout.split()]
+
+
+def signal_host(i, sig, only=None):
+    for pid in ns_pids(i):
+        try:
+            if only:
+                with open(f"/proc/{pid}/comm") as f:
+                    if f.read().strip() != only:
+                        continue
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def train_through(args, action, worlds, after=lambda: None):
+    """Runs the training with pytorch_exec ARGS; once generation 0 has done 4 steps, action();
+    checks the result and that generation g ran on worlds[g] ranks; after() before the check
+    for leftovers."""
+    need_torch()
+    want = reference_weights()
+    env = marker_env()
+    d = tmpdir()
+    log = os.path.join(d, "log")
+    cmd = ["ip", "netns", "exec", BED.front, EXEC, "--launch-agent", "ip netns exec {host}",
+           "--kill-grace", "1", "-x", "GLOO_SOCKET_IFNAME=pe0"] + args + [
+               TORCH_PYTHON, ELASTIC_DDP, "--ckpt", os.path.join(d, "ckpt"), "--steps", str(STEPS),
+               "--log", log, "--step-time", "0.25"]
+    p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def steps():
+        if not os.path.exists(log):
+            return []
+        with open(log) as f:
+            return [tuple(int(w) for w in line.split()[1::2]) for line in f if line.count(" ") == 7]
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and p.poll() is None and \
+                not any(g == 0 and s >= 4 for g, _, _, s in steps()):
+            time.sleep(0.1)
+        if p.poll() is not None:
+            raise TestFailure(f"the job ended early: {p.communicate()[1][-3000:]}")
+        action()
+        try:
+            out, err = p.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            raise TestFailure(f"did not finish: {p.communicate()[1][-3000:]}")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        after()
+    check(p.returncode == 0, f"exit {p.returncode}: {err[-3000:]}")
+    done = re.search(r"done: step (\d+) weights (\S+)", out)
+    check(done and int(done.group(1)) == STEPS and abs(float(done.group(2)) - want) < 1e-5,
+          f"{out!r} (weights without changes: {want})")
+    got = {}
+    for g, w, _, _ in steps():
+        got.setdefault(g, w)
+    check([got[g] for g in sorted(got)] == worlds,
+          f"world size by generation: {got}, want {worlds}: {err[-3000:]}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=20)
+
+
+def test_elastic_training_survives_losses_arrivals_and_a_spare():
+    one = ["--nnodes", "2:4", "-H", hosts("1:1,2:1,3:1")]
+    # A host's daemon and workers killed (SIGKILL): the others go on, 3 ranks then 2.
+    train_through(one, lambda: signal_host(3, signal.SIGKILL), [3, 2])
+    # Its link cut: the heartbeat finds it silent.
+    try:
+        train_through(one, lambda: BED.cut(3), [3, 2])
+    finally:
+        BED.uncut(3)
+    # Its daemon frozen (SIGSTOP): silent too; woken afterwards, it stops its worker.
+    train_through(one, lambda: signal_host(3, signal.SIGSTOP, "pytorch_execd"), [3, 2],
+                  after=lambda: signal_host(3, signal.SIGCONT, "pytorch_execd"))
+    # A host added to the hostfile: 2 ranks, then 3.
+    hostfile = os.path.join(tmpdir(), "hosts")
+    write_hosts(hostfile, "1,2")
+    train_through(["--nnodes", "2:4", "--hostfile", hostfile],
+                  lambda: write_hosts(hostfile, "1,2,3"), [2, 3])
+    # A spare: host 3 lost, host 4 (idle until then) takes its place; the world stays 3.
+    train_through(["--nnodes", "2:3", "--spares", "1", "-H", hosts("1:1,2:1,3:1,4:1")],
+                  lambda: signal_host(3, signal.SIGKILL), [3, 3])
+
 if __name__ == "__main__":
     why = netns.available()
     if why:
@@ -217,4 +329,5 @@ if __name__ == "__main__":
               test_mpi_across_hosts, test_cut_link_ends_the_job_naming_the_host,
               test_elastic_job_reforms_after_a_cut_link,
               test_elastic_job_grows_when_its_hostfile_lists_a_new_host,
-              test_elastic_job_grows_with_the_discovery_command])
+              test_elastic_job_grows_with_the_discovery_command,
+              test_elastic_training_survives_losses_arrivals_and_a_spare])
