@@ -232,6 +232,20 @@ def test_below_the_minimum_the_job_waits_for_a_replacement():
     assert_no_leftovers(marker, timeout=5)
 
 
+def test_generations_are_a_multiple_of_nnodes_multiple():
+    """--nnodes 2:4 --nnodes-multiple 2 on a, b, c, d: b's daemon dies; of the three left, a and c
+    form generation 1 and d stands by."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    r = run(["-v", "--nnodes", "2:4", "--nnodes-multiple", "2", "-H", "a,b,c,d", "--launch-agent",
+             agent(marker), WORKER], env=env, timeout=90)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
+    check(sorted(r.stdout.splitlines()) == ["gen 1 rank 0 of 2 node a group 0/2 restarts 1",
+                                            "gen 1 rank 1 of 2 node c group 1/2 restarts 1"],
+          f"{r.stdout}\n{r.stderr[-2000:]}")
+    assert_no_leftovers(marker, timeout=5)
+
+
 def test_node_counts_are_checked_against_the_allocation():
     r = run(["--nnodes", "4:5", "-H", "a,b,c", "true"], timeout=30)
     check(r.returncode == 2 and "--nnodes 4:5 needs at least 4 nodes; -H a,b,c has 3" in r.stderr,
@@ -283,5 +297,6 @@ if __name__ == "__main__":
           test_a_host_no_longer_listed_leaves_and_may_come_back,
           test_below_the_minimum_the_job_fails,
           test_below_the_minimum_the_job_waits_for_a_replacement,
+          test_generations_are_a_multiple_of_nnodes_multiple,
           test_node_counts_are_checked_against_the_allocation,
           test_random_losses])

@@ -291,6 +291,16 @@ TEST(CliTest, ElasticNodeCounts) {
             "--max-scale-events needs --nnodes MIN:MAX");
   EXPECT_EQ(usage_error({"--spares", "1", "prog"}), "--spares needs --nnodes MIN:MAX");
   EXPECT_EQ(config({"--nnodes", "2:3", "--spares", "2", "prog"}).spares, 2);
+  // --nnodes-multiple K: MIN up and MAX down to multiples of K.
+  c = config({"--nnodes", "3:9", "--nnodes-multiple", "2", "prog"});
+  EXPECT_EQ(c.nnodes_min, 4);
+  EXPECT_EQ(c.nnodes_max, 8);
+  EXPECT_EQ(c.nnodes_multiple, 2);
+  EXPECT_EQ(usage_error({"--nnodes", "3:3", "--nnodes-multiple", "2", "prog"}),
+            "--nnodes 3:3 has no multiple of --nnodes-multiple 2");
+  EXPECT_EQ(usage_error({"--nnodes-multiple", "2", "prog"}), "--nnodes-multiple needs --nnodes MIN:MAX");
+  EXPECT_NE(usage_error({"--nnodes", "2:4", "--nnodes-multiple", "0", "prog"}).find("--nnodes-multiple"),
+            std::string::npos);
   // Arrivals talk to the front end directly: it takes 2*(MAX+spares) nodes unless told.
   EXPECT_EQ(config({"prog"}).tree_radix, 32);
   EXPECT_EQ(config({"--nnodes", "2:4", "prog"}).tree_radix, 32);

@@ -197,3 +197,19 @@ TEST(MembershipTest, AGenerationIsItsNodesNotItsSlots) {
   EXPECT_EQ(m.next_generation(), (Slots{0, 1}));  // the same slots as the running generation...
   EXPECT_FALSE(m.is_generation(m.next_generation()));  // ...with another node in one of them
 }
+
+TEST(MembershipTest, AGenerationIsAMultipleOfTheGivenNodeCount) {
+  Membership m(MembershipSettings{4, 8, 10, 2});
+  for (const char* h : {"a", "b", "c", "d"}) m.add_initial(h, 1);
+  for (int i = 0; i < 4; ++i) m.ready(i);
+  m.set_generation(m.next_generation());
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "b", "c", "d"}));
+  m.lost(1, 0);  // three left: two form the generation, the third stands by
+  EXPECT_EQ(m.left(), 2);
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "c"}));
+  m.set_generation(m.next_generation());
+  int e = m.offer("e", 1, 0).slot;  // a fourth again: all four
+  m.ready(e);
+  EXPECT_EQ(m.left(), 4);
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "c", "d", "e"}));
+}

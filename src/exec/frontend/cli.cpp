@@ -138,6 +138,10 @@ const OptionDef<RawOptions> kOptions[] = {
      "a host whose node was lost is not admitted again for SECONDS, doubled on each further "
      "loss (default 10)",
      &RawOptions::host_cooldown},
+    {"nnodes-multiple", 0, "Elastic", "K",
+     "with --nnodes: every generation has a multiple of K nodes (a data-parallel degree); "
+     "MIN is rounded up and MAX down to one, the nodes beyond stand by as spares",
+     &RawOptions::nnodes_multiple},
     {"join-timeout", 0, "Elastic", "SECONDS",
      "when fewer than MIN nodes are left (or, in join mode, before the start), wait up to "
      "SECONDS for more to arrive from the hostfile, the discovery command or join mode, then "
@@ -367,6 +371,8 @@ void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
     if (!raw.nnodes) throw UsageError("--max-scale-events needs --nnodes MIN:MAX");
     c.max_scale_events = parse_count("--max-scale-events", *raw.max_scale_events, 0);
   }
+  if (raw.nnodes_multiple && !raw.nnodes)
+    throw UsageError("--nnodes-multiple needs --nnodes MIN:MAX");
   if (raw.spares) {
     if (!raw.nnodes) throw UsageError("--spares needs --nnodes MIN:MAX");
     c.spares = parse_count("--spares", *raw.spares, 0);
@@ -381,6 +387,16 @@ void validate_elastic(const RawOptions& raw, LaunchConfig& c) {
     throw UsageError("--nnodes: expected N or MIN:MAX with 1 <= MIN <= MAX, got '" + v + "'");
   c.nnodes_min = static_cast<int>(*lo);
   c.nnodes_max = static_cast<int>(*hi);
+  if (raw.nnodes_multiple) {
+    int k = parse_count("--nnodes-multiple", *raw.nnodes_multiple, 1);
+    int lo_k = (c.nnodes_min + k - 1) / k * k, hi_k = c.nnodes_max / k * k;
+    if (lo_k > hi_k)
+      throw UsageError("--nnodes " + v + " has no multiple of --nnodes-multiple " +
+                       std::to_string(k));
+    c.nnodes_multiple = k;
+    c.nnodes_min = lo_k;
+    c.nnodes_max = hi_k;
+  }
   // Nodes that arrive while the job runs talk to the front end directly (the relays of the tree
   // take no arrivals): unless --tree-radix says otherwise, the front end takes twice MAX plus
   // the spares (arrivals beyond MAX wait as spares), up to kFlatElasticNodes.

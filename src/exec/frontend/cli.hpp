@@ -54,6 +54,7 @@ struct RawOptions {
   std::optional<std::string> host_discovery_interval;
   std::optional<std::string> last_call;
   std::optional<std::string> join_timeout;
+  std::optional<std::string> nnodes_multiple;
   std::optional<std::string> host_cooldown;
   std::optional<std::string> run_id;
   // Join mode (torchrun's names).

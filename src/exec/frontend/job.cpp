@@ -51,7 +51,8 @@ bool contains(const std::vector<int>& v, int x) {
 }
 
 Membership first_members(const LaunchConfig& cfg, const JobMap& map) {
-  Membership m(MembershipSettings{cfg.nnodes_max, cfg.tree_radix, cfg.host_cooldown});
+  Membership m(MembershipSettings{cfg.nnodes_max, cfg.tree_radix, cfg.host_cooldown,
+                                  cfg.nnodes_multiple});
   for (const auto& n : map.nodes) m.add_initial(n.host, static_cast<int>(n.ranks.size()));
   return m;
 }

@@ -64,6 +64,7 @@ struct LaunchConfig {
   // Elastic membership (--nnodes MIN:MAX): 0 when not elastic.
   int nnodes_min = 0;
   int nnodes_max = 0;
+  int nnodes_multiple = 1;          // --nnodes-multiple K: generations of a multiple of K nodes
   int max_scale_events = -1;        // -1: no limit
   int spares = 0;                   // nodes started beyond nnodes_max, idle until one is lost
   std::string host_discovery;       // --host-discovery CMD: prints host[:slots] lines

@@ -97,12 +97,14 @@ std::vector<int> Membership::next_generation() const {
   out.insert(out.end(), others.begin(), others.end());
   if (s_.max_nodes > 0 && out.size() > static_cast<size_t>(s_.max_nodes))
     out.resize(static_cast<size_t>(s_.max_nodes));
+  out.resize(out.size() - out.size() % static_cast<size_t>(std::max(1, s_.multiple)));
   return out;
 }
 
 int Membership::left() const {
-  return static_cast<int>(
+  int n = static_cast<int>(
       std::count_if(nodes_.begin(), nodes_.end(), [this](const Node& n) { return counts(n); }));
+  return n - n % std::max(1, s_.multiple);
 }
 
 int Membership::starting() const {

@@ -9,7 +9,7 @@
 //   `slot_limit` (the nodes that can talk to the front end directly).
 // - Order: the next generation is the nodes of the current one that are left, in their order,
 //   then other ready nodes in the order they were admitted, at most MAX in all (the others wait
-//   as spares).  So survivors keep their order and new nodes come after them; a host that comes
+//   as spares), a multiple of --nnodes-multiple (the nodes beyond it stand by as spares too).  So survivors keep their order and new nodes come after them; a host that comes
 //   back after a loss is a new node.
 // - Cool-down: a host whose node was lost is not admitted again for `cooldown` seconds, doubled
 //   on each further loss of that host.  A node retired on purpose (its host no longer listed)
@@ -26,6 +26,7 @@ struct MembershipSettings {
   int max_nodes = 1;     // --nnodes MAX
   int slot_limit = 32;   // slots there can be (--tree-radix)
   double cooldown = 10;  // seconds a lost host is kept out the first time
+  int multiple = 1;      // --nnodes-multiple: a generation has a multiple of this many nodes
 };
 
 class Membership {
@@ -69,7 +70,8 @@ class Membership {
   // The slots of the next generation: the current one's that are left, then ready nodes (and
   // first nodes still starting) in admission order, at most MAX.
   std::vector<int> next_generation() const;
-  // The nodes that count toward --nnodes MIN: the same, without the limit.
+  // The nodes that count toward --nnodes MIN: the same, without the limit (a multiple of
+  // --nnodes-multiple, as the generation).
   int left() const;
   // Nodes offered while the job runs whose daemons are not ready yet.
   int starting() const;
