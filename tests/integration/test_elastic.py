@@ -252,30 +252,45 @@ def test_node_counts_are_checked_against_the_allocation():
           f"exit {r.returncode}: {r.stderr}")
 
 
-def test_random_losses():
-    """Fault injection: daemons killed at random moments (while the daemons start, while ranks
-    run, while the group re-forms); every job ends by itself with status 0 on the nodes left,
-    and nothing is left running.  PE_ELASTIC_SOAK=N runs N jobs (default 3)."""
-    rng = random.Random(int(os.environ.get("PE_SOAK_SEED", time.time())))
+def test_random_losses_and_arrivals():
+    """Fault injection: daemons killed and hosts added to the hostfile at random moments (while
+    the daemons start, while ranks run, while the group re-forms); a killed host, still listed,
+    comes back after its cool-down.  Every job ends by itself with status 0, and nothing is left
+    running.  PE_ELASTIC_SOAK=N runs N jobs (default 3); PE_SOAK_SEED fixes the draws."""
+    seed = int(os.environ.get("PE_SOAK_SEED", time.time()))
+    rng = random.Random(seed)
     runs = int(os.environ.get("PE_ELASTIC_SOAK", "3"))
     body = script("#!/bin/sh\necho \"gen $PYTORCH_EXEC_GENERATION $RANK $WORLD_SIZE\"\n"
                   "sleep 0.5\n")
-    hangs = failed = kills = reforms = 0
+    hangs = failed = kills = arrivals = reforms = 0
     for i in range(runs):
         env = job_env()
         marker = env["PE_TEST_MARKER"]
-        p = subprocess.Popen([EXEC, "--kill-grace", "1", "--nnodes", "2:4", "-H", "n0,n1,n2,n3",
-                              "--launch-agent", agent(marker), body], env=env,
+        hostfile = os.path.join(tmpdir(), "hosts")
+        listed = ["n0", "n1", "n2"]
+        with open(hostfile, "w") as f:
+            f.write("".join(h + "\n" for h in listed))
+        p = subprocess.Popen([EXEC, "--kill-grace", "1", "--nnodes", "2:4", "--hostfile", hostfile,
+                              "--host-cooldown", "0.5", "--last-call", "0.2", "--join-timeout",
+                              "20", "--launch-agent", agent(marker), body], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for victim in rng.sample(["n1", "n2", "n3", "n0"], rng.randint(1, 2)):
+        for _ in range(rng.randint(1, 3)):
             time.sleep(rng.uniform(0, 0.8))
+            new = [h for h in ("n3", "n4") if h not in listed]
+            if new and rng.random() < 0.4:
+                listed.append(new[0])
+                with open(hostfile + ".new", "w") as f:
+                    f.write("".join(h + "\n" for h in listed))
+                os.rename(hostfile + ".new", hostfile)
+                arrivals += 1
+                continue
             try:
-                os.kill(daemon_of(marker, victim), 9)
+                os.kill(daemon_of(marker, rng.choice(listed)), 9)
                 kills += 1
             except (AssertionError, ProcessLookupError):
                 pass  # not started yet, or the job is over
         try:
-            out, err = p.communicate(timeout=60)
+            out, err = p.communicate(timeout=90)
         except subprocess.TimeoutExpired:
             hangs += 1
             p.kill()
@@ -285,9 +300,9 @@ def test_random_losses():
             failed += 1
             print(f"  run {i}: exit {p.returncode}: {err[-1500:]}")
         assert_no_leftovers(marker, timeout=10)
-    print(f"  {runs} jobs, {kills} daemons killed, {reforms} re-formings: "
-          f"{runs - failed - hangs} finished, {failed} failed, {hangs} hung")
-    check(failed == 0 and hangs == 0, f"{failed} failed, {hangs} hung")
+    print(f"  seed {seed}: {runs} jobs, {kills} daemons killed, {arrivals} hosts added, {reforms} "
+          f"re-formings: {runs - failed - hangs} finished, {failed} failed, {hangs} hung")
+    check(failed == 0 and hangs == 0, f"{failed} failed, {hangs} hung (PE_SOAK_SEED={seed})")
 
 
 if __name__ == "__main__":
@@ -299,4 +314,4 @@ if __name__ == "__main__":
           test_below_the_minimum_the_job_waits_for_a_replacement,
           test_generations_are_a_multiple_of_nnodes_multiple,
           test_node_counts_are_checked_against_the_allocation,
-          test_random_losses])
+          test_random_losses_and_arrivals])
