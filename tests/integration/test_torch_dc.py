@@ -81,6 +81,20 @@ def test_fsdp_against_gloo():
 
 
 
+def test_devices_and_spellings():
+    """"dc" is registered for cuda only where the build takes CUDA tensors; "cpu:dc,cuda:dc" and
+    "cpu:gloo,cuda:dc" make the backends they name; a CUDA tensor where dc takes none is a clear
+    error (PYTORCH_DC_CUDA=0 turns CUDA support off in a build that has it)."""
+    for extra in ({}, {"PYTORCH_DC_CUDA": "0"}):
+        out = job(2, ["devices"], extra=extra, timeout=120)
+        check("ok devices rank 0" in out and "ok devices rank 1" in out, out)
+        if extra:
+            check("dc on ['cpu']" in out and "allgather: tensor on cuda:0" in out, out)
+        for line in out.splitlines():
+            if line.startswith("rank 0:") or line.startswith("ok devices rank 0"):
+                print("   ", line)
+
+
 def direct(n, args, timeout=90, extra=None):
     """n ranks started without a launcher (env://), so that nothing but the backend stops them."""
     port = free_port()
@@ -183,5 +197,6 @@ if __name__ == "__main__":
              "see --with-torch)")
     main([test_collectives_two_ranks, test_collectives_three_ranks, test_collectives_four_ranks,
           test_collectives_two_simulated_nodes_of_two, test_ddp_against_gloo, test_fsdp_against_gloo,
+          test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,
           test_restart_with_a_fresh_init, test_torchrun, test_tcp_and_file_init_methods, test_mpirun])
