@@ -279,7 +279,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
   auto st = stage({t}, "allreduce");
   auto pg = pg_;
   double s = seconds(timeout);
-  if (st && t.is_contiguous() && r.wire == t.scalar_type()) {
+  if (st && t.is_cuda() && t.is_contiguous() && r.wire == t.scalar_type()) {
     // On the GPU (NCCL), enqueued on the backend's stream; the watch waits, bounded, for the
     // stream to get past it (a count of 0 enqueues nothing; the library's _sync variant then
     // waits for the stream, aborting the communicator on an error or the timeout).

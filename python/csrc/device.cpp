@@ -86,6 +86,50 @@ std::vector<at::Tensor> staged_out(DeviceStage* d, const std::vector<at::Tensor>
   return r;
 }
 
+namespace {
+
+// PYTORCH_DC_STAGE_CPU=1, for tests on machines without a GPU: collectives on CPU tensors go
+// through the staging that GPU tensors take (each task works on other host tensors, copied in
+// before and out after it, as the pinned ones of CudaStage), so that which tensors a collective
+// reads and writes through its stage is tested where no GPU is.
+class HostStage : public DeviceStage {
+ public:
+  at::Tensor in(const at::Tensor& t) override { return stage(t, true, false); }
+  at::Tensor out(const at::Tensor& t) override { return stage(t, false, true); }
+  at::Tensor inout(const at::Tensor& t) override { return stage(t, true, true); }
+  at::Tensor native(const at::Tensor& t) override { return t; }
+  void* stream() const override { return nullptr; }
+  void begin(double) override {
+    for (auto& [host, t] : copies_in_) host.copy_(t);
+  }
+  void end() override {
+    for (auto& [host, t] : copies_out_) t.copy_(host);
+  }
+  void on_stream(const std::function<void()>& f) override { f(); }
+  void block_current_stream() override {}
+  bool query() override { return true; }
+
+ private:
+  at::Tensor stage(const at::Tensor& t, bool copy_in, bool copy_out) {
+    at::Tensor h = at::empty(t.sizes(), t.options());
+    if (h.numel()) h.view({-1}).view(at::kByte).fill_(0x5a);  // what is not written shows
+    if (copy_in) copies_in_.emplace_back(h, t);
+    if (copy_out) copies_out_.emplace_back(h, t);
+    return h;
+  }
+  std::vector<std::pair<at::Tensor, at::Tensor>> copies_in_, copies_out_;  // (stage, tensor)
+};
+
+std::shared_ptr<DeviceStage> host_stage() {
+  static const bool on = [] {
+    const char* e = std::getenv("PYTORCH_DC_STAGE_CPU");
+    return e && std::strcmp(e, "1") == 0;
+  }();
+  return on ? std::make_shared<HostStage>() : nullptr;
+}
+
+}  // namespace
+
 #ifndef PYTORCH_DC_CUDA
 
 class DeviceStreams {};
@@ -96,7 +140,7 @@ std::shared_ptr<DeviceStage> device_stage(const std::shared_ptr<DeviceStreams>&,
                                           const char* what) {
   if (!d.is_cpu())  // device_of said so already; a safety net
     throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": no CUDA support");
-  return nullptr;
+  return host_stage();
 }
 
 #else
@@ -212,7 +256,7 @@ class CudaStage : public DeviceStage {
 
 std::shared_ptr<DeviceStage> device_stage(const std::shared_ptr<DeviceStreams>& streams,
                                           at::Device d, const char* what) {
-  if (d.is_cpu()) return nullptr;
+  if (d.is_cpu()) return host_stage();
   return std::make_shared<CudaStage>(streams->get(d.index()), d, what);
 }
 

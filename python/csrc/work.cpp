@@ -10,8 +10,8 @@ namespace {
 
 // The devices of a Future that completes with `ts`: a GPU's Future records events on its
 // streams when marked completed, and makes the streams of whoever waits on it wait for them.
-std::vector<c10::Device> devices(const std::vector<at::Tensor>& ts, bool gpu) {
-  if (!gpu || ts.empty()) return {};
+std::vector<c10::Device> devices(const std::vector<at::Tensor>& ts) {
+  if (ts.empty() || !ts[0].is_cuda()) return {};
   return {ts[0].device()};
 }
 
@@ -23,7 +23,7 @@ DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::T
       outputs_(std::move(outputs)),
       stage_(std::move(stage)),
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), devices(outputs_, stage_ != nullptr))) {}
+          c10::ListType::create(c10::TensorType::get()), devices(outputs_))) {}
 
 bool DcWork::wait(std::chrono::milliseconds timeout) {
   bool done = c10d::Work::wait(timeout);
