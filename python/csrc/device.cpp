@@ -207,9 +207,13 @@ class CudaStage : public DeviceStage {
   void end() override {
     c10::cuda::CUDAGuard g(device_);
     c10::cuda::CUDAStreamGuard s(stream_);
-    for (auto& [host, dev] : copies_out_) dev.copy_(host.view(dev.sizes()), true);
+    for (auto& [host, dev] : copies_out_) dev.copy_(host, /*non_blocking=*/true);
     end_.record(stream_);
     recorded_ = true;
+    // Not kept with the Work: torch's pinned-memory allocator reuses a host buffer only after
+    // the copies enqueued from it, and the GPU tensors were recordStream()ed.
+    copies_in_.clear();
+    copies_out_.clear();
   }
 
   void on_stream(const std::function<void()>& f) override {
