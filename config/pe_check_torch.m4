@@ -3,7 +3,9 @@
 # first of python3 on PATH and the quick start's virtualenv ($PYTORCH_EXEC_VENV, else
 # /var/cache/pytorch_exec/venv-torch) that imports torch 2.x.  Builds with torch's include and
 # library paths and its _GLIBCXX_USE_CXX11_ABI.  Sets pe_torch_nccl_dir when torch carries the
-# nvidia-nccl wheel (site-packages/nvidia/nccl); run before PE_CHECK_NCCL.
+# nvidia-nccl wheel (site-packages/nvidia/nccl); run before PE_CHECK_NCCL.  HAVE_TORCH_CUDA: that
+# torch has CUDA (libtorch_cuda and the c10/cuda headers), so the backend can take CUDA tensors
+# where libpytorch_dc also has the GPU path (python/Makefile.am).
 AC_DEFUN([PE_CHECK_TORCH], [
   AC_ARG_WITH([torch],
     [AS_HELP_STRING([--with-torch@<:@=PYTHON@:>@],
@@ -12,6 +14,7 @@ AC_DEFUN([PE_CHECK_TORCH], [
   pe_have_torch=no
   pe_torch_summary=no
   TORCH_PYTHON=""; TORCH_CPPFLAGS=""; TORCH_LIBS=""; TORCH_PYTHON_VERSION=""
+  pe_torch_cuda=no
   pe_torch_nccl_dir=""  # the nvidia-nccl wheel beside torch: the NCCL torch loads (PE_CHECK_NCCL)
   pe_torch_venv="${PYTORCH_EXEC_VENV:-/var/cache/pytorch_exec/venv-torch}"
   AS_CASE([$with_torch],
@@ -41,6 +44,10 @@ print(torch.__version__, int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.__path__[[0
           TORCH_CPPFLAGS="$TORCH_CPPFLAGS -D_GLIBCXX_USE_CXX11_ABI=$pe_tabi"
           TORCH_LIBS="-L$pe_tdir/lib -Wl,-rpath,$pe_tdir/lib -ltorch_python -ltorch_cpu -ltorch -lc10"
           pe_torch_summary="yes (torch $pe_tver, $TORCH_PYTHON)"
+          AS_IF([test -f "$pe_tdir/lib/libtorch_cuda.so" &&
+                 test -f "$pe_tdir/include/c10/cuda/CUDAStream.h"],
+            [pe_torch_cuda=yes
+             pe_torch_summary="yes (torch $pe_tver with CUDA, $TORCH_PYTHON)"])
           AS_IF([test -f "$pe_tdir/../nvidia/nccl/include/nccl.h"],
             [pe_torch_nccl_dir=`cd "$pe_tdir/../nvidia/nccl" && pwd`])
           break],
@@ -52,6 +59,7 @@ print(torch.__version__, int(torch._C._GLIBCXX_USE_CXX11_ABI), torch.__path__[[0
   AS_IF([test "x$pe_have_torch" = xno && test "x$with_torch" = xauto],
     [AC_MSG_WARN([torch 2.x not found: the dc torch backend is not built (see --with-torch)])])
   AM_CONDITIONAL([HAVE_TORCH], [test "x$pe_have_torch" = xyes])
+  AM_CONDITIONAL([HAVE_TORCH_CUDA], [test "x$pe_torch_cuda" = xyes])
   AC_SUBST([TORCH_PYTHON])
   AC_SUBST([TORCH_PYTHON_VERSION])
   AC_SUBST([TORCH_CPPFLAGS])

@@ -4,11 +4,17 @@
 
 It builds the same C++ extension as `make` (csrc/) against an installed libpytorch_dc, found with
 `pkg-config pytorch-dc` (after `make install`; set PKG_CONFIG_PATH to PREFIX/lib/pkgconfig).
+With CUDA support (CUDA tensors, csrc/device.cpp) as `make` builds it: when this torch has CUDA,
+the CUDA toolkit is found (CUDA_HOME) and the installed libpytorch_dc has the GPU path (it
+links libnccl); PYTORCH_DC_WITH_CUDA=1 or 0 says so instead.
 """
+import os
 import subprocess
 
+import torch
+from torch.utils import cpp_extension
+
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
 
 
 def pkg_config(flag):
@@ -20,16 +26,38 @@ def pkg_config(flag):
     return out.split()
 
 
+def gpu_path(libdirs):
+    """Whether the libpytorch_dc in libdirs has the GPU path: it links NCCL."""
+    for d in libdirs:
+        lib = os.path.join(d, "libpytorch_dc.so")
+        if os.path.exists(lib):
+            try:
+                out = subprocess.check_output(["readelf", "-d", lib], text=True)
+            except (OSError, subprocess.CalledProcessError):
+                return False
+            return "libnccl" in out
+    return False
+
+
 incs = [f[2:] for f in pkg_config("--cflags-only-I")]
 libdirs = [f[2:] for f in pkg_config("--libs-only-L")]
+want = os.environ.get("PYTORCH_DC_WITH_CUDA")
+cuda = (want == "1" if want in ("0", "1") else
+        bool(torch.version.cuda) and bool(cpp_extension.CUDA_HOME) and gpu_path(libdirs))
+macros, libs, cflags = [], ["pytorch_dc"], []
+if cuda:
+    incs.append(os.path.join(cpp_extension.CUDA_HOME, "include"))
+    macros.append(("PYTORCH_DC_CUDA", None))
+    libs += ["torch_cuda", "c10_cuda"]
+    cflags.append("-Wno-interference-size")
 setup(
     name="pytorch_dc",
     version="0.1.0",
     description="DataChannel (libpytorch_dc) as the torch.distributed backend \"dc\"",
     packages=["pytorch_dc"],
-    ext_modules=[CppExtension(
-        "pytorch_dc._C", ["csrc/backend.cpp", "csrc/work.cpp", "csrc/module.cpp"],
-        include_dirs=incs, library_dirs=libdirs, libraries=["pytorch_dc"],
-        extra_link_args=[f"-Wl,-rpath,{d}" for d in libdirs])],
-    cmdclass={"build_ext": BuildExtension},
+    ext_modules=[cpp_extension.CppExtension(
+        "pytorch_dc._C", ["csrc/backend.cpp", "csrc/work.cpp", "csrc/device.cpp", "csrc/module.cpp"],
+        include_dirs=incs, library_dirs=libdirs, libraries=libs, define_macros=macros,
+        extra_compile_args=cflags, extra_link_args=[f"-Wl,-rpath,{d}" for d in libdirs])],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
 )

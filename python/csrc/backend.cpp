@@ -3,6 +3,17 @@
 // that stages the tensors as flat contiguous buffers (copies only where a tensor is not
 // contiguous, or an int8/bool tensor is reduced in a wider type), calls the DataChannel, and
 // copies the results back.
+//
+// CUDA tensors (see device.cpp for the stream semantics): allreduce runs on the GPU through
+// libpytorch_dc's allreduce_device (NCCL) where the tensor is contiguous and its dtype is one the
+// DataChannel reduces as is.  Every other collective on CUDA tensors is host-staged: the task
+// works on the pinned host tensors that its DeviceStage hands out in place of the GPU tensors
+// (stage->in / out / inout, copied on the backend's stream), and runs the host collective, the
+// same code as for CPU tensors.  When the library gains the device calls reduce_scatter_device,
+// allgather_device and broadcast_device, each of reduce_scatter(_tensor), allgather(_into_tensor)
+// and broadcast moves to them as allreduce_one does: stage->native(t) for its tensors, the
+// *_device call on stage->stream() in its task, and the watch.  Sends and receives of CUDA
+// tensors go through host memory synchronously (message()).
 #include "backend.hpp"
 
 #include <sys/eventfd.h>
@@ -104,6 +115,7 @@ bool is_sync(const O&, long) {
 DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size), timeout_s_(static_cast<double>(timeout.count()) / 1000) {
+  streams_ = device_streams();
   dc::Options o;
   o.timeout = timeout_s_ > 0 ? timeout_s_ : 0;
   try {
@@ -164,11 +176,21 @@ double DcBackend::seconds(std::chrono::milliseconds t) const {
   return t.count() < 0 ? -1 : static_cast<double>(t.count()) / 1000;
 }
 
+std::shared_ptr<DeviceStage> DcBackend::stage(const std::vector<at::Tensor>& ts,
+                                              const char* what) {
+  return device_stage(streams_, device_of(ts, what), what);
+}
+
 c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char* name,
                                                   std::vector<at::Tensor> outputs,
-                                                  std::function<void()> run, bool sync) {
-  auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs));
-  Task t{work, name, std::move(run), {}};
+                                                  std::function<void()> run, bool sync,
+                                                  std::shared_ptr<DeviceStage> stage,
+                                                  std::function<void()> watch) {
+  auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs), stage);
+  // GPU work always goes to the thread: its watch must not hold up the caller (wait() returns
+  // once the work is on the stream, as ProcessGroupNCCL's).
+  if (stage) sync = false;
+  Task t{work, name, std::move(run), {}, std::move(stage), std::move(watch)};
   std::vector<Task> done;
   {
     std::lock_guard<std::mutex> l(m_);
@@ -195,11 +217,31 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
 void DcBackend::execute(Task& t) {
   std::exception_ptr error;
   try {
-    t.run();
+    if (!gpu_failure_.empty()) throw std::runtime_error(gpu_failure_);
+    if (!t.stage) {
+      t.run();
+    } else {  // with the tensors' GPU and the backend's stream of it current
+      t.stage->on_stream([&] {
+        t.stage->begin(timeout_s_ > 0 ? timeout_s_ : -1);
+        t.run();
+        t.stage->end();
+      });
+    }
   } catch (const std::exception& e) {
     error = failure(t.name, e);
   }
-  t.work->complete(error);
+  if (!t.stage) {
+    t.work->complete(error);
+    return;
+  }
+  t.stage->on_stream([&] { t.work->complete(error); });  // the Future's events on our stream
+  if (!t.watch || error) return;
+  try {
+    t.stage->on_stream(t.watch);
+  } catch (const std::exception& e) {
+    // Its Work has completed (the work was on the stream); the next collective raises this.
+    gpu_failure_ = std::string("the GPU work of an earlier ") + t.name + " failed: " + e.what();
+  }
 }
 
 void DcBackend::loop() {
@@ -234,16 +276,30 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
                                                         std::chrono::milliseconds timeout,
                                                         bool sync) {
   Reduction r = reduction_for(t, op, "allreduce");
+  auto st = stage({t}, "allreduce");
   auto pg = pg_;
   double s = seconds(timeout);
+  if (st && t.is_cuda() && t.is_contiguous() && r.wire == t.scalar_type()) {
+    // On the GPU (NCCL), enqueued on the backend's stream; the watch waits, bounded, for the
+    // stream to get past it (a count of 0 enqueues nothing; the library's _sync variant then
+    // waits for the stream, aborting the communicator on an error or the timeout).
+    at::Tensor g = st->native(t);
+    DeviceStage* d = st.get();  // the task holds it
+    auto n = static_cast<size_t>(g.numel());
+    return enqueue(
+        c10d::OpType::ALLREDUCE, "allreduce", {t},
+        [=] { pg->allreduce_device(g.data_ptr(), n, r.dtype, r.op, d->stream(), s); }, sync, st,
+        [=] { pg->allreduce_device_sync(g.data_ptr(), 0, r.dtype, r.op, d->stream(), s); });
+  }
+  at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
       c10d::OpType::ALLREDUCE, "allreduce", {t},
       [=] {
-        at::Tensor w = flat(t).to(r.wire);
+        at::Tensor w = flat(h).to(r.wire);
         pg->allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
-        copy_back(t, w);
+        copy_back(h, w);
       },
-      sync);
+      sync, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -257,31 +313,42 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_coalesced(
   if (tensors.empty()) bad("allreduce_coalesced", "no tensors");
   Reduction r = reduction_for(tensors[0], opts.reduceOp, "allreduce_coalesced");
   for (auto& t : tensors)
-    if (t.scalar_type() != tensors[0].scalar_type() || !t.device().is_cpu())
-      bad("allreduce_coalesced", "tensors of different dtypes or devices");
+    if (t.scalar_type() != tensors[0].scalar_type())
+      bad("allreduce_coalesced", "tensors of different dtypes");
+  auto st = stage(tensors, "allreduce_coalesced");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  std::vector<at::Tensor> ts = tensors;
-  return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", ts, [=] {
-    at::Tensor buf = concat(ts, r.wire);
-    pg->allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), r.dtype, r.op, s);
-    split_into(buf, ts);
-  });
+  std::vector<at::Tensor> ts;
+  for (auto& t : tensors) ts.push_back(st ? st->inout(t) : t);
+  return enqueue(
+      c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
+      [=] {
+        at::Tensor buf = concat(ts, r.wire);
+        pg->allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), r.dtype, r.op, s);
+        split_into(buf, ts);
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensors,
                                                  const c10d::ReduceOptions& opts) {
   const at::Tensor& t = single(tensors, "reduce");
   Reduction r = reduction_for(t, opts.reduceOp, "reduce");
+  auto st = stage({t}, "reduce");
   auto pg = pg_;
   double s = seconds(opts.timeout);
   bool root = static_cast<int>(opts.rootRank) == getRank();
-  return enqueue(c10d::OpType::REDUCE, "reduce", {t}, [=] {
-    at::Tensor w = flat(t).to(r.wire);
-    at::Tensor out = root ? w : at::empty_like(w);  // the result matters on the root only
-    pg->allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
-    if (root) copy_back(t, w);
-  });
+  at::Tensor h = st ? st->inout(t) : t;
+  return enqueue(
+      c10d::OpType::REDUCE, "reduce", {t},
+      [=] {
+        at::Tensor w = flat(h).to(r.wire);
+        at::Tensor out = root ? w : at::empty_like(w);  // the result matters on the root only
+        pg->allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op,
+                      s);
+        if (root) copy_back(h, w);
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& tensors,
@@ -290,11 +357,16 @@ c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& ten
   auto pg = pg_;
   double s = seconds(opts.timeout);
   int root = static_cast<int>(opts.rootRank);
-  return enqueue(c10d::OpType::BROADCAST, "broadcast", {t}, [=] {
-    at::Tensor w = flat(t);
-    pg->broadcast(w.data_ptr(), bytes_of(w), dc::DType::U8, root, s);
-    copy_back(t, w);
-  });
+  auto st = stage({t}, "broadcast");
+  at::Tensor h = st ? st->inout(t) : t;
+  return enqueue(
+      c10d::OpType::BROADCAST, "broadcast", {t},
+      [=] {
+        at::Tensor w = flat(h);
+        pg->broadcast(w.data_ptr(), bytes_of(w), dc::DType::U8, root, s);
+        copy_back(h, w);
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -304,15 +376,22 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather(std::vector<std::vector<at::
   if (outputs.size() != 1 || outputs[0].size() != static_cast<size_t>(getSize()))
     bad("allgather", "expected one output list of " + std::to_string(getSize()) + " tensors");
   for (auto& o : outputs[0]) same_shape(in, o, "allgather");
+  std::vector<at::Tensor> all = outputs[0];
+  all.push_back(in);
+  auto st = stage(all, "allgather");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  std::vector<at::Tensor> outs = outputs[0];
-  return enqueue(c10d::OpType::ALLGATHER, "allgather", outs, [=] {
-    at::Tensor i = flat(in);
-    at::Tensor buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
-    pg->allgather(i.data_ptr(), buf.data_ptr(), bytes_of(i), dc::DType::U8, s);
-    split_into(buf, outs);
-  });
+  at::Tensor hin = st ? st->in(in) : in;
+  std::vector<at::Tensor> outs = staged_out(st.get(), outputs[0]);
+  return enqueue(
+      c10d::OpType::ALLGATHER, "allgather", outputs[0],
+      [=] {
+        at::Tensor i = flat(hin);
+        at::Tensor buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
+        pg->allgather(i.data_ptr(), buf.data_ptr(), bytes_of(i), dc::DType::U8, s);
+        split_into(buf, outs);
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -329,16 +408,22 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
     if (outputs[k].numel() != inputs[k].numel() * getSize() ||
         outputs[k].scalar_type() != inputs[k].scalar_type())
       bad("allgather_into_tensor", "the output must hold world size times the input");
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  auto st = stage(all, "allgather_into_tensor");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outs, [=] {
-    for (size_t k = 0; k < ins.size(); ++k) {
-      at::Tensor i = flat(ins[k]), o = flat(outs[k]);
-      pg->allgather(i.data_ptr(), o.data_ptr(), bytes_of(i), dc::DType::U8, s);
-      copy_back(outs[k], o);
-    }
-  });
+  std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
+  return enqueue(
+      c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outputs,
+      [=] {
+        for (size_t k = 0; k < ins.size(); ++k) {
+          at::Tensor i = flat(ins[k]), o = flat(outs[k]);
+          pg->allgather(i.data_ptr(), o.data_ptr(), bytes_of(i), dc::DType::U8, s);
+          copy_back(outs[k], o);
+        }
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -354,14 +439,22 @@ c10::intrusive_ptr<c10d::Work> DcBackend::gather(std::vector<std::vector<at::Ten
     for (auto& o : outputs[0]) same_shape(in, o, "gather");
     outs = outputs[0];
   }
+  std::vector<at::Tensor> all = outs;
+  all.push_back(in);
+  auto st = stage(all, "gather");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  return enqueue(c10d::OpType::GATHER, "gather", outs, [=] {
-    at::Tensor i = flat(in), buf;
+  at::Tensor hin = st ? st->in(in) : in;
+  std::vector<at::Tensor> houts = staged_out(st.get(), outs);
+  return enqueue(
+      c10d::OpType::GATHER, "gather", outs,
+      [=, outs = houts] {
+    at::Tensor i = flat(hin), buf;
     if (is_root) buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
     pg->gather(i.data_ptr(), is_root ? buf.data_ptr() : nullptr, bytes_of(i), root, s);
     if (is_root) split_into(buf, outs);
-  });
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -377,14 +470,22 @@ c10::intrusive_ptr<c10d::Work> DcBackend::scatter(std::vector<at::Tensor>& outpu
     for (auto& i : inputs[0]) same_shape(out, i, "scatter");
     ins = inputs[0];
   }
+  std::vector<at::Tensor> all = ins;
+  all.push_back(out);
+  auto st = stage(all, "scatter");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  return enqueue(c10d::OpType::SCATTER, "scatter", {out}, [=] {
-    at::Tensor o = flat(out), buf;
-    if (is_root) buf = concat(ins, out.scalar_type());
-    pg->scatter(is_root ? buf.data_ptr() : nullptr, o.data_ptr(), bytes_of(o), root, s);
-    copy_back(out, o);
-  });
+  at::Tensor hout = st ? st->out(out) : out;
+  std::vector<at::Tensor> hins = staged_in(st.get(), ins);
+  return enqueue(
+      c10d::OpType::SCATTER, "scatter", {out},
+      [=] {
+        at::Tensor o = flat(hout), buf;
+        if (is_root) buf = concat(hins, hout.scalar_type());
+        pg->scatter(is_root ? buf.data_ptr() : nullptr, o.data_ptr(), bytes_of(o), root, s);
+        copy_back(hout, o);
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
@@ -395,16 +496,23 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
     bad("reduce_scatter", "expected one input list of " + std::to_string(getSize()) + " tensors");
   for (auto& i : inputs[0]) same_shape(out, i, "reduce_scatter");
   Reduction r = reduction_for(out, opts.reduceOp, "reduce_scatter");
+  std::vector<at::Tensor> all = inputs[0];
+  all.push_back(out);
+  auto st = stage(all, "reduce_scatter");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  std::vector<at::Tensor> ins = inputs[0];
-  return enqueue(c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out}, [=] {
-    at::Tensor buf = concat(ins, r.wire);
-    at::Tensor o = at::empty({out.numel()}, buf.options());
-    pg->reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype, r.op,
-                       s);
-    if (out.numel()) out.copy_(o.view(out.sizes()));
-  });
+  std::vector<at::Tensor> ins = staged_in(st.get(), inputs[0]);
+  at::Tensor hout = st ? st->out(out) : out;
+  return enqueue(
+      c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out},
+      [=] {
+        at::Tensor buf = concat(ins, r.wire);
+        at::Tensor o = at::empty({hout.numel()}, buf.options());
+        pg->reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype,
+                           r.op, s);
+        if (hout.numel()) hout.copy_(o.view(hout.sizes()));
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::_reduce_scatter_base(
@@ -425,10 +533,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
       bad("reduce_scatter_tensor", "the input must hold world size times the output");
     rs.push_back(reduction_for(inputs[k], opts.reduceOp, "reduce_scatter_tensor"));
   }
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  auto st = stage(all, "reduce_scatter_tensor");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  std::vector<at::Tensor> outs = outputs, ins = inputs;
-  return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outs, [=] {
+  std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
+  return enqueue(
+      c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outputs,
+      [=] {
     for (size_t k = 0; k < ins.size(); ++k) {
       at::Tensor i = flat(ins[k]).to(rs[k].wire);
       at::Tensor o = at::empty({outs[k].numel()}, i.options());
@@ -436,7 +549,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
                          rs[k].op, s);
       if (o.numel()) outs[k].copy_(o.view(outs[k].sizes()));
     }
-  });
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -446,14 +560,18 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall_base(at::Tensor& output, at::
   if (output.scalar_type() != input.scalar_type()) bad("alltoall_base", "different dtypes");
   auto sb = split_bytes(input, input_splits, getSize(), "alltoall_base");
   auto rb = split_bytes(output, output_splits, getSize(), "alltoall_base");
+  auto st = stage({input, output}, "alltoall_base");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  at::Tensor in = input, out = output;
-  return enqueue(c10d::OpType::ALLTOALL_BASE, "alltoall_base", {out}, [=] {
-    at::Tensor i = flat(in), o = flat(out);
-    pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
-    copy_back(out, o);
-  });
+  at::Tensor in = st ? st->in(input) : input, out = st ? st->out(output) : output;
+  return enqueue(
+      c10d::OpType::ALLTOALL_BASE, "alltoall_base", {output},
+      [=] {
+        at::Tensor i = flat(in), o = flat(out);
+        pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+        copy_back(out, o);
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -470,15 +588,21 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outp
     sb.push_back(bytes_of(inputs[r]));
     rb.push_back(bytes_of(outputs[r]));
   }
+  std::vector<at::Tensor> all = outputs;
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  auto st = stage(all, "alltoall");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  std::vector<at::Tensor> ins = inputs, outs = outputs;
-  return enqueue(c10d::OpType::ALLTOALL, "alltoall", outs, [=] {
-    at::Tensor i = concat(ins, ins[0].scalar_type());
-    at::Tensor o = concat(outs, outs[0].scalar_type());
-    pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
-    split_into(o, outs);
-  });
+  std::vector<at::Tensor> ins = staged_in(st.get(), inputs), outs = staged_out(st.get(), outputs);
+  return enqueue(
+      c10d::OpType::ALLTOALL, "alltoall", outputs,
+      [=] {
+        at::Tensor i = concat(ins, ins[0].scalar_type());
+        at::Tensor o = concat(outs, outs[0].scalar_type());
+        pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+        split_into(o, outs);
+      },
+      false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::barrier(const c10d::BarrierOptions& opts) {
@@ -515,7 +639,12 @@ c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<a
                                           : peer < 0       ? c10d::OpType::RECVANYSOURCE
                                                            : c10d::OpType::RECV,
                                           name, std::vector<at::Tensor>{t});
-  Message m{Task{work, name, nullptr, {}}, send, t, flat(t), peer, tag};
+  // A CUDA tensor goes through host memory, synchronously: sent as it is once the caller's
+  // stream got there; received into a host tensor copied to it before the Work completes.
+  at::Tensor wire = !t.is_cuda() ? flat(t)
+                    : send       ? t.reshape({-1}).to(at::kCPU)
+                                 : at::empty({t.numel()}, t.options().device(at::kCPU));
+  Message m{Task{work, name, nullptr, {}, nullptr, nullptr}, send, t, wire, peer, tag};
   std::vector<Task> done;
   {
     std::lock_guard<std::mutex> l(m_);

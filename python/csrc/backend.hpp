@@ -8,6 +8,9 @@
 // peer, mismatched calls, a timeout) complete the Work with an exception naming the collective and
 // this rank; after one, the group raises on every call.  Sends and receives (tags, any source)
 // go through a dc::Mailbox on a second thread, independent of the collectives.
+//
+// CUDA tensors (built with PYTORCH_DC_CUDA: torch has CUDA and libpytorch_dc the GPU path), with
+// the stream semantics of ProcessGroupNCCL: see DeviceStage (device.cpp).
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -29,11 +32,66 @@ namespace pytorch_dc {
 
 namespace dc = pytorch_exec::dc;
 
+// Whether this build takes CUDA tensors: compiled with CUDA support, libpytorch_dc has the GPU
+// path, and PYTORCH_DC_CUDA is not 0 (device.cpp).
+bool cuda_support();
+// The device of a collective's tensors (all on one device: the CPU, or one GPU where
+// cuda_support()); otherwise throws naming `what`.
+at::Device device_of(const std::vector<at::Tensor>& ts, const char* what);
+at::Device checked_device(at::Device d, const char* what);  // the same for one device
+
+// The stream side of one collective on CUDA tensors (device.cpp), with ProcessGroupNCCL's
+// semantics.  Made on the caller's thread at issue: it records an event on the caller's current
+// stream.  On the backend's thread, in issue order: begin() makes the backend's stream of that
+// GPU wait for that event, makes it current, and copies what the collective reads from the GPU
+// into pinned host tensors (in(), inout()); the host collective runs on those; end() copies the
+// results back (out(), inout()) and records the end event, all on the backend's stream.  A
+// collective the library runs on device memory itself uses the GPU tensors as they are (native())
+// and enqueues its work on stream() between begin() and end().  The Work then makes the caller's
+// stream wait for the end event (wait(), synchronize()), not the host.  The tensors are
+// recordStream()ed on the backend's stream, so the caching allocator keeps them until it is done.
+class DeviceStage {
+ public:
+  virtual ~DeviceStage() = default;
+  // The tensor the collective works on in place of `t`: a pinned host copy of a GPU tensor.
+  // in: read by the collective (copied in); out: written (copied back); inout: both.
+  virtual at::Tensor in(const at::Tensor& t) = 0;
+  virtual at::Tensor out(const at::Tensor& t) = 0;
+  virtual at::Tensor inout(const at::Tensor& t) = 0;
+  // `t` itself, on the GPU, for a collective the library runs on device memory.
+  virtual at::Tensor native(const at::Tensor& t) = 0;
+  virtual void* stream() const = 0;  // the backend's cudaStream_t for this GPU
+  // The backend's thread: before and after the collective.  begin() waits (at most `timeout`
+  // seconds, < 0: none) for the copies to host, which follow the caller's pending work.
+  virtual void begin(double timeout) = 0;
+  virtual void end() = 0;
+  // Runs `f` with the backend's stream current (marking the Future records its events there).
+  virtual void on_stream(const std::function<void()>& f) = 0;
+  // The caller's side: its current stream waits for the end event; whether the GPU is done.
+  virtual void block_current_stream() = 0;
+  virtual bool query() = 0;
+};
+std::vector<at::Tensor> staged_in(DeviceStage* d, const std::vector<at::Tensor>& ts);
+std::vector<at::Tensor> staged_out(DeviceStage* d, const std::vector<at::Tensor>& ts);
+// The backend's streams, one per GPU, made at first use (device.cpp).
+class DeviceStreams;
+// nullptr for the CPU.
+std::shared_ptr<DeviceStage> device_stage(const std::shared_ptr<DeviceStreams>& streams,
+                                          at::Device d, const char* what);
+std::shared_ptr<DeviceStreams> device_streams();
+
 // One queued operation: completes with its output tensors (the Future's value) or an error.
 class DcWork : public c10d::Work {
  public:
-  DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs);
+  DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+         std::shared_ptr<DeviceStage> stage = nullptr);
   std::vector<at::Tensor> result() override { return outputs_; }
+  // GPU tensors: the host waits until the backend's thread has issued the work (or failed), the
+  // current stream until the GPU has done it.
+  bool wait(std::chrono::milliseconds timeout) override;
+  void synchronize() override;
+  void blockCurrentStream() override { synchronize(); }
+  bool isCompleted() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   // The rank a receive took its message from (recv from any source).
   int sourceRank() const override { return source_; }
@@ -41,6 +99,7 @@ class DcWork : public c10d::Work {
 
  private:
   std::vector<at::Tensor> outputs_;
+  std::shared_ptr<DeviceStage> stage_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_ = -1;
 };
@@ -111,6 +170,10 @@ class DcBackend : public c10d::Backend {
     const char* name;
     std::function<void()> run;
     std::vector<at::Tensor> keep;  // a message's tensors, until the task is released
+    std::shared_ptr<DeviceStage> stage;  // GPU tensors (else nullptr)
+    // After the Work completed, on the backend's thread: waits for the GPU to finish what the
+    // library enqueued (bounded; an error fails the group).  nullptr: nothing to watch.
+    std::function<void()> watch;
   };
   // A send or receive for the mailbox thread (p2p_loop).
   struct Message {
@@ -124,7 +187,11 @@ class DcBackend : public c10d::Backend {
   // sync: the caller waits at once (async_op=False); run on its thread if nothing is queued.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> outputs,
-                                         std::function<void()> run, bool sync = false);
+                                         std::function<void()> run, bool sync = false,
+                                         std::shared_ptr<DeviceStage> stage = nullptr,
+                                         std::function<void()> watch = nullptr);
+  // The stage of a collective on the tensors `ts` (nullptr on the CPU); throws naming `what`.
+  std::shared_ptr<DeviceStage> stage(const std::vector<at::Tensor>& ts, const char* what);
   void execute(Task& t);
   void loop();
   c10::intrusive_ptr<c10d::Work> message(bool send, const std::vector<at::Tensor>& tensors,
@@ -140,6 +207,8 @@ class DcBackend : public c10d::Backend {
                                                std::chrono::milliseconds timeout, bool sync);
 
   std::shared_ptr<dc::ProcessGroup> pg_;
+  std::shared_ptr<DeviceStreams> streams_;
+  std::string gpu_failure_;  // a watch failed: every later collective raises this
   double timeout_s_;
   std::mutex m_;
   std::condition_variable cv_;
@@ -169,7 +238,8 @@ size_t bytes_of(const at::Tensor& t);
 at::Tensor flat(const at::Tensor& t);
 // Copies `src` (flat) back into `dst` where they are not the same memory.
 void copy_back(const at::Tensor& dst, const at::Tensor& src);
-// The one tensor of a per-device list; throws naming `what` when there are several or none.
+// The one tensor of a per-device list; throws naming `what` when there are several or none, or
+// it is on a device the backend does not take.
 const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* what);
 
 }  // namespace pytorch_dc

@@ -19,4 +19,12 @@ PYBIND11_MODULE(_C, m) {
            py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def("describe", &pytorch_dc::DcBackend::describe);
+  // Whether "dc" takes CUDA tensors: this build has CUDA support, libpytorch_dc the GPU path, and
+  // PYTORCH_DC_CUDA is not 0 (__init__.py registers it for "cuda" then).
+  m.def("cuda_support", &pytorch_dc::cuda_support);
+  // The check every collective makes of its tensors' devices, on a device by name ("cuda:0"),
+  // so that tests without a GPU see its errors: the device, or ValueError naming `what`.
+  m.def("_device_of", [](const std::string& what, const std::string& device) {
+    return pytorch_dc::checked_device(at::Device(device), what.c_str()).str();
+  });
 }

@@ -6,12 +6,36 @@
 
 namespace pytorch_dc {
 
-DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs)
+namespace {
+
+// The devices of a Future that completes with `ts`: a GPU's Future records events on its
+// streams when marked completed, and makes the streams of whoever waits on it wait for them.
+std::vector<c10::Device> devices(const std::vector<at::Tensor>& ts) {
+  if (ts.empty() || !ts[0].is_cuda()) return {};
+  return {ts[0].device()};
+}
+
+}  // namespace
+
+DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
+               std::shared_ptr<DeviceStage> stage)
     : c10d::Work(rank, type, title),
       outputs_(std::move(outputs)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+      stage_(std::move(stage)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()), devices(outputs_))) {}
+
+bool DcWork::wait(std::chrono::milliseconds timeout) {
+  bool done = c10d::Work::wait(timeout);
+  synchronize();
+  return done;
 }
+
+void DcWork::synchronize() {
+  if (stage_) stage_->block_current_stream();
+}
+
+bool DcWork::isCompleted() { return c10d::Work::isCompleted() && (!stage_ || stage_->query()); }
 
 void DcWork::complete(std::exception_ptr error, int source) {
   source_ = source;
@@ -71,9 +95,6 @@ dc::Op op_of(const c10d::ReduceOp& op, const char* what) {
 }  // namespace
 
 Reduction reduction_for(const at::Tensor& t, const c10d::ReduceOp& op, const char* what) {
-  if (!t.device().is_cpu())
-    throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": tensor on " +
-                                t.device().str() + "; the dc backend takes CPU tensors");
   dc::Op o = op_of(op, what);
   if (t.scalar_type() == at::kBool) {  // or (sum, max) and and (product, min) over 0/1 bytes
     if (o == dc::Op::Avg)
@@ -98,9 +119,7 @@ const at::Tensor& single(const std::vector<at::Tensor>& ts, const char* what) {
   if (ts.size() != 1)
     throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": expected one tensor, got " +
                                 std::to_string(ts.size()));
-  if (!ts[0].device().is_cpu())
-    throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": tensor on " +
-                                ts[0].device().str() + "; the dc backend takes CPU tensors");
+  device_of(ts, what);
   return ts[0];
 }
 

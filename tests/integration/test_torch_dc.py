@@ -44,8 +44,8 @@ def job(n, args, nodes=None, timeout=400, extra=None):
     return r.stdout
 
 
-def collectives(n, nodes=None, want=None):
-    out = job(n, ["collectives"], nodes=nodes)
+def collectives(n, nodes=None, want=None, extra=None):
+    out = job(n, ["collectives"], nodes=nodes, extra=extra)
     check("ok " in out, out)
     if want:
         check(want in out, f"expected '{want}' in: {out}")
@@ -68,6 +68,13 @@ def test_collectives_two_simulated_nodes_of_two():
     collectives(4, nodes="/2", want="2 node(s)")
 
 
+def test_collectives_host_staged():
+    """Every collective through the staging that CUDA tensors take (PYTORCH_DC_STAGE_CPU=1: each
+    task works on other host tensors, copied in before and out after it; what a collective does
+    not write through its stage reads back as 0x5a bytes), so that its wiring is tested here."""
+    collectives(3, extra={"PYTORCH_DC_STAGE_CPU": "1"})
+
+
 def test_ddp_against_gloo():
     out = job(2, ["ddp", "50"])
     check("ddp ok: 50 steps" in out, out)
@@ -79,6 +86,20 @@ def test_fsdp_against_gloo():
     check("fsdp ok" in out or "fsdp skipped" in out, out)
     print("   ", " / ".join(line for line in out.splitlines() if "fsdp" in line))
 
+
+
+def test_devices_and_spellings():
+    """"dc" is registered for cuda only where the build takes CUDA tensors; "cpu:dc,cuda:dc" and
+    "cpu:gloo,cuda:dc" make the backends they name; a CUDA tensor where dc takes none is a clear
+    error (PYTORCH_DC_CUDA=0 turns CUDA support off in a build that has it)."""
+    for extra in ({}, {"PYTORCH_DC_CUDA": "0"}):
+        out = job(2, ["devices"], extra=extra, timeout=120)
+        check("ok devices rank 0" in out and "ok devices rank 1" in out, out)
+        if extra:
+            check("dc on ['cpu']" in out and "allgather: tensor on cuda:0" in out, out)
+        for line in out.splitlines():
+            if line.startswith("rank 0:") or line.startswith("ok devices rank 0"):
+                print("   ", line)
 
 
 def direct(n, args, timeout=90, extra=None):
@@ -182,6 +203,7 @@ if __name__ == "__main__":
         skip(f"the dc extension was not built ({PKG}/pytorch_dc: configure found no torch, "
              "see --with-torch)")
     main([test_collectives_two_ranks, test_collectives_three_ranks, test_collectives_four_ranks,
-          test_collectives_two_simulated_nodes_of_two, test_ddp_against_gloo, test_fsdp_against_gloo,
+          test_collectives_two_simulated_nodes_of_two, test_collectives_host_staged,
+          test_ddp_against_gloo, test_fsdp_against_gloo, test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,
           test_restart_with_a_fresh_init, test_torchrun, test_tcp_and_file_init_methods, test_mpirun])

@@ -12,6 +12,9 @@ launcher INIT init_process_group("dc", init_method=INIT) under any launcher (env
               launcher's RANK/WORLD_SIZE/MASTER_*; tcp:// and file://: rank and size from RANK/
               WORLD_SIZE or Open MPI's OMPI_COMM_WORLD_*); allreduce, allgather and broadcast
               checked; prints "ok launcher SCHEME rank R of N (description)" on every rank
+devices       the devices "dc" is registered for (cuda only where pytorch_dc.cuda_support()), the
+              spellings "cpu:dc,cuda:dc" and "cpu:gloo,cuda:dc" (the dc backend serves cuda,
+              gloo cpu), and the error for a CUDA tensor where dc takes none; prints "ok devices"
 """
 import datetime
 import gc
@@ -405,6 +408,53 @@ def restart():
     dist.destroy_process_group()
 
 
+def devices():
+    cuda = pytorch_dc.cuda_support()
+    want = ["cpu", "cuda"] if cuda else ["cpu"]
+    got = dist.Backend.backend_capability["dc"]
+    if got != want:
+        raise SystemExit(f"dc registered for {got}, expected {want} (cuda_support {cuda})")
+    rank = int(os.environ["RANK"])
+    # the check every collective makes of its tensors' device, on a device by name (no GPU here)
+    if cuda:
+        assert pytorch_dc._C._device_of("allgather", "cuda:0") == "cuda:0"
+    else:
+        try:
+            pytorch_dc._C._device_of("allgather", "cuda:0")
+            raise SystemExit("a CUDA tensor was taken by a dc backend without CUDA support")
+        except ValueError as e:
+            if "allgather: tensor on cuda:0" not in str(e) or "CPU tensors only" not in str(e):
+                raise SystemExit(f"unclear error: {e}")
+            print(f"rank {rank}: {e}")
+    kinds = {}
+    for spelling in ("dc", "cpu:dc,cuda:dc", "cpu:gloo,cuda:dc"):
+        # torch makes the backends a spelling names whatever the registration says; plain "dc"
+        # covers the registered devices only (without CUDA support its CUDA tensors then raise
+        # the error above, from the collective)
+        dist.init_process_group(spelling, timeout=datetime.timedelta(seconds=60))
+        pg = dist.group.WORLD
+        by = {}
+        for dev in ("cpu", "cuda"):
+            try:
+                by[dev] = type(pg._get_backend(torch.device(dev))).__name__
+            except RuntimeError:
+                by[dev] = None
+        expect = {"cpu": "ProcessGroupGloo" if "gloo" in spelling else "DcBackend",
+                  "cuda": "DcBackend" if cuda or "cuda" in spelling else None}
+        if by != expect:
+            raise SystemExit(f"{spelling}: backends {by}, expected {expect}")
+        t = torch.full((5,), float(rank + 1))
+        dist.all_reduce(t)
+        n = dist.get_world_size()
+        if t.tolist() != [n * (n + 1) / 2] * 5:
+            raise SystemExit(f"{spelling}: allreduce gave {t.tolist()}")
+        kinds[spelling] = f"{by} ({pytorch_dc.describe()})"
+        dist.destroy_process_group()
+    for k, v in kinds.items():
+        print(f"rank {rank}: {k}: {v}")
+    print(f"ok devices rank {rank}: dc on {got}")
+
+
 def launcher(init):
     e = os.environ
     rank = int(e.get("RANK", e.get("OMPI_COMM_WORLD_RANK", "-1")))
@@ -441,5 +491,7 @@ if __name__ == "__main__":
         mismatch()
     elif mode == "restart":
         restart()
+    elif mode == "devices":
+        devices()
     elif mode == "launcher":
         launcher(sys.argv[2])
