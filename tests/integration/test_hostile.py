@@ -386,15 +386,26 @@ def test_control_port_during_collectives():
     check(peak < 150, f"the front end held {peak} descriptors for 300 connections")
 
 
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def daemons(marker):
+    """The daemons of the job: not a daemon's own child just forked (its orphan guard or a
+    worker before it renames itself or execs, which is "pytorch_execd" for a moment)."""
     out = []
     for pid in processes_with_marker(marker):
         try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "pytorch_execd":
-                    out.append(pid)
-        except OSError:
-            pass
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if comm(pid) == "pytorch_execd" and comm(ppid) != "pytorch_execd":
+            out.append(pid)
     return out
 
 
