@@ -158,6 +158,15 @@ _SCRATCH = tempfile.mkdtemp(prefix="pe_test_")
 atexit.register(shutil.rmtree, _SCRATCH, True)
 
 
+def comm(pid):
+    """The process's name (/proc/PID/comm), "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def tmpdir():
     """A fresh directory, removed when the test script ends."""
     return tempfile.mkdtemp(dir=_SCRATCH)

@@ -15,7 +15,7 @@ import struct
 import subprocess
 import time
 
-from harness import (EXEC, check, control_port, free_port, main, marker_env, processes_with_marker, run, script, skip,
+from harness import (EXEC, check, comm, control_port, free_port, main, marker_env, processes_with_marker, run, script, skip,
                      start, tmpdir, wait_until)
 
 BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
@@ -384,14 +384,6 @@ def test_control_port_during_collectives():
         hang_up(conns, p)
     check(p.returncode == 0 and out.startswith("ok"), f"exit {p.returncode}: {out} {err[-2000:]}")
     check(peak < 150, f"the front end held {peak} descriptors for 300 connections")
-
-
-def comm(pid):
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""
 
 
 def daemons(marker):

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from harness import (BUILDDIR, EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
+from harness import (BUILDDIR, EXEC, comm, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
                      marker_env, need_torch, processes_with_marker, skip)
 
 TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
@@ -187,12 +187,6 @@ ELASTIC_WORKER = (
 
 
 def sleepers(marker):
-    def comm(pid):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                return f.read().strip()
-        except OSError:
-            return ""
     return [p for p in processes_with_marker(marker) if comm(p) == "sleep"]
 
 
