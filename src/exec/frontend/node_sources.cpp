@@ -22,6 +22,7 @@ namespace pe {
 namespace {
 
 constexpr double kTick = 0.1;           // seconds between looks at the hostfile
+constexpr double kSettle = 0.02;        // a changed hostfile is read once unchanged this long
 constexpr double kReportEvery = 1.0;    // the hosts go to the membership this often anyway
 constexpr double kCommandTimeout = 30;  // seconds a discovery command may take
 constexpr double kReapRetry = 0.01;
@@ -129,6 +130,7 @@ NodeSources::NodeSources(EventLoop& loop, const LaunchConfig& cfg, HostsFn on_ho
     timer_.arm(kTick);
   });
   timer_.arm(kTick);
+  settle_timer_ = loop_.timer([this] { read_hostfile(false); });
   if (!cfg_.hostfile.empty()) read_hostfile(true);
   next_run_ = next_report_ = now();
 }
@@ -156,7 +158,7 @@ void NodeSources::tick() {
 }
 
 // Read again when its size, time or inode changed (an editor's rename too) and then stayed the
-// same for one look (kTick): a file being written in place (truncated, then filled) is not taken
+// same for kSettle: a file being written in place (truncated, then filled) is not taken
 // half-written, and a hostfile that lists no host is not taken at all, since hosts that leave
 // it leave the job.
 void NodeSources::read_hostfile(bool at_once) {
@@ -170,7 +172,10 @@ void NodeSources::read_hostfile(bool at_once) {
   if (stamp == file_stamp_) return;
   bool settled = stamp == seen_stamp_;
   seen_stamp_ = stamp;
-  if (!settled && !at_once) return;
+  if (!settled && !at_once) {
+    if (!settle_timer_.pending()) settle_timer_.arm(kSettle);
+    return;
+  }
   std::ifstream in(cfg_.hostfile);
   try {
     if (!in) throw UsageError("cannot open it");

@@ -71,6 +71,7 @@ class NodeSources {
   double next_run_ = 0, next_report_ = 0;
   std::string last_warning_;
   Event timer_;
+  Event settle_timer_;  // a look at a changed hostfile again, shortly after
 };
 
 }  // namespace pe
