@@ -73,10 +73,10 @@ void pipelined_cross(CopyEngine& copy, const Wire& wire, void* shard, size_t cou
   auto slot = [](size_t i) { return static_cast<int>(i % kCopySlots); };
   auto src = [&](size_t i) { return base + p.first(i) * elem_bytes; };
   auto bytes = [&](size_t i) { return p.count(i, count) * elem_bytes; };
-  std::vector<void*> host(p.chunks);
+  void* host[kCopySlots] = {};  // of the chunk in each slot (no allocation per call)
   auto stage = [&](size_t i) {
-    host[i] = copy.host(slot(i), src(i), bytes(i));
-    copy.to_host(slot(i), host[i], src(i), bytes(i));
+    host[slot(i)] = copy.host(slot(i), src(i), bytes(i));
+    copy.to_host(slot(i), host[slot(i)], src(i), bytes(i));
   };
   copy.begin(d);
   stage(0);
@@ -87,8 +87,8 @@ void pipelined_cross(CopyEngine& copy, const Wire& wire, void* shard, size_t cou
       stage(i + 1);
     }
     copy.wait_to_host(slot(i), d);
-    wire(host[i], p.count(i, count));
-    copy.to_device(slot(i), src(i), host[i], bytes(i));
+    wire(host[slot(i)], p.count(i, count));
+    copy.to_device(slot(i), src(i), host[slot(i)], bytes(i));
   }
   size_t tail = std::min<size_t>(p.chunks, kCopySlots);
   for (size_t i = p.chunks - tail; i < p.chunks; ++i) copy.wait_to_device(slot(i), d);
