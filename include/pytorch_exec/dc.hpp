@@ -137,18 +137,34 @@ class ProcessGroup {
   void gather(const void* in, void* out, size_t bytes, int root, double timeout = -1);
   void scatter(const void* in, void* out, size_t bytes, int root, double timeout = -1);
   // Device memory (the GPU path, when configure found CUDA and NCCL; without it each call throws
-  // Error saying so).  `buf`: CUDA memory on the current device, the same device on every call
-  // of the group; `stream`: a cudaStream_t (nullptr: the legacy default stream).
-  // allreduce_device enqueues an in-place allreduce on `stream` and returns (stream-ordered, like
-  // NCCL); allreduce_device_sync also waits for it, at most `timeout`.  The first call, on every
-  // rank, creates the group's NCCL communicator (rank 0's unique id goes over the group); it is
-  // cached, and aborted on an error or timeout, after which the calls throw.  No GPU visible: an
-  // Error on this rank before anything is exchanged.  Today one communicator of all ranks; the
-  // planned levels (NCCL per locality domain, host-staged rings across nodes) are not built yet.
+  // Error saying so).  Buffers: CUDA memory on the current device, the same device on every call
+  // of the group; `stream`: a cudaStream_t (nullptr: the legacy default stream); `count` and the
+  // buffer layouts as the host calls above.  The calls are stream-ordered like NCCL: work after
+  // them on `stream` sees the result; allreduce_device_sync, or device_synchronize(stream), also
+  // waits for it, at most `timeout`.  The first call, on every rank, creates the group's NCCL
+  // communicator; it is cached, and aborted on an error or timeout, after which the calls throw.
+  // No GPU visible: an Error on this rank before anything is exchanged.
+  // On one node: plain NCCL over all ranks.  Across nodes: NCCL among the node's ranks, each of
+  // which owns a shard that goes across nodes over the group's host ring (tcp or mpi) through
+  // pinned host buffers, in chunks (PYTORCH_DC_PIPELINE_BYTES, default 4 MiB) whose copies
+  // overlap the wire; these calls return once the cross-node step is done (the copies back and
+  // the gathers inside the node are enqueued).  Across nodes reduce_scatter_device,
+  // allgather_device and broadcast_device are allreduces of a scratch buffer (about twice the
+  // traffic), and Avg takes f32 or f64.  The locality domains inside a node are not levels of
+  // their own yet (NCCL spans the node).
   static bool has_gpu_path();
   void allreduce_device(void* buf, size_t count, DType t, Op op, void* stream, double timeout = -1);
   void allreduce_device_sync(void* buf, size_t count, DType t, Op op, void* stream,
                              double timeout = -1);
+  void reduce_scatter_device(const void* in, void* out, size_t count, DType t, Op op, void* stream,
+                             double timeout = -1);
+  void allgather_device(const void* in, void* out, size_t count, DType t, void* stream,
+                        double timeout = -1);
+  void broadcast_device(void* buf, size_t count, DType t, int root, void* stream,
+                        double timeout = -1);
+  // Waits until `stream`'s work is done, at most `timeout`; an NCCL error or the timeout aborts
+  // the group's communicator and throws.
+  void device_synchronize(void* stream, double timeout = -1);
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);

@@ -3,10 +3,13 @@
 //   one rank .................................... nothing to do
 //   one node, shm ............................... shm::AllreduceEngine rounds (every local rank
 //                                                 owns a shard)
-//   several nodes sharing ranks, hierarchical ... hierarchical_allreduce
+//   several nodes sharing ranks, hierarchical ... hierarchical_allreduce on the host engines
+//                                                 (the node's shm engine or rings over the
+//                                                 local Comm; memcpy copies)
 //   otherwise ................................... over all ranks: recursive doubling up to
 //                                                 small_bytes, a pipelined ring above
 #include <algorithm>
+#include <optional>
 
 #include "dc/group.hpp"
 #include "dc/reduce.hpp"
@@ -23,7 +26,12 @@ void ProcessGroup::Impl::allreduce(void* buf, size_t count, DType t, Op op, cons
     return;
   }
   if (nodes > 1 && max_local > 1 && s.hierarchical) {
-    NodeLevels levels{local_c, cross_c, engine.get(), min_local, shm_bytes, size};
+    std::optional<ShmIntra> shm_intra;
+    std::optional<RingIntra> ring_intra;
+    IntraEngine& intra = engine ? static_cast<IntraEngine&>(shm_intra.emplace(*engine))
+                                : ring_intra.emplace(local_c);
+    MemcpyCopy copy(s.pipeline_bytes > 0);
+    NodeLevels levels{cross_c, intra, copy, min_local, shm_bytes, size, s.pipeline_bytes};
     hierarchical_allreduce(levels, buf, count, t, op, h, d, o);
     return;
   }

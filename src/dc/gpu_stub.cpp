@@ -24,4 +24,18 @@ void ProcessGroup::allreduce_device_sync(void*, size_t, DType, Op, void*, double
   no_gpu_path("allreduce_device_sync");
 }
 
+void ProcessGroup::reduce_scatter_device(const void*, void*, size_t, DType, Op, void*, double) {
+  no_gpu_path("reduce_scatter_device");
+}
+
+void ProcessGroup::allgather_device(const void*, void*, size_t, DType, void*, double) {
+  no_gpu_path("allgather_device");
+}
+
+void ProcessGroup::broadcast_device(void*, size_t, DType, int, void*, double) {
+  no_gpu_path("broadcast_device");
+}
+
+void ProcessGroup::device_synchronize(void*, double) { no_gpu_path("device_synchronize"); }
+
 }  // namespace pytorch_exec::dc

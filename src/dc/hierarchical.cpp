@@ -1,6 +1,7 @@
 #include "dc/hierarchical.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "dc/recursive_doubling.hpp"
@@ -26,42 +27,92 @@ void cross_allreduce(const Comm& c, void* buf, size_t count, DType t, Op op, con
     ring_allreduce(c, buf, count, t, op, h, d);
 }
 
-namespace {
-
-// One piece of at most the shm slot size: every node cuts the buffer the same way, whether it
-// has shared memory (several local ranks) or not, so that the cross-node calls match.
-void piece(const NodeLevels& n, char* buf, size_t count, DType t, Op op, const CallHeader& h,
-           const Deadline& d, const CrossOptions& o) {
+void RingIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
+                          int avg_divisor, const CallHeader& h, const Deadline& d) {
   size_t es = dtype_size(t);
-  bool small = count * es <= o.small_bytes;
-  int owners = small ? 1 : std::min<int>(n.owners, static_cast<int>(std::max<size_t>(count, 1)));
-  auto cross = [&](void* shard, size_t k) {
-    cross_allreduce(n.cross, shard, k, t, op, make_header(Kind::Allreduce, k, t, op, h.seq), d, o);
-  };
-  if (n.engine) {
-    n.engine->allreduce(buf, count, t, op, owners, cross, n.contributors, h, d);
-    return;
-  }
-  // Rings inside the node; local ranks from `owners` on own empty blocks.
-  const Comm& local = n.local;
   Blocks b = even_blocks(count, owners);
-  while (static_cast<int>(b.off.size()) < local.size() + 1) b.off.push_back(count);
-  if (local.size() > 1) ring_reduce_scatter(local, buf, b, t, op, h, d);
-  char* mine = buf + b.off[static_cast<size_t>(local.me)] * es;
-  if (local.me < owners) {
-    if (b.count(local.me) > 0) cross(mine, b.count(local.me));
-    if (op == Op::Avg) finish_avg(mine, b.count(local.me), t, n.contributors);
+  while (static_cast<int>(b.off.size()) < local_.size() + 1) b.off.push_back(count);
+  if (local_.size() > 1) ring_reduce_scatter(local_, buf, b, t, op, h, d);
+  char* mine = static_cast<char*>(buf) + b.off[static_cast<size_t>(local_.me)] * es;
+  if (local_.me < owners) {
+    if (b.count(local_.me) > 0 && cross) cross(mine, b.count(local_.me));
+    if (op == Op::Avg) finish_avg(mine, b.count(local_.me), t, avg_divisor);
   }
-  if (local.size() > 1) ring_allgather(local, buf, b, t, h, d);
+  if (local_.size() > 1) ring_allgather(local_, buf, b, t, h, d);
 }
 
-}  // namespace
+void* MemcpyCopy::host(int slot, void* src, size_t bytes) {
+  if (!staged_) return src;
+  auto& s = slots_[slot];
+  if (s.size() < bytes) s.resize(bytes);
+  return s.data();
+}
+
+void MemcpyCopy::to_host(int, void* host, const void* src, size_t bytes) {
+  if (host != src) std::memcpy(host, src, bytes);
+}
+
+void MemcpyCopy::to_device(int, void* dst, const void* host, size_t bytes) {
+  if (dst != host) std::memcpy(dst, host, bytes);
+}
+
+ChunkPlan plan_chunks(size_t count, size_t elem_bytes, size_t chunk_bytes) {
+  ChunkPlan p;
+  if (count == 0) return p;
+  p.chunk_elems = chunk_bytes == 0 ? count : std::max<size_t>(1, chunk_bytes / elem_bytes);
+  p.chunk_elems = std::min(p.chunk_elems, count);
+  p.chunks = (count + p.chunk_elems - 1) / p.chunk_elems;
+  return p;
+}
+
+void pipelined_cross(CopyEngine& copy, const Wire& wire, void* shard, size_t count,
+                     size_t elem_bytes, size_t chunk_bytes, const Deadline& d) {
+  ChunkPlan p = plan_chunks(count, elem_bytes, chunk_bytes);
+  if (p.chunks == 0) return;
+  auto* base = static_cast<char*>(shard);
+  auto slot = [](size_t i) { return static_cast<int>(i % kCopySlots); };
+  auto src = [&](size_t i) { return base + p.first(i) * elem_bytes; };
+  auto bytes = [&](size_t i) { return p.count(i, count) * elem_bytes; };
+  void* host[kCopySlots] = {};  // of the chunk in each slot (no allocation per call)
+  auto stage = [&](size_t i) {
+    host[slot(i)] = copy.host(slot(i), src(i), bytes(i));
+    copy.to_host(slot(i), host[slot(i)], src(i), bytes(i));
+  };
+  copy.begin(d);
+  stage(0);
+  for (size_t i = 0; i < p.chunks; ++i) {
+    if (i + 1 < p.chunks) {
+      // The slot of chunk i+1 was chunk i-2's: its copy back must be done before it is refilled.
+      if (i + 1 >= static_cast<size_t>(kCopySlots)) copy.wait_to_device(slot(i + 1), d);
+      stage(i + 1);
+    }
+    copy.wait_to_host(slot(i), d);
+    wire(host[slot(i)], p.count(i, count));
+    copy.to_device(slot(i), src(i), host[slot(i)], bytes(i));
+  }
+  size_t tail = std::min<size_t>(p.chunks, kCopySlots);
+  for (size_t i = p.chunks - tail; i < p.chunks; ++i) copy.wait_to_device(slot(i), d);
+  copy.end(d);
+}
 
 void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType t, Op op,
                             const CallHeader& h, const Deadline& d, const CrossOptions& o) {
   size_t es = dtype_size(t), step = std::max<size_t>(1, n.piece_bytes / es);
-  for (size_t off = 0; off < count; off += step)
-    piece(n, static_cast<char*>(buf) + off * es, std::min(step, count - off), t, op, h, d, o);
+  auto wire = [&](void* host, size_t k) {
+    cross_allreduce(n.cross, host, k, t, op, make_header(Kind::Allreduce, k, t, op, h.seq), d, o);
+  };
+  auto cross = [&](void* shard, size_t k) {
+    pipelined_cross(n.copy, wire, shard, k, es, n.chunk_bytes, d);
+  };
+  // Every node cuts the buffer into the same pieces, whatever its intra engine, so that the
+  // cross-node calls match.
+  for (size_t off = 0; off < count; off += step) {
+    size_t m = std::min(step, count - off);
+    bool small = m * es <= o.small_bytes;
+    int owners = small ? 1 : std::min<int>(n.owners, static_cast<int>(std::max<size_t>(m, 1)));
+    n.intra.allreduce(static_cast<char*>(buf) + off * es, m, t, op, owners, cross, n.contributors,
+                      h, d);
+  }
 }
 
 }  // namespace pytorch_exec::dc

@@ -1,21 +1,24 @@
-// Hierarchical allreduce for ranks spread over several nodes:
-//   1. inside each node, reduce-scatter into `owners` shards (owners = the fewest ranks any node
-//      has, so that nodes with unequal rank counts still pair up shard by shard);
+// Hierarchical allreduce for ranks spread over several nodes, written once for host and device
+// memory against the engines of engines.hpp:
+//   1. inside each node, the IntraEngine reduce-scatters into `owners` shards (owners = the
+//      fewest ranks any node has, so that nodes with unequal rank counts still pair up shard by
+//      shard);
 //   2. across nodes, the owners of shard j (local rank j on every node) allreduce it, all
-//      shards at once, each over its own inter-node Comm;
-//   3. inside each node, allgather the shards.
-// With shm inside the node, steps 1 and 3 are rounds of the node's shm::AllreduceEngine (reads
-// of the other ranks' slots); with tcp or mpi inside, they are rings over the local Comm with
-// empty blocks for the local ranks that own no shard.
+//      shards at once, each over its own inter-node Comm; the shard goes in pipeline chunks
+//      through the CopyEngine (pipelined_cross): host memory goes on the wire in place, device
+//      memory through pinned host buffers;
+//   3. inside each node, the IntraEngine allgathers the shards.
+// Host memory: the node's shm engine (ShmIntra) or rings over the local Comm (RingIntra) and
+// MemcpyCopy (collectives.cpp); device memory: NCCL and cudaMemcpyAsync (gpu/).
 //
-// The algorithms take the Comms and options they use; ProcessGroup::Impl (group.hpp) owns them
-// and chooses the algorithm (collectives.cpp).  Threads: the thread that runs the group's call.
+// The algorithms take the Comms, engines and options they use; ProcessGroup::Impl (group.hpp)
+// owns the Comms and chooses the algorithm.  Threads: the thread that runs the group's call.
 #pragma once
 
 #include <cstddef>
 
 #include "dc/comm.hpp"
-#include "dc/shm/engine.hpp"
+#include "dc/engines.hpp"
 
 namespace pytorch_exec::dc {
 
@@ -32,12 +35,13 @@ void cross_allreduce(const Comm& c, void* buf, size_t count, DType t, Op op, con
 
 // The levels of a group that spans nodes, as the hierarchical allreduce uses them.
 struct NodeLevels {
-  const Comm& local;             // this node's ranks (over the node's point-to-point transport)
-  const Comm& cross;             // the owners of this local rank's shard, one on every node
-  shm::AllreduceEngine* engine;  // the node's shared memory, or nullptr: rings over `local`
-  int owners;                    // the fewest ranks any node has: the shards of a piece
-  size_t piece_bytes;            // the buffer goes in pieces of this size (the shm slot)
-  int contributors;              // the group's size: what Op::Avg divides by
+  const Comm& cross;   // the owners of this local rank's shard, one on every node (host Comm)
+  IntraEngine& intra;  // this node's ranks
+  CopyEngine& copy;    // the shard's chunks to and from the host memory of the wire
+  int owners;          // the fewest ranks any node has: the shards of a piece
+  size_t piece_bytes;  // the buffer goes in pieces of this size (the same on every node)
+  int contributors;    // the group's size: what Op::Avg divides by
+  size_t chunk_bytes;  // pipeline chunk of the cross-node step; 0: a shard is one chunk
 };
 
 void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType t, Op op,

@@ -66,6 +66,7 @@ Settings resolve_settings(const Options& o) {
     s.shm_bytes = static_cast<size_t>(env_number("PYTORCH_DC_SHM_BYTES", 0));
     if (s.shm_bytes < 4096) throw Error("PYTORCH_DC_SHM_BYTES must be at least 4096");
   }
+  s.pipeline_bytes = static_cast<size_t>(env_number("PYTORCH_DC_PIPELINE_BYTES", 0));
   s.tcp_congestion = env_or("PYTORCH_DC_TCP_CONGESTION", "auto");
   check_congestion_name(s.tcp_congestion, "PYTORCH_DC_TCP_CONGESTION");
   return s;

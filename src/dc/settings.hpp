@@ -18,6 +18,10 @@ struct Settings {
   bool hierarchical = true;
   bool bf16_wire = false;
   size_t shm_bytes = 0;  // PYTORCH_DC_SHM_BYTES; 0: by layout (ProcessGroup::Impl::shm_bytes)
+  // PYTORCH_DC_PIPELINE_BYTES: the chunk of the pipelined cross-node step of a hierarchical
+  // allreduce (engines.hpp); 0: one chunk per shard (host memory's default: it goes on the wire
+  // in place, there is no copy to overlap).
+  size_t pipeline_bytes = 0;
   // PYTORCH_DC_TCP_CONGESTION: the TCP congestion control of the tcp transport's connections
   // ("auto", "system" or a kernel's algorithm name; see set_congestion_control in socket.hpp).
   std::string tcp_congestion = "auto";

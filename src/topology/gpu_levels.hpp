@@ -1,8 +1,10 @@
 // The plan of the GPU path's levels: the rings (NCCL communicators or host rings) a job builds
 // and which shard of the cross-node step each rank owns.  A pure function of each node's
 // topology analysis and its ranks' placement (--display-topology, --display-map, --dry-run show
-// it).  The DataChannel's GPU path is to build these levels; today it uses one NCCL communicator
-// of all ranks (src/dc/gpu/device.cpp).
+// it).  The DataChannel's GPU path (src/dc/gpu/device.cpp) builds level 3 and, as one NCCL
+// communicator of each node's ranks, levels 1 and 2 together (the domains of a node are not
+// levels of their own yet, nor are the rail NICs used by its tcp ring); one node: one NCCL
+// communicator of all ranks.
 //
 //   level 1  inside each locality domain (NVLink island, root complex): NCCL among its ranks;
 //   level 2  across the domains of a node: "rail" p joins the p-th rank of every domain (p below

@@ -1,6 +1,7 @@
 // Conformance of the DataChannel collectives, ranks as threads: every transport configuration
 // (shm or tcp inside a node, tcp across; one node, several nodes, unequal nodes, small shm slots
-// so that buffers take several rounds) x dtype x op x count, against an independent reference
+// so that buffers take several rounds, the cross-node
+// step in pipeline chunks of several sizes) x dtype x op x count, against an independent reference
 // on fresh random inputs, and the same bits on every rank.  The mpi transport needs processes:
 // tests/integration/test_dc.py runs the same checks through dc_check under pytorch_exec.
 #include <cstdlib>
@@ -19,6 +20,7 @@ struct Config {
   const char* shm_bytes;  // PYTORCH_DC_SHM_BYTES, nullptr: default
   int hierarchical;
   int bf16_wire;
+  const char* pipeline_bytes = nullptr;  // PYTORCH_DC_PIPELINE_BYTES, nullptr: default
 };
 
 std::ostream& operator<<(std::ostream& o, const Config& c) { return o << c.name; }
@@ -31,6 +33,7 @@ class Conformance : public ::testing::TestWithParam<Config> {
  protected:
   static Groups make(const Config& c) {
     if (c.shm_bytes) ::setenv("PYTORCH_DC_SHM_BYTES", c.shm_bytes, 1);
+    if (c.pipeline_bytes) ::setenv("PYTORCH_DC_PIPELINE_BYTES", c.pipeline_bytes, 1);
     Options o;
     o.intra = c.intra;
     o.inter = "tcp";
@@ -39,6 +42,7 @@ class Conformance : public ::testing::TestWithParam<Config> {
     o.bf16_wire = c.bf16_wire;
     auto g = ProcessGroup::threads(c.n, o, c.nodes);
     ::unsetenv("PYTORCH_DC_SHM_BYTES");
+    ::unsetenv("PYTORCH_DC_PIPELINE_BYTES");
     return g;
   }
   std::mt19937_64 rng{std::random_device{}()};
@@ -171,7 +175,16 @@ INSTANTIATE_TEST_SUITE_P(
         // past its (no) receives in the reduce-scatter.
         Config{"hier_tcp_unequal_2_1_large_pieces", 3, {0, 1, 0}, "tcp", "4194304", 1, 0},
         Config{"flat_tcp_2x2_not_hierarchical", 4, {0, 0, 1, 1}, "shm", nullptr, 0, 0},
-        Config{"hier_shm_2x2_bf16_wire", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 1}),
+        Config{"hier_shm_2x2_bf16_wire", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 1},
+        // The cross-node step in pipeline chunks, staged through the memcpy engine's buffers:
+        // chunks of odd byte counts (cut to whole elements), and larger than
+        // most shards; unequal ranks per node, shm and rings inside.
+        Config{"hier_shm_unequal_3_1_2_pipeline_1000", 6, {0, 1, 0, 2, 0, 2}, "shm", "65536", 1,
+               0, "1000"},
+        Config{"hier_tcp_unequal_2_1_pipeline_3001", 3, {0, 1, 0}, "tcp", "65536", 1, 0, "3001"},
+        Config{"hier_shm_2x2_pipeline_4096", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0, "4096"},
+        Config{"hier_shm_3x2_pipeline_1m_bf16_wire", 6, {0, 0, 1, 1, 2, 2}, "shm", nullptr, 1, 1,
+               "1048576"}),
     [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
 
 // f32 carried as bf16 between nodes: within the documented error (2^-8 relative per rounding,

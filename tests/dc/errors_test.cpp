@@ -143,6 +143,13 @@ TEST(DeviceMemory, WithoutTheGpuPathEachCallIsOneError) {
     EXPECT_EQ(e,
               "allreduce_device: this libpytorch_dc was built without the GPU path (configure "
               "found no CUDA or no NCCL)");
+  dctest::on_all(g, [](ProcessGroup& pg, int) {
+    float x = 1, y[2] = {1, 1};
+    EXPECT_THROW(pg.reduce_scatter_device(y, &x, 1, DType::F32, Op::Sum, nullptr), Error);
+    EXPECT_THROW(pg.allgather_device(&x, y, 1, DType::F32, nullptr), Error);
+    EXPECT_THROW(pg.broadcast_device(&x, 1, DType::F32, 0, nullptr), Error);
+    EXPECT_THROW(pg.device_synchronize(nullptr), Error);
+  });
 }
 
 }  // namespace

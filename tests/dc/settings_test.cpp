@@ -138,6 +138,17 @@ TEST_F(TransportNames, CongestionControlIsAutoUnlessNamed) {
   EXPECT_TRUE(has(e, "PYTORCH_DC_TCP_CONGESTION=no such;name") && has(e, "cubic")) << e;
 }
 
+// The pipeline chunk of the hierarchical allreduce's cross-node step: 0 (one chunk) unless set.
+TEST_F(TransportNames, PipelineBytesIsZeroUnlessSetAndMustBeANumber) {
+  EXPECT_EQ(resolve_settings({}).pipeline_bytes, 0u);
+  ::setenv("PYTORCH_DC_PIPELINE_BYTES", "65536", 1);
+  EXPECT_EQ(resolve_settings({}).pipeline_bytes, 65536u);
+  ::setenv("PYTORCH_DC_PIPELINE_BYTES", "lots", 1);
+  std::string e = error_of();
+  ::unsetenv("PYTORCH_DC_PIPELINE_BYTES");
+  EXPECT_TRUE(has(e, "PYTORCH_DC_PIPELINE_BYTES=lots is not a non-negative number")) << e;
+}
+
 // A connected TCP socket over 127.0.0.1 (the accepted end is closed at the end of the test).
 class CongestionControl : public ::testing::Test {
  protected:

@@ -5,6 +5,7 @@
 
 #include <climits>
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "dc/gpu/probe.hpp"
@@ -94,6 +95,25 @@ TEST(GpuBuild, DeviceCallsWithoutAGpuAreOneErrorOnEveryRankAndTheGroupStaysUsabl
   });
   for (const auto& e : errors)
     EXPECT_EQ(e.rfind("allreduce_device_sync: no GPU visible (", 0), 0u) << e;
+  // Every other device call too, on two simulated nodes (the hierarchical device path's entry).
+  auto nodes = ProcessGroup::threads(2, {}, {0, 1});
+  dctest::on_all(nodes, [](ProcessGroup& pg, int) {
+    float x = 1, y[2] = {1, 1};
+    auto first = [](const std::function<void()>& f, const std::string& call) {
+      try {
+        f();
+        ADD_FAILURE() << call << " did not throw";
+      } catch (const Error& e) {
+        EXPECT_EQ(std::string(e.what()).rfind(call + ": no GPU visible (", 0), 0u) << e.what();
+      }
+    };
+    first([&] { pg.allreduce_device(&x, 1, DType::F32, Op::Sum, nullptr); }, "allreduce_device");
+    first([&] { pg.reduce_scatter_device(y, &x, 1, DType::F32, Op::Sum, nullptr); },
+          "reduce_scatter_device");
+    first([&] { pg.allgather_device(&x, y, 1, DType::F32, nullptr); }, "allgather_device");
+    first([&] { pg.broadcast_device(&x, 1, DType::F32, 0, nullptr); }, "broadcast_device");
+    EXPECT_THROW(pg.device_synchronize(nullptr), Error);  // no device call succeeded
+  });
   dctest::on_all(g, [](ProcessGroup& pg, int r) {
     float x = static_cast<float>(r + 1);
     pg.allreduce(&x, 1, DType::F32, Op::Sum);

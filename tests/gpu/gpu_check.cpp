@@ -2,17 +2,30 @@
 //   1. NCCL alone: one communicator per visible GPU (ncclCommInitAll) allreduces device buffers;
 //   2. the DataChannel: a group of one rank (thread) per GPU, allreduce_device_sync and then
 //      allreduce_device + cudaStreamSynchronize (the cached communicator) on device buffers,
-//      Sum and Avg, checked against the host.
+//      Sum and Avg, checked against the host;
+//   3. every device collective against a host reference (ranks as threads): one node, one rank
+//      per GPU (plain NCCL); two simulated nodes sharing GPU 0, one rank each (an NCCL level of
+//      one rank per node and the host-staged pipelined ring across), with chunks of the default
+//      size and of 4099 bytes (many chunks, cut to whole elements);
+//   4. the same two nodes, rank 1 stops before a collective: rank 0 gets an Error within its 5 s
+//      timeout (a thread cannot be killed; a killed process fails its tcp peer sooner).
 // Written for a GPU machine (make check-gpu); it has not run on one yet.
+#include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dc/gpu/probe.hpp"
 #include "dc/gpu/status.hpp"
+#include "testlib.hpp"
 
 using namespace pytorch_exec::dc;
+using dctest::errors_of;
+using dctest::Groups;
 
 namespace {
 
@@ -123,6 +136,140 @@ int run_group(int n) {
   return bad;
 }
 
+// Rank r's element j: small integers, exact in f32 sums.
+float value(int r, size_t j) { return static_cast<float>(r + 1) + static_cast<float>(j % 7); }
+
+struct Device {
+  float* p = nullptr;
+  explicit Device(size_t n) {
+    gpu::check_cuda(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)), "cudaMalloc");
+  }
+  ~Device() { (void)cudaFree(p); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  void put(const std::vector<float>& h) {
+    gpu::check_cuda(cudaMemcpy(p, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice),
+                    "cudaMemcpy");
+  }
+  std::vector<float> get(size_t n) const {
+    std::vector<float> h(n);
+    gpu::check_cuda(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost),
+                    "cudaMemcpy");
+    return h;
+  }
+};
+
+void expect(const std::vector<float>& got, const std::function<float(size_t)>& want,
+            const std::string& what) {
+  for (size_t j = 0; j < got.size(); ++j)
+    if (std::fabs(got[j] - want(j)) > 1e-4f * std::fabs(want(j)))
+      throw Error(what + " element " + std::to_string(j) + ": " + std::to_string(got[j]) +
+                  ", want " + std::to_string(want(j)));
+}
+
+// Every collective on rank r of n, on `gpu`, with `count` elements per rank block.
+void collectives(ProcessGroup& pg, int r, int n, int gpu_index, size_t count) {
+  gpu::check_cuda(cudaSetDevice(gpu_index), "cudaSetDevice");
+  cudaStream_t s = nullptr;
+  gpu::check_cuda(cudaStreamCreate(&s), "cudaStreamCreate");
+  size_t total = count * static_cast<size_t>(n);
+  float sum_r = static_cast<float>(n * (n + 1) / 2);
+  auto summed = [&](size_t j) { return sum_r + static_cast<float>(n) * static_cast<float>(j % 7); };
+  std::vector<float> h(total);
+  for (size_t j = 0; j < total; ++j) h[j] = value(r, j);
+  {
+    Device d(total);
+    d.put(h);
+    pg.allreduce_device_sync(d.p, total, DType::F32, Op::Sum, s);
+    expect(d.get(total), summed, "allreduce Sum");
+    d.put(h);
+    pg.allreduce_device(d.p, total, DType::F32, Op::Avg, s);
+    pg.device_synchronize(s);
+    expect(d.get(total), [&](size_t j) { return summed(j) / static_cast<float>(n); },
+           "allreduce Avg");
+    d.put(h);
+    pg.allreduce_device(d.p, total, DType::F32, Op::Max, s);
+    pg.device_synchronize(s);
+    expect(d.get(total), [&](size_t j) { return value(n - 1, j); }, "allreduce Max");
+  }
+  {
+    Device in(total), out(count);
+    in.put(h);
+    pg.reduce_scatter_device(in.p, out.p, count, DType::F32, Op::Sum, s);
+    pg.device_synchronize(s);
+    size_t base = static_cast<size_t>(r) * count;
+    expect(out.get(count), [&](size_t j) { return summed(base + j); }, "reduce_scatter");
+  }
+  {
+    Device in(count), out(total);
+    in.put(std::vector<float>(h.begin(), h.begin() + static_cast<long>(count)));
+    pg.allgather_device(in.p, out.p, count, DType::F32, s);
+    pg.device_synchronize(s);
+    expect(out.get(total), [&](size_t j) { return value(static_cast<int>(j / count), j % count); },
+           "allgather");
+  }
+  {
+    Device d(count);
+    d.put(std::vector<float>(h.begin(), h.begin() + static_cast<long>(count)));
+    int root = n - 1;
+    pg.broadcast_device(d.p, count, DType::F32, root, s);
+    pg.device_synchronize(s);
+    expect(d.get(count), [&](size_t j) { return value(root, j); }, "broadcast");
+  }
+  (void)cudaStreamDestroy(s);
+}
+
+int report(const char* what, const std::vector<std::string>& errors) {
+  int bad = 0;
+  for (const auto& e : errors)
+    if (!e.empty()) {
+      std::printf("  %s\n", e.c_str());
+      ++bad;
+    }
+  std::printf("%s: %s\n", bad ? "FAIL" : "PASS", what);
+  return bad ? 1 : 0;
+}
+
+int one_node(int gpus) {
+  auto g = ProcessGroup::threads(gpus);
+  return report("every device collective, one node, one rank per GPU (plain NCCL)",
+                errors_of(g, [&](ProcessGroup& pg, int r) {
+                  collectives(pg, r, gpus, r, (1 << 18) + 3);
+                }));
+}
+
+int two_nodes_one_gpu(const char* pipeline_bytes) {
+  if (pipeline_bytes) ::setenv("PYTORCH_DC_PIPELINE_BYTES", pipeline_bytes, 1);
+  auto g = ProcessGroup::threads(2, {}, {0, 1});
+  ::unsetenv("PYTORCH_DC_PIPELINE_BYTES");
+  std::string what = std::string("every device collective, 2 simulated nodes on GPU 0, chunks of ") +
+                     (pipeline_bytes ? pipeline_bytes : "the default size") + " bytes";
+  return report(what.c_str(), errors_of(g, [&](ProcessGroup& pg, int r) {
+                  collectives(pg, r, 2, 0, (1 << 20) + 5);
+                }));
+}
+
+int stopped_rank() {
+  Options o;
+  o.timeout = 5;
+  auto g = ProcessGroup::threads(2, o, {0, 1});
+  auto t0 = std::chrono::steady_clock::now();
+  double took = 0;
+  auto errors = errors_of(g, [&](ProcessGroup& pg, int r) {
+    gpu::check_cuda(cudaSetDevice(0), "cudaSetDevice");
+    Device d(1 << 20);
+    d.put(std::vector<float>(1 << 20, 1.0f));
+    pg.allreduce_device_sync(d.p, 1 << 20, DType::F32, Op::Sum, nullptr);  // both: set-up
+    if (r == 1) return;  // stops before the next collective
+    pg.allreduce_device_sync(d.p, 1 << 20, DType::F32, Op::Sum, nullptr);
+  });
+  took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  bool ok = !errors[0].empty() && errors[1].empty() && took < 20;
+  std::printf("%s: a rank that stops mid-job: rank 0 got \"%s\" after %.1f s (timeout 5 s)\n",
+              ok ? "PASS" : "FAIL", errors[0].c_str(), took);
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main() {
@@ -147,7 +294,11 @@ int main() {
     }
     std::printf("PASS: DataChannel allreduce_device(_sync), Sum and Avg, %d rank(s), one per GPU\n",
                 p.devices);
-    return 0;
+    int bad = one_node(p.devices);
+    bad += two_nodes_one_gpu(nullptr);
+    bad += two_nodes_one_gpu("4099");
+    bad += stopped_rank();
+    return bad ? 1 : 0;
   } catch (const Error& e) {
     std::printf("FAIL: %s\n", e.what());
     return 1;

@@ -1,28 +1,48 @@
-// ProcessGroup's device-memory calls (the GPU path).  Today one NCCL communicator of the whole
-// group, made at the first call on the device current then (rank 0's ncclUniqueId broadcast over
-// the group's host transports), cached in the group and aborted on any error or timeout.  The
-// levels of topo::plan_gpu_levels (NCCL per domain, host-staged rings across nodes) are not built
-// yet: across nodes NCCL uses its own network transport.
+// ProcessGroup's device-memory calls (the GPU path).
+//   One node: one NCCL communicator of the whole group (plain NCCL), made at the first call on
+//   the device current then (rank 0's ncclUniqueId broadcast over the group's host transports).
+//   Several nodes: the shared hierarchical orchestration (dc/hierarchical.hpp) with NcclIntra on
+//   a communicator of the node's ranks (ncclCommInitRank; each node's first rank makes the id,
+//   the ids are allgathered over the host transports) and CudaCopy: each local rank owns a shard,
+//   which goes across nodes over the group's host ring (tcp or mpi) through pinned buffers in
+//   pipeline chunks.  The locality domains inside a node (level 2 of topo::plan_gpu_levels) are
+//   not separate levels yet: NCCL spans the node.
+// Communicators and the copy engine are cached in the group; a communicator is aborted on any
+// error or timeout, after which the calls throw.  reduce_scatter, allgather and broadcast across
+// nodes are allreduces of a stream-ordered scratch buffer (Sum; zeros where a rank has nothing):
+// correct, at about twice the traffic of dedicated algorithms.
+// Compiled here (no GPU), never run on one.
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <memory>
+#include <vector>
 
+#include "dc/gpu/levels.hpp"
 #include "dc/gpu/nccl_comm.hpp"
 #include "dc/gpu/status.hpp"
 #include "dc/group.hpp"
+#include "dc/hierarchical.hpp"
 
 namespace pytorch_exec::dc {
 
 namespace gpu {
 
 struct DeviceState {
-  std::unique_ptr<NcclComm> comm;  // of the whole group
+  std::unique_ptr<NcclComm> comm;  // one node: the whole group; several: this node's ranks
+  std::unique_ptr<CudaCopy> copy;  // several nodes: the cross-node step's copies
 };
 
 }  // namespace gpu
 
 namespace {
+
+// PYTORCH_DC_PIPELINE_BYTES unset: chunks of 4 MiB for device memory (enough to keep PCIe and the
+// wire busy, small enough that three slots of pinned memory stay cheap).
+constexpr size_t kDevicePipelineBytes = 4 << 20;
 
 // One Error on this rank, before anything is exchanged, when no GPU can be used.
 void require_gpu(const char* call) {
@@ -35,7 +55,8 @@ void require_gpu(const char* call) {
               ")");
 }
 
-// The group's communicator, made (collectively) at the first call.
+// The group's communicator (of the node's ranks when the group spans nodes), made collectively
+// at the first call.
 gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
                            double timeout) {
   require_gpu(call);
@@ -50,25 +71,78 @@ gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* 
                   std::to_string(dev));
     return *g.gpu->comm;
   }
-  ncclUniqueId id{};
-  if (g.rank == 0) gpu::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-  pg.broadcast(&id, sizeof id, DType::U8, 0, timeout);
   auto state = std::make_shared<gpu::DeviceState>();
   Deadline d = g.deadline(timeout, std::string(call) + ": NCCL communicator set-up");
-  state->comm = std::make_unique<gpu::NcclComm>(g.rank, g.size, id, d);
+  ncclUniqueId id{};
+  if (g.nodes == 1) {
+    if (g.rank == 0) gpu::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    pg.broadcast(&id, sizeof id, DType::U8, 0, timeout);
+    state->comm = std::make_unique<gpu::NcclComm>(g.rank, g.size, id, d);
+  } else {
+    // One id per node, from its first rank; the others' entries are ignored.
+    if (g.local_rank == 0) gpu::check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    std::vector<ncclUniqueId> ids(static_cast<size_t>(g.size));
+    pg.allgather(&id, ids.data(), sizeof id, DType::U8, timeout);
+    size_t first = static_cast<size_t>(
+        std::find(g.node_of.begin(), g.node_of.end(), g.node) - g.node_of.begin());
+    state->comm = std::make_unique<gpu::NcclComm>(g.local_rank, g.local_size, ids[first], d);
+    state->copy = std::make_unique<gpu::CudaCopy>();
+  }
   g.gpu = state;
   return *state->comm;
 }
 
-// Enqueues the allreduce of `call` on `stream`; the communicator it went to.
-gpu::NcclComm& enqueue_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
-                                 void* buf, size_t count, DType t, Op op, void* stream,
-                                 double timeout) {
+Deadline call_deadline(ProcessGroup::Impl& g, double timeout, const char* call, size_t count,
+                       DType t, Op op) {
+  return Deadline::call(g.seconds(timeout), call, count, static_cast<int>(t),
+                        static_cast<int>(op));
+}
+
+// The in-place allreduce of `call`: enqueued on `stream` on one node; across nodes the
+// hierarchical orchestration, which returns when the cross-node step is done and the rest is
+// enqueued.  The communicator it used.
+gpu::NcclComm& device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
+                                void* buf, size_t count, DType t, Op op, void* stream,
+                                double timeout) {
   gpu::NcclComm& c = device_comm(pg, g, call, timeout);
-  c.allreduce(
-      buf, count, t, op, static_cast<cudaStream_t>(stream),
-      Deadline::call(g.seconds(timeout), call, count, static_cast<int>(t), static_cast<int>(op)));
+  auto s = static_cast<cudaStream_t>(stream);
+  Deadline d = call_deadline(g, timeout, call, count, t, op);
+  if (g.nodes == 1) {
+    c.allreduce(buf, count, t, op, s, d);
+    return c;
+  }
+  auto h = make_header(Kind::Allreduce, count, t, op, ++g.seq);
+  gpu::NcclIntra intra(c, g.local_rank, g.local_size, s);
+  g.gpu->copy->use(s, &c);
+  CrossOptions o{g.s.small_bytes, g.s.bf16_wire};
+  size_t chunk = g.s.pipeline_bytes > 0 ? g.s.pipeline_bytes : kDevicePipelineBytes;
+  NodeLevels levels{g.cross_c,
+                    intra,
+                    *g.gpu->copy,
+                    g.min_local,
+                    std::numeric_limits<size_t>::max(),  // NCCL has no slot: one piece
+                    g.size,
+                    chunk};
+  g.run_guarded(d, [&] { hierarchical_allreduce(levels, buf, count, t, op, h, d, o); });
   return c;
+}
+
+// A stream-ordered scratch buffer of `bytes`, freed on the stream when it goes.
+struct Scratch {
+  void* p = nullptr;
+  cudaStream_t s;
+  Scratch(size_t bytes, cudaStream_t stream) : s(stream) {
+    gpu::check_cuda(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), s), "cudaMallocAsync");
+  }
+  ~Scratch() { (void)cudaFreeAsync(p, s); }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+};
+
+void copy_d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
+  if (bytes == 0 || dst == src) return;
+  gpu::check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s),
+                  "cudaMemcpyAsync (device to device)");
 }
 
 }  // namespace
@@ -77,16 +151,80 @@ bool ProcessGroup::has_gpu_path() { return true; }
 
 void ProcessGroup::allreduce_device(void* buf, size_t count, DType t, Op op, void* stream,
                                     double timeout) {
-  enqueue_allreduce(*this, *impl_, "allreduce_device", buf, count, t, op, stream, timeout);
+  device_allreduce(*this, *impl_, "allreduce_device", buf, count, t, op, stream, timeout);
 }
 
 void ProcessGroup::allreduce_device_sync(void* buf, size_t count, DType t, Op op, void* stream,
                                          double timeout) {
   const char* call = "allreduce_device_sync";
-  gpu::NcclComm& c = enqueue_allreduce(*this, *impl_, call, buf, count, t, op, stream, timeout);
-  c.wait(static_cast<cudaStream_t>(stream),
-         Deadline::call(impl_->seconds(timeout), call, count, static_cast<int>(t),
-                        static_cast<int>(op)));
+  gpu::NcclComm& c =
+      device_allreduce(*this, *impl_, call, buf, count, t, op, stream, timeout);
+  c.wait(static_cast<cudaStream_t>(stream), call_deadline(*impl_, timeout, call, count, t, op));
+}
+
+void ProcessGroup::reduce_scatter_device(const void* in, void* out, size_t count, DType t, Op op,
+                                         void* stream, double timeout) {
+  const char* call = "reduce_scatter_device";
+  Impl& g = *impl_;
+  auto s = static_cast<cudaStream_t>(stream);
+  gpu::NcclComm& c = device_comm(*this, g, call, timeout);
+  if (g.nodes == 1) {
+    c.reduce_scatter(in, out, count, t, op, s, call_deadline(g, timeout, call, count, t, op));
+    return;
+  }
+  size_t es = dtype_size(t), total = count * static_cast<size_t>(g.size);
+  Scratch tmp(total * es, s);
+  copy_d2d(tmp.p, in, total * es, s);
+  device_allreduce(*this, g, call, tmp.p, total, t, op, stream, timeout);
+  copy_d2d(out, static_cast<char*>(tmp.p) + static_cast<size_t>(g.rank) * count * es, count * es,
+           s);
+}
+
+void ProcessGroup::allgather_device(const void* in, void* out, size_t count, DType t,
+                                    void* stream, double timeout) {
+  const char* call = "allgather_device";
+  Impl& g = *impl_;
+  auto s = static_cast<cudaStream_t>(stream);
+  gpu::NcclComm& c = device_comm(*this, g, call, timeout);
+  if (g.nodes == 1) {
+    c.allgather(in, out, count, t, s, call_deadline(g, timeout, call, count, t, Op::Sum));
+    return;
+  }
+  // Zeros everywhere but this rank's block, then a sum: every block is its owner's.
+  size_t es = dtype_size(t), total = count * static_cast<size_t>(g.size);
+  char* mine = static_cast<char*>(out) + static_cast<size_t>(g.rank) * count * es;
+  Scratch keep(count * es, s);  // `in` may alias this rank's block of `out`
+  copy_d2d(keep.p, in, count * es, s);
+  gpu::check_cuda(cudaMemsetAsync(out, 0, total * es, s), "cudaMemsetAsync");
+  copy_d2d(mine, keep.p, count * es, s);
+  device_allreduce(*this, g, call, out, total, t, Op::Sum, stream, timeout);
+}
+
+void ProcessGroup::broadcast_device(void* buf, size_t count, DType t, int root, void* stream,
+                                    double timeout) {
+  const char* call = "broadcast_device";
+  Impl& g = *impl_;
+  if (root < 0 || root >= g.size)
+    throw Error(std::string(call) + ": root " + std::to_string(root) + " is not a rank of the " +
+                std::to_string(g.size) + "-rank group");
+  auto s = static_cast<cudaStream_t>(stream);
+  gpu::NcclComm& c = device_comm(*this, g, call, timeout);
+  if (g.nodes == 1) {
+    c.broadcast(buf, count, t, root, s, call_deadline(g, timeout, call, count, t, Op::Sum));
+    return;
+  }
+  if (g.rank != root)
+    gpu::check_cuda(cudaMemsetAsync(buf, 0, count * dtype_size(t), s), "cudaMemsetAsync");
+  device_allreduce(*this, g, call, buf, count, t, Op::Sum, stream, timeout);
+}
+
+void ProcessGroup::device_synchronize(void* stream, double timeout) {
+  const char* call = "device_synchronize";
+  Impl& g = *impl_;
+  if (!g.gpu || !g.gpu->comm)
+    throw Error(std::string(call) + ": no device-memory call has been made on this group");
+  g.gpu->comm->wait(static_cast<cudaStream_t>(stream),
+                    Deadline::after(g.seconds(timeout), call));
 }
 
 }  // namespace pytorch_exec::dc

@@ -64,18 +64,46 @@ void NcclComm::settle(const Deadline& d, const char* during) {
   }
 }
 
-void NcclComm::allreduce(void* buf, size_t count, DType t, Op op, cudaStream_t stream,
-                         const Deadline& d) {
+void NcclComm::enqueue(const char* call, const std::function<ncclResult_t(ncclComm_t)>& f,
+                       const Deadline& d) {
   if (!comm_)
     throw Error("the NCCL communicator was aborted after an earlier error: " + aborted_why_);
   check_async("an earlier NCCL operation");
-  ncclResult_t r = ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), comm_, stream);
-  if (r == ncclInProgress) settle(d, "ncclAllReduce");  // non-blocking: enqueued when settled
+  ncclResult_t r = f(comm_);
+  if (r == ncclInProgress) settle(d, call);  // non-blocking: enqueued when settled
   if (r != ncclSuccess && r != ncclInProgress) {
-    std::string what = nccl_error_text("ncclAllReduce", r);
+    std::string what = nccl_error_text(call, r);
     abort(what);
     throw Error(what);
   }
+}
+
+void NcclComm::allreduce(void* buf, size_t count, DType t, Op op, cudaStream_t stream,
+                         const Deadline& d) {
+  enqueue("ncclAllReduce", [&](ncclComm_t c) {
+    return ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), c, stream);
+  }, d);
+}
+
+void NcclComm::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op,
+                              cudaStream_t stream, const Deadline& d) {
+  enqueue("ncclReduceScatter", [&](ncclComm_t c) {
+    return ncclReduceScatter(in, out, count, nccl_type(t), nccl_op(op), c, stream);
+  }, d);
+}
+
+void NcclComm::allgather(const void* in, void* out, size_t count, DType t, cudaStream_t stream,
+                         const Deadline& d) {
+  enqueue("ncclAllGather", [&](ncclComm_t c) {
+    return ncclAllGather(in, out, count, nccl_type(t), c, stream);
+  }, d);
+}
+
+void NcclComm::broadcast(void* buf, size_t count, DType t, int root, cudaStream_t stream,
+                         const Deadline& d) {
+  enqueue("ncclBroadcast", [&](ncclComm_t c) {
+    return ncclBroadcast(buf, buf, count, nccl_type(t), root, c, stream);
+  }, d);
 }
 
 void NcclComm::wait(cudaStream_t stream, const Deadline& d) {
@@ -89,10 +117,10 @@ void NcclComm::wait(cudaStream_t stream, const Deadline& d) {
       abort(what);
       throw Error(what);
     }
-    check_async("ncclAllReduce");
+    check_async("an enqueued NCCL operation");
     if (d.passed()) {
-      abort("ncclAllReduce: timed out");
-      d.expire("the other ranks' part of ncclAllReduce");
+      abort("an enqueued NCCL operation: timed out");
+      d.expire("the other ranks' part of the enqueued NCCL operations");
     }
     pause();
   }

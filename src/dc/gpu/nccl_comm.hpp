@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <string>
 
 #include "dc/transport.hpp"
@@ -25,6 +26,20 @@ class NcclComm {
   // Enqueues an in-place allreduce on `stream` (stream-ordered: returns once it is enqueued).
   // Throws if an earlier operation failed.
   void allreduce(void* buf, size_t count, DType t, Op op, cudaStream_t stream, const Deadline& d);
+  // Enqueues `f` (NCCL calls, one call or a ncclGroupStart/End group, named `call`) on this
+  // communicator; stream-ordered, returns once enqueued.  Throws if an earlier operation failed.
+  void enqueue(const char* call, const std::function<ncclResult_t(ncclComm_t)>& f,
+               const Deadline& d);
+  // The other collectives of the API (count: this rank's block, as ProcessGroup's), enqueued.
+  void reduce_scatter(const void* in, void* out, size_t count, DType t, Op op,
+                      cudaStream_t stream, const Deadline& d);
+  void allgather(const void* in, void* out, size_t count, DType t, cudaStream_t stream,
+                 const Deadline& d);
+  void broadcast(void* buf, size_t count, DType t, int root, cudaStream_t stream,
+                 const Deadline& d);
+  // Throws (after aborting) when NCCL reports an asynchronous error; for waits elsewhere (the
+  // copy engine's) that must notice a failed peer.
+  void check_async(const char* during);
   // Waits until `stream` has done its work, or until an error or the deadline: then aborts.
   void wait(cudaStream_t stream, const Deadline& d);
   // ncclCommAbort, once; `why` is kept for later calls' errors.
@@ -33,8 +48,6 @@ class NcclComm {
   int device() const { return device_; }
 
  private:
-  // Throws (after aborting) when NCCL reports an asynchronous error.
-  void check_async(const char* during);
   // Polls until NCCL is no longer ncclInProgress for this communicator.
   void settle(const Deadline& d, const char* during);
 

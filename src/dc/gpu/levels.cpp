@@ -1,0 +1,167 @@
+#include "dc/gpu/levels.hpp"
+
+#include <nccl.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "dc/gpu/status.hpp"
+#include "dc/reduce.hpp"
+#include "dc/ring.hpp"
+
+namespace pytorch_exec::dc::gpu {
+
+namespace {
+
+// ncclRedOpCreatePreMulSum's scalar: 1/divisor in the buffer's type (f32 and f64 only; NCCL
+// takes a half type's scalar as a half, and an integer average would need a division kernel
+// this path does not have).
+struct PreMul {
+  float f32 = 0;
+  double f64 = 0;
+  const void* scalar(DType t, int divisor) {
+    if (t == DType::F32) {
+      f32 = 1.0f / static_cast<float>(divisor);
+      return &f32;
+    }
+    f64 = 1.0 / divisor;
+    return &f64;
+  }
+};
+
+}  // namespace
+
+void NcclIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
+                          int avg_divisor, const CallHeader&, const Deadline& d) {
+  size_t es = dtype_size(t);
+  Blocks b = even_blocks(count, owners);
+  while (static_cast<int>(b.off.size()) < n_ + 1) b.off.push_back(count);
+  auto* base = static_cast<char*>(buf);
+  ncclRedOp_t rop = nccl_op(op);
+  bool premul = op == Op::Avg;
+  if (premul) {
+    if (t != DType::F32 && t != DType::F64)
+      throw Error(std::string("allreduce_device across nodes: Avg on ") + dtype_name(t) +
+                  " is not supported (f32 and f64 are)");
+    PreMul pm;
+    const void* scalar = pm.scalar(t, avg_divisor);
+    c_.enqueue("ncclRedOpCreatePreMulSum", [&](ncclComm_t c) {
+      return ncclRedOpCreatePreMulSum(&rop, const_cast<void*>(scalar), nccl_type(t),
+                                      ncclScalarHostImmediate, c);
+    }, d);
+  }
+  // One NCCL call per non-empty shard j (root: its owner, local rank j), in one group.
+  auto per_shard = [&](const char* call, const std::function<ncclResult_t(char*, size_t, int,
+                                                                          ncclComm_t)>& f) {
+    c_.enqueue(call, [&](ncclComm_t c) {
+      ncclResult_t r = ncclGroupStart();
+      for (int j = 0; j < owners && r == ncclSuccess; ++j)
+        if (b.count(j) > 0) r = f(base + b.off[static_cast<size_t>(j)] * es, b.count(j), j, c);
+      ncclResult_t end = ncclGroupEnd();
+      return r != ncclSuccess ? r : end;
+    }, d);
+  };
+  per_shard("ncclReduce (one per shard, grouped)", [&](char* p, size_t k, int j, ncclComm_t c) {
+    return ncclReduce(p, p, k, nccl_type(t), rop, j, c, stream_);
+  });
+  if (premul)
+    c_.enqueue("ncclRedOpDestroy", [&](ncclComm_t c) { return ncclRedOpDestroy(rop, c); }, d);
+  // The owner's shard across nodes (the copy engine orders its copies after the reduce).
+  if (me_ < owners && b.count(me_) > 0 && cross)
+    cross(base + b.off[static_cast<size_t>(me_)] * es, b.count(me_));
+  per_shard("ncclBroadcast (one per shard, grouped)", [&](char* p, size_t k, int j, ncclComm_t c) {
+    return ncclBroadcast(p, p, k, nccl_type(t), j, c, stream_);
+  });
+}
+
+CudaCopy::CudaCopy() {
+  check_cuda(cudaStreamCreateWithFlags(&up_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  check_cuda(cudaStreamCreateWithFlags(&down_, cudaStreamNonBlocking),
+             "cudaStreamCreateWithFlags");
+  check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), "cudaEventCreate");
+  check_cuda(cudaEventCreateWithFlags(&back_, cudaEventDisableTiming), "cudaEventCreate");
+  for (int s = 0; s < kCopySlots; ++s) {
+    check_cuda(cudaEventCreateWithFlags(&up_done_[s], cudaEventDisableTiming), "cudaEventCreate");
+    check_cuda(cudaEventCreateWithFlags(&down_done_[s], cudaEventDisableTiming),
+               "cudaEventCreate");
+  }
+}
+
+CudaCopy::~CudaCopy() {
+  // Teardown: statuses are ignored (a destructor must not throw; after an abort the context may
+  // be unusable), but nothing is left that a later call could use.
+  for (int s = 0; s < kCopySlots; ++s) {
+    if (pinned_[s]) (void)cudaFreeHost(pinned_[s]);
+    if (up_done_[s]) (void)cudaEventDestroy(up_done_[s]);
+    if (down_done_[s]) (void)cudaEventDestroy(down_done_[s]);
+  }
+  if (ready_) (void)cudaEventDestroy(ready_);
+  if (back_) (void)cudaEventDestroy(back_);
+  if (up_) (void)cudaStreamDestroy(up_);
+  if (down_) (void)cudaStreamDestroy(down_);
+}
+
+void CudaCopy::begin(const Deadline&) {
+  check_cuda(cudaEventRecord(ready_, user_), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(up_, ready_, 0), "cudaStreamWaitEvent");
+  check_cuda(cudaStreamWaitEvent(down_, ready_, 0), "cudaStreamWaitEvent");
+}
+
+void* CudaCopy::host(int slot, void*, size_t bytes) {
+  // Only called for a slot whose previous copies were waited for (pipelined_cross's order).
+  if (pinned_bytes_[slot] < bytes) {
+    if (pinned_[slot]) check_cuda(cudaFreeHost(pinned_[slot]), "cudaFreeHost");
+    pinned_[slot] = nullptr;
+    pinned_bytes_[slot] = 0;
+    check_cuda(cudaHostAlloc(&pinned_[slot], bytes, cudaHostAllocDefault), "cudaHostAlloc");
+    pinned_bytes_[slot] = bytes;
+  }
+  return pinned_[slot];
+}
+
+void CudaCopy::to_host(int slot, void* host, const void* src, size_t bytes) {
+  check_cuda(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDeviceToHost, up_),
+             "cudaMemcpyAsync (device to host)");
+  check_cuda(cudaEventRecord(up_done_[slot], up_), "cudaEventRecord");
+}
+
+void CudaCopy::to_device(int slot, void* dst, const void* host, size_t bytes) {
+  check_cuda(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, down_),
+             "cudaMemcpyAsync (host to device)");
+  check_cuda(cudaEventRecord(down_done_[slot], down_), "cudaEventRecord");
+}
+
+void CudaCopy::wait(cudaEvent_t e, const char* what, const Deadline& d) {
+  for (;;) {
+    cudaError_t r = cudaEventQuery(e);
+    if (r == cudaSuccess) return;
+    if (r != cudaErrorNotReady) {
+      std::string text = cuda_error_text("cudaEventQuery", r) + " (" + what + ")";
+      if (watch_) watch_->abort(text);
+      throw Error(text);
+    }
+    // The copy to the host waits for the node's ncclReduce: a dead peer shows here.
+    if (watch_) watch_->check_async(what);
+    if (d.passed()) {
+      if (watch_) watch_->abort(std::string(what) + ": timed out");
+      d.expire(std::string("the other ranks (") + what + ")");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+void CudaCopy::wait_to_host(int slot, const Deadline& d) {
+  wait(up_done_[slot], "the copy of a chunk to the host", d);
+}
+
+void CudaCopy::wait_to_device(int slot, const Deadline& d) {
+  wait(down_done_[slot], "the copy of a chunk back to the device", d);
+}
+
+void CudaCopy::end(const Deadline&) {
+  check_cuda(cudaEventRecord(back_, down_), "cudaEventRecord");
+  check_cuda(cudaStreamWaitEvent(user_, back_, 0), "cudaStreamWaitEvent");
+}
+
+}  // namespace pytorch_exec::dc::gpu
