@@ -6,14 +6,14 @@
 //
 // CUDA tensors (see device.cpp for the stream semantics): allreduce runs on the GPU through
 // libpytorch_dc's allreduce_device (NCCL) where the tensor is contiguous and its dtype is one the
-// DataChannel reduces as is.  Every other collective on CUDA tensors is host-staged: the task
-// works on the pinned host tensors that its DeviceStage hands out in place of the GPU tensors
-// (stage->in / out / inout, copied on the backend's stream), and runs the host collective, the
-// same code as for CPU tensors.  When the library gains the device calls reduce_scatter_device,
-// allgather_device and broadcast_device, each of reduce_scatter(_tensor), allgather(_into_tensor)
-// and broadcast moves to them as allreduce_one does: stage->native(t) for its tensors, the
-// *_device call on stage->stream() in its task, and the watch.  Sends and receives of CUDA
-// tensors go through host memory synchronously (message()).
+// DataChannel reduces as is; so do broadcast, allgather_into_tensor and reduce_scatter_tensor
+// (broadcast_device, allgather_device, reduce_scatter_device) on contiguous tensors.  Every other
+// collective on CUDA tensors (the list forms of allgather and reduce_scatter, gather, scatter,
+// alltoall, reduce, allreduce_coalesced, and the cases above on non-contiguous tensors or dtypes
+// reduced in a wider type) is host-staged: the task works on the pinned host tensors that its
+// DeviceStage hands out in place of the GPU tensors (stage->in / out / inout, copied on the
+// backend's stream), and runs the host collective, the same code as for CPU tensors.  Sends and
+// receives of CUDA tensors go through host memory synchronously (message()).
 #include "backend.hpp"
 
 #include <sys/eventfd.h>
@@ -31,6 +31,21 @@ namespace {
 
 [[noreturn]] void bad(const char* what, const std::string& why) {
   throw std::invalid_argument(std::string("pytorch_dc: ") + what + ": " + why);
+}
+
+// Whether a collective on these (staged) tensors runs on the GPU itself: CUDA tensors, every one
+// contiguous (the library takes flat device buffers).
+bool on_device(const std::shared_ptr<DeviceStage>& st, const std::vector<at::Tensor>& ts) {
+  if (!st) return false;
+  for (const auto& t : ts)
+    if (!t.is_cuda() || !t.is_contiguous()) return false;
+  return true;
+}
+
+// The watch of a collective on the GPU: waits, bounded, for the backend's stream to get past
+// it (the library aborts its NCCL communicators on an error or at the timeout).
+std::function<void()> stream_watch(std::shared_ptr<dc::ProcessGroup> pg, DeviceStage* d, double s) {
+  return [pg = std::move(pg), d, s] { pg->device_synchronize(d->stream(), s); };
 }
 
 // The host of the TCPStore under `store`, which every rank reaches; "" for other stores.
@@ -279,17 +294,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
   auto st = stage({t}, "allreduce");
   auto pg = pg_;
   double s = seconds(timeout);
-  if (st && t.is_cuda() && t.is_contiguous() && r.wire == t.scalar_type()) {
-    // On the GPU (NCCL), enqueued on the backend's stream; the watch waits, bounded, for the
-    // stream to get past it (a count of 0 enqueues nothing; the library's _sync variant then
-    // waits for the stream, aborting the communicator on an error or the timeout).
+  if (on_device(st, {t}) && r.wire == t.scalar_type()) {
+    // On the GPU (NCCL), enqueued on the backend's stream.
     at::Tensor g = st->native(t);
     DeviceStage* d = st.get();  // the task holds it
     auto n = static_cast<size_t>(g.numel());
     return enqueue(
         c10d::OpType::ALLREDUCE, "allreduce", {t},
         [=] { pg->allreduce_device(g.data_ptr(), n, r.dtype, r.op, d->stream(), s); }, sync, st,
-        [=] { pg->allreduce_device_sync(g.data_ptr(), 0, r.dtype, r.op, d->stream(), s); });
+        stream_watch(pg, d, s));
   }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
@@ -358,6 +371,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& ten
   double s = seconds(opts.timeout);
   int root = static_cast<int>(opts.rootRank);
   auto st = stage({t}, "broadcast");
+  if (on_device(st, {t})) {
+    at::Tensor g = st->native(t);
+    DeviceStage* d = st.get();
+    size_t n = bytes_of(g);
+    return enqueue(
+        c10d::OpType::BROADCAST, "broadcast", {t},
+        [=] { pg->broadcast_device(g.data_ptr(), n, dc::DType::U8, root, d->stream(), s); }, false,
+        st, stream_watch(pg, d, s));
+  }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
       c10d::OpType::BROADCAST, "broadcast", {t},
@@ -413,6 +435,22 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
   auto st = stage(all, "allgather_into_tensor");
   auto pg = pg_;
   double s = seconds(opts.timeout);
+  if (on_device(st, all)) {
+    std::vector<at::Tensor> gi, go;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      gi.push_back(st->native(inputs[k]));
+      go.push_back(st->native(outputs[k]));
+    }
+    DeviceStage* d = st.get();
+    return enqueue(
+        c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outputs,
+        [=] {
+          for (size_t k = 0; k < gi.size(); ++k)
+            pg->allgather_device(gi[k].data_ptr(), go[k].data_ptr(), bytes_of(gi[k]),
+                                 dc::DType::U8, d->stream(), s);
+        },
+        false, st, stream_watch(pg, d, s));
+  }
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
   return enqueue(
       c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outputs,
@@ -538,6 +576,26 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
   auto st = stage(all, "reduce_scatter_tensor");
   auto pg = pg_;
   double s = seconds(opts.timeout);
+  bool as_is = std::all_of(rs.begin(), rs.end(), [&](const Reduction& r) {
+    return r.wire == inputs[0].scalar_type();
+  });
+  if (on_device(st, all) && as_is) {
+    std::vector<at::Tensor> gi, go;
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      gi.push_back(st->native(inputs[k]));
+      go.push_back(st->native(outputs[k]));
+    }
+    DeviceStage* d = st.get();
+    return enqueue(
+        c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outputs,
+        [=] {
+          for (size_t k = 0; k < gi.size(); ++k)
+            pg->reduce_scatter_device(gi[k].data_ptr(), go[k].data_ptr(),
+                                      static_cast<size_t>(go[k].numel()), rs[k].dtype, rs[k].op,
+                                      d->stream(), s);
+        },
+        false, st, stream_watch(pg, d, s));
+  }
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
   return enqueue(
       c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outputs,
