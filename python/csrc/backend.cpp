@@ -42,6 +42,13 @@ bool on_device(const std::shared_ptr<DeviceStage>& st, const std::vector<at::Ten
   return true;
 }
 
+// The GPU tensors themselves, for a collective that runs on them (st->native of each).
+std::vector<at::Tensor> natives(DeviceStage* st, const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : ts) out.push_back(st->native(t));
+  return out;
+}
+
 // The watch of a collective on the GPU: waits, bounded, for the backend's stream to get past
 // it (the library aborts its NCCL communicators on an error or at the timeout).
 std::function<void()> stream_watch(std::shared_ptr<dc::ProcessGroup> pg, DeviceStage* d, double s) {
@@ -436,12 +443,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
   auto pg = pg_;
   double s = seconds(opts.timeout);
   if (on_device(st, all)) {
-    std::vector<at::Tensor> gi, go;
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      gi.push_back(st->native(inputs[k]));
-      go.push_back(st->native(outputs[k]));
-    }
     DeviceStage* d = st.get();
+    std::vector<at::Tensor> gi = natives(d, inputs), go = natives(d, outputs);
     return enqueue(
         c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outputs,
         [=] {
@@ -580,12 +583,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
     return r.wire == inputs[0].scalar_type();
   });
   if (on_device(st, all) && as_is) {
-    std::vector<at::Tensor> gi, go;
-    for (size_t k = 0; k < inputs.size(); ++k) {
-      gi.push_back(st->native(inputs[k]));
-      go.push_back(st->native(outputs[k]));
-    }
     DeviceStage* d = st.get();
+    std::vector<at::Tensor> gi = natives(d, inputs), go = natives(d, outputs);
     return enqueue(
         c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outputs,
         [=] {
