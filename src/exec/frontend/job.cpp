@@ -533,6 +533,13 @@ void JobController::on_node_ready(const std::string& host) {
     logger("exec")->info("node {} is ready: it joins when the last call is over", host);
   else
     logger("exec")->info("node {} is ready: the last call is over", host);
+  // With MAX nodes ready no other can join this generation: the last call ends now (as
+  // torchrun's rendezvous completes at its max_nodes).
+  if (state_ == State::Running && last_call_.pending() && membership_.starting() == 0 &&
+      static_cast<int>(membership_.next_generation().size()) >= cfg_.nnodes_max) {
+    logger("exec")->info("{} node(s) ready, --nnodes MAX: the last call ends now", cfg_.nnodes_max);
+    last_call_.disarm();
+  }
   // The last call may have ended waiting for this node to start (a spare too): the others join.
   if (state_ == State::Running && !last_call_.pending()) on_last_call();
 }
