@@ -1,4 +1,4 @@
-// The environment of every worker (see DESIGN.md, "The worker environment"): the torchrun
+// The environment of every worker (pytorch_exec(1), THE WORKER ENVIRONMENT): the torchrun
 // names, the Open MPI names and PYTORCH_EXEC_*.  A pure function of the launching environment,
 // the job map and the generation.
 #pragma once
