@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 namespace pe {
@@ -32,6 +33,12 @@ std::optional<long long> parse_int(const std::string& s, long long min, long lon
   long long v = std::strtoll(s.c_str(), &end, 10);
   if (errno == ERANGE || *end != '\0' || v < min || v > max) return std::nullopt;
   return v;
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", s);
+  return buf;
 }
 
 std::optional<double> parse_seconds(const std::string& s) {

@@ -19,6 +19,8 @@ std::optional<long long> parse_int(const std::string& s, long long min, long lon
 
 // Parses a non-negative decimal number of seconds such as "5", "0.5"; nullopt otherwise.
 std::optional<double> parse_seconds(const std::string& s);
+// Seconds as parse_seconds reads them back and a person reads them: "5", "0.5", "600".
+std::string seconds_text(double s);
 
 // A valid environment variable name: [A-Za-z_][A-Za-z0-9_]*.
 bool is_env_name(const std::string& s);

@@ -2,16 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <vector>
+
+#include "common/strings.hpp"
 
 namespace pe::ctrl {
 
-std::string silence(double seconds) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "no heartbeat for %g s", seconds);
-  return buf;
-}
+std::string silence(double seconds) { return "no heartbeat for " + seconds_text(seconds) + " s"; }
 
 Heartbeats::Heartbeats(EventLoop& loop, HeartbeatSettings s, SendFn send, SilentFn on_silent,
                        ClockFn clock)

@@ -31,12 +31,6 @@ std::string execd_path() {
   return self.substr(0, self.rfind('/') + 1) + "pytorch_execd";
 }
 
-std::string seconds_word(double s) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.6g", s);
-  return buf;
-}
-
 }  // namespace
 
 std::string shell_quote(const std::string& s) {
@@ -100,9 +94,9 @@ std::vector<std::string> DaemonLauncher::daemon_argv(int node, bool slurm) const
   }
   LaunchConfig defaults;
   if (cfg_.heartbeat_interval != defaults.heartbeat_interval)
-    argv.insert(argv.end(), {"--heartbeat-interval", seconds_word(cfg_.heartbeat_interval)});
+    argv.insert(argv.end(), {"--heartbeat-interval", seconds_text(cfg_.heartbeat_interval)});
   if (cfg_.heartbeat_timeout != defaults.heartbeat_timeout)
-    argv.insert(argv.end(), {"--heartbeat-timeout", seconds_word(cfg_.heartbeat_timeout)});
+    argv.insert(argv.end(), {"--heartbeat-timeout", seconds_text(cfg_.heartbeat_timeout)});
   return argv;
 }
 

@@ -16,6 +16,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "common/strings.hpp"
 #include "exec/ctrl/heartbeat.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/job_map.hpp"
@@ -319,10 +320,8 @@ std::string JobController::reform_without(const std::string& host, const std::st
                         std::to_string(cfg_.nnodes_min);
     // Nothing can bring another node: a static list (-H, an allocation) without sources.
     if (!NodeSources::wanted(cfg_) && !cfg_.join_mode()) return below;
-    char t[32];
-    std::snprintf(t, sizeof t, "%g", cfg_.join_timeout);
     say("node " + host + ": " + why + "; " + below + ": stopping the others and waiting up to " +
-        t + " s for more (--join-timeout)");
+        seconds_text(cfg_.join_timeout) + " s for more (--join-timeout)");
     gathering_ = true;
     gather_called_ = false;
     join_timer_.arm(cfg_.join_timeout);
@@ -479,7 +478,12 @@ void JobController::gather() {
     return;
   }
   say("re-forming the group on " + std::to_string(std::min(have, cfg_.nnodes_max)) + " node(s)");
-  ++scale_events_;
+  next_generation();
+}
+
+// The group stopped for a restart (a failure) or a re-forming (membership): the next generation.
+void JobController::next_generation() {
+  ++(state_ == State::Restarting ? restarts_ : scale_events_);
   ++generation_;
   sink_.clear_tails();
   start_generation();
@@ -488,12 +492,10 @@ void JobController::gather() {
 void JobController::on_join_timeout() {
   if (!gathering_ || (state_ != State::Preparing && state_ != State::Reforming)) return;
   gathering_ = false;
-  char t[32];
-  std::snprintf(t, sizeof t, "%g", cfg_.join_timeout);
   say("only " + std::to_string(membership_.left()) + " of at least " +
       std::to_string(cfg_.nnodes_min) + " node(s) " +
       (state_ == State::Preparing ? "joined" : "left or arrived") + " within the join timeout of " +
-      t + " s (--join-timeout)");
+      seconds_text(cfg_.join_timeout) + " s (--join-timeout)");
   exit_status_ = 1;
   state_ = State::Failing;
   stop_workers(SIGTERM);
@@ -607,11 +609,7 @@ void JobController::on_all_stopped() {
     case State::Reforming:
       timeline_.stopped = ctrl::Heartbeats::steady_seconds();
       if (gathering_) return gather();  // below MIN: the group re-forms when more are there
-      ++(state_ == State::Restarting ? restarts_ : scale_events_);
-      ++generation_;
-      sink_.clear_tails();
-      start_generation();
-      return;
+      return next_generation();
     case State::Failing:
       if (failure_) {
         std::string report = failure_report(

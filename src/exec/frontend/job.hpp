@@ -55,6 +55,7 @@ class JobController : public AgentListener {
   // Join mode: a node asks to join; the first generation waits for MIN of them (gather).
   ctrl::Verdict on_join(const std::string& host, int slots, int node_rank);
   void gather();
+  void next_generation();
   void on_join_timeout();
   // -v: each generation's timeline (detect -> stopped -> re-formed -> all workers running).
   void on_running(int generation);
