@@ -35,10 +35,11 @@ std::string join(const std::vector<std::string>& f) {
   for (auto& x : f) s += x + '\n';
   return s;
 }
-std::vector<std::string> split(const std::string& s) {
+// The fields of `s`, each ended by `end`.
+std::vector<std::string> split(const std::string& s, char end = '\n') {
   std::vector<std::string> out;
   size_t a = 0;
-  for (size_t b; (b = s.find('\n', a)) != std::string::npos; a = b + 1)
+  for (size_t b; (b = s.find(end, a)) != std::string::npos; a = b + 1)
     out.push_back(s.substr(a, b - a));
   return out;
 }
@@ -289,7 +290,30 @@ std::vector<std::string> parse_gathered(const std::string& all, const std::strin
   return out;
 }
 
-std::string facing_address() { return local_address_toward(env_or("MASTER_ADDR", host_name())); }
+std::string transport_address(const std::string& toward) {
+  auto first_with_address = [](const std::string& names) {
+    for (const std::string& n : split(names + ',', ',')) {
+      std::string a = interface_address(n);
+      if (!a.empty()) return a;
+    }
+    return std::string();
+  };
+  std::string chosen = env_or("PYTORCH_DC_SOCKET_IFNAME", "");
+  if (!chosen.empty()) {
+    std::string a = first_with_address(chosen);
+    if (a.empty())
+      throw Error("PYTORCH_DC_SOCKET_IFNAME=" + chosen +
+                  ": no such network interface or RDMA device with an IPv4 address on this host");
+    return a;
+  }
+  if (!env_or("PYTORCH_EXEC_GPU", "").empty()) {
+    std::string a = first_with_address(env_or("PYTORCH_EXEC_NIC", ""));
+    if (!a.empty()) return a;
+  }
+  return local_address_toward(toward);
+}
+
+std::string facing_address() { return transport_address(env_or("MASTER_ADDR", host_name())); }
 
 World bootstrap_process(int tcp_port, double timeout) {
   std::string how = env_or("PYTORCH_DC_BOOTSTRAP", "");

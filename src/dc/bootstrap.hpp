@@ -52,8 +52,16 @@ std::vector<std::string> store_allgather(Store& store, const std::string& key, i
 // The records of an allgather as rank 0 joins them ("<length>:<bytes>" each), `size` of them;
 // Error naming `key` when `all` is malformed.
 std::vector<std::string> parse_gathered(const std::string& all, const std::string& key, int size);
-// This host's address that faces MASTER_ADDR (or its own host name): where its tcp transport
-// listens and what it publishes.
+// This rank's address for its tcp transport (where it listens and what it publishes, so that
+// the traffic of its connections goes through that interface):
+//   PYTORCH_DC_SOCKET_IFNAME set: the first of its comma-separated interfaces or RDMA devices
+//     that has an IPv4 address (Error naming the variable when none has);
+//   else, when pytorch_exec placed the rank on a GPU (PYTORCH_EXEC_GPU), the first of its
+//     rail-aligned NICs (PYTORCH_EXEC_NIC, nearest its GPU first) that has one: the cross-node
+//     step of the rank's shard leaves through its own NIC;
+//   else the address facing `toward` (MASTER_ADDR, or this host's name when that is unset).
+std::string transport_address(const std::string& toward);
+// transport_address(MASTER_ADDR or this host's name).
 std::string facing_address();
 
 // 64 random bits (a group's session number).

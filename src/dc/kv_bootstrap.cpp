@@ -94,7 +94,7 @@ World bootstrap_exchange(int rank, int size, const Exchange& x, int tcp_port, do
   };
   std::string toward = x.toward.empty() ? env_or("MASTER_ADDR", "") : x.toward;
   std::string addr =
-      tcp_port > 0 ? local_address_toward(toward) + ":" + std::to_string(tcp_port) : "";
+      tcp_port > 0 ? transport_address(toward) + ":" + std::to_string(tcp_port) : "";
   std::string domain = env_or("PYTORCH_EXEC_DOMAIN", "0");
   auto all = w.allgather("who", node_of_this_rank(x) + "\n" + addr + "\n" + domain + "\n");
   for (auto& a : all) {

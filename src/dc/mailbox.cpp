@@ -303,7 +303,7 @@ std::unique_ptr<Mailbox> ProcessGroup::mailbox(double timeout) {
   // The same interface as the group's own tcp listener, when it has one.
   Listener l(0, g.tcp_host);
   std::string mine = (g.tcp_host.empty() || g.tcp_host == "0.0.0.0"
-                          ? local_address_toward(env_or("MASTER_ADDR", ""))
+                          ? transport_address(env_or("MASTER_ADDR", ""))
                           : g.tcp_host) +
                      ":" + std::to_string(l.port());
   if (mine.size() >= kAddrBytes) throw Error("mailbox: address too long: " + mine);

@@ -1,6 +1,8 @@
 #include "dc/socket.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -8,12 +10,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <thread>
+#include <vector>
 
 namespace pytorch_exec::dc {
 namespace {
@@ -135,11 +140,22 @@ void split_address(const std::string& addr, std::string& host, int& port, const 
   port = std::atoi(addr.c_str() + colon + 1);
 }
 
-int connect_until(const std::string& host, int port, const Deadline& d, const std::string& what) {
+int connect_until(const std::string& host, int port, const Deadline& d, const std::string& what,
+                  const std::string& source) {
   AddrInfo res = resolve(host, port, SOCK_STREAM);
   if (!res) throw Error(what + ": cannot resolve '" + host + "'");
+  struct sockaddr_in from {};
+  from.sin_family = AF_INET;
+  bool bind_source = !source.empty() && source != "0.0.0.0" &&
+                     ::inet_pton(AF_INET, source.c_str(), &from.sin_addr) == 1;
   for (;;) {
     int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && bind_source &&
+        ::bind(fd, reinterpret_cast<const sockaddr*>(&from), sizeof from) != 0) {
+      int e = errno;
+      ::close(fd);
+      throw Error(what + ": cannot use this host's address " + source + ": " + std::strerror(e));
+    }
     if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
       int one = 1;
       ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -174,6 +190,36 @@ void io_exact(int fd, void* p, size_t n, bool out, const Deadline& d, const std:
     c += r;
     n -= static_cast<size_t>(r);
   }
+}
+
+std::string interface_address(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos || name[0] == '.') return "";
+  std::vector<std::string> netdevs;
+  std::error_code ec;
+  if (std::filesystem::exists("/sys/class/net/" + name, ec)) {
+    netdevs.push_back(name);
+  } else {
+    for (auto& e : std::filesystem::directory_iterator(
+             "/sys/class/infiniband/" + name + "/device/net", ec))
+      netdevs.push_back(e.path().filename().string());
+    std::sort(netdevs.begin(), netdevs.end());
+  }
+  struct ifaddrs* all = nullptr;
+  if (netdevs.empty() || ::getifaddrs(&all) != 0) return "";
+  std::string out;
+  for (const std::string& dev : netdevs) {
+    for (struct ifaddrs* a = all; a && out.empty(); a = a->ifa_next) {
+      if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || dev != a->ifa_name ||
+          !(a->ifa_flags & IFF_UP))
+        continue;
+      char buf[INET_ADDRSTRLEN];
+      auto* sa = reinterpret_cast<const struct sockaddr_in*>(a->ifa_addr);
+      if (::inet_ntop(AF_INET, &sa->sin_addr, buf, sizeof buf)) out = buf;
+    }
+    if (!out.empty()) break;
+  }
+  ::freeifaddrs(all);
+  return out;
 }
 
 std::string local_address_toward(const std::string& toward) {

@@ -31,7 +31,10 @@ class Listener {
 
 // Connects to host:port with TCP_NODELAY, retrying while the other side does not listen yet;
 // TimeoutError (naming `what`) after the deadline, Error if the host cannot be resolved.
-int connect_until(const std::string& host, int port, const Deadline& d, const std::string& what);
+// `source` (an address of this host, "" or "0.0.0.0": the kernel's choice) is the connection's
+// own address, so that it leaves through that address's interface.
+int connect_until(const std::string& host, int port, const Deadline& d, const std::string& what,
+                  const std::string& source = "");
 // The TCP congestion control of a connected socket, by name:
 //   "auto"    the system's default, except that BBR becomes cubic (or reno where an unprivileged
 //             process may not choose cubic).  BBR paces each connection at the bandwidth it has
@@ -53,6 +56,10 @@ void split_address(const std::string& addr, std::string& host, int& port, const 
 // a closed or failed connection is Error("<what>: ...").
 void io_exact(int fd, void* p, size_t n, bool out, const Deadline& d, const std::string& who,
               const std::string& what);
+
+// The IPv4 address of a network interface (eth0, ib0) or of the network interface of an RDMA
+// device (mlx5_0: /sys/class/infiniband/mlx5_0/device/net/); "" when it has none or is down.
+std::string interface_address(const std::string& name);
 
 // The address of this host that reaches `toward` (a host name or address, e.g. MASTER_ADDR);
 // 127.0.0.1 when `toward` is empty or unreachable.

@@ -12,11 +12,15 @@
 //   inter,
 //                               the domains of all ranks, and those of its half after split(rank %
 //                               2)
+//   dc_check hold SECONDS       an allreduce, "ready" on rank 0, SECONDS of sleep with the
+//                               group's connections open (for a look at them from outside),
+//                               a barrier, "done" on rank 0
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "testlib.hpp"
 
@@ -139,6 +143,16 @@ int main(int argc, char** argv) {
         std::printf("ok\n");
       return v == want ? 0 : 1;
     }
+    if (mode == "hold" && argc > 2) {
+      int64_t v = 1;
+      pg->allreduce(&v, 1, DType::I64, Op::Sum);
+      if (pg->rank() == 0) std::printf("ready %lld\n", static_cast<long long>(v));
+      std::fflush(stdout);
+      std::this_thread::sleep_for(std::chrono::duration<double>(std::atof(argv[2])));
+      pg->barrier();
+      if (pg->rank() == 0) std::printf("done\n");
+      return 0;
+    }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
     if (mode == "conformance" && argc > 2) {
       uint64_t seed = std::strtoull(argv[2], nullptr, 10);
@@ -151,7 +165,7 @@ int main(int argc, char** argv) {
                     pg->nodes(), pg->intra_transport().c_str(), pg->inter_transport().c_str());
       return bad ? 1 : 0;
     }
-    std::fprintf(stderr, "usage: dc_check conformance SEED | die RANK | split-exit | info\n");
+    std::fprintf(stderr, "usage: dc_check conformance SEED | die RANK | split-exit | info | hold SECONDS\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dc_check: %s\n", e.what());

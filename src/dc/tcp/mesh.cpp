@@ -30,13 +30,15 @@ constexpr size_t kMaxPending = 64;
 
 // Connects to rank j and proves membership; retries while rank j drops the connection before
 // its reply (it may have been busy with strangers), until the deadline.
-int connect_to(int rank, int j, const std::string& addr, const std::string& key,
-               const Deadline& d) {
+// `source`: this rank's own published address, so that the connection leaves through the
+// interface this rank listens on (its rail NIC: bootstrap.hpp's transport_address()).
+int connect_to(int rank, int j, const std::string& addr, const std::string& source,
+               const std::string& key, const Deadline& d) {
   std::string who = "rank " + std::to_string(j) + " at " + addr, host;
   int port = 0;
   split_address(addr, host, port, "tcp");
   for (;;) {
-    int fd = connect_until(host, port, d, d.describe());
+    int fd = connect_until(host, port, d, d.describe(), source);
     std::string challenge(kNonceBytes, '\0'), nonce, theirs(kProofBytes, '\0');
     try {
       io_exact(fd, challenge.data(), challenge.size(), false, d, who, kSetUp + who);
@@ -151,7 +153,12 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
   int lfd = listener.release();
   const std::string key = hello_key(session);
   try {
-    for (int j = 0; j < rank; ++j) fds[j] = connect_to(rank, j, addrs[j], key, d);
+    std::string source;
+    if (!addrs[static_cast<size_t>(rank)].empty()) {
+      int port = 0;
+      split_address(addrs[static_cast<size_t>(rank)], source, port, "tcp");
+    }
+    for (int j = 0; j < rank; ++j) fds[j] = connect_to(rank, j, addrs[j], source, key, d);
     Acceptor(lfd, rank, fds, key).run(size - 1 - rank, d);
     for (int fd : fds) {
       if (fd < 0) continue;
