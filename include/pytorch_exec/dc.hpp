@@ -150,8 +150,10 @@ class ProcessGroup {
   // overlap the wire; these calls return once the cross-node step is done (the copies back and
   // the gathers inside the node are enqueued).  Across nodes reduce_scatter_device,
   // allgather_device and broadcast_device are allreduces of a scratch buffer (about twice the
-  // traffic), and Avg takes f32 or f64.  The locality domains inside a node are not levels of
-  // their own yet (NCCL spans the node).
+  // traffic), and Avg takes f32 or f64.  Where every node has the same locality domains
+  // (domain()) of the same size, at least two of at least two ranks, local ranks numbered domain
+  // by domain: NCCL inside each domain, then across the domains of the node (rail p: the p-th
+  // rank of each), then the ring across nodes; other layouts: NCCL spans the node.
   static bool has_gpu_path();
   void allreduce_device(void* buf, size_t count, DType t, Op op, void* stream, double timeout = -1);
   void allreduce_device_sync(void* buf, size_t count, DType t, Op op, void* stream,

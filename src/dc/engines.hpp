@@ -4,7 +4,8 @@
 //   IntraEngine  the level inside a node (or locality domain): reduce-scatter into shards, the
 //                cross-node step on each owner's shard, allgather.  Host memory: the node's shm
 //                engine (ShmIntra) or rings over the node's Comm (RingIntra), both here; device
-//                memory: NCCL (gpu/levels.cpp).
+//                memory: NCCL (gpu/levels.cpp).  NestedIntra makes one of two: the ranks of a
+//                locality domain, then the "rails" across the domains of the node.
 //   CopyEngine   moves one chunk of a shard to host memory for the wire and back.  Host memory:
 //                MemcpyCopy, whose "copies" are in place (a shard in host memory goes on the wire
 //                as it is); device memory: cudaMemcpyAsync on copy streams with events
@@ -60,6 +61,29 @@ class RingIntra final : public IntraEngine {
 
  private:
   const Comm& local_;
+};
+
+// The level inside a node as two nested levels (the locality domains of topo::plan_gpu_levels):
+// `domain` over the R ranks of this rank's domain (level rank: its place p in the domain), `rail`
+// over the p-th ranks of the node's D domains (level rank: its domain's index).  The domain level
+// reduce-scatters into shards owned by its first ranks; each owner takes its shard through the
+// rail level, whose owners hand their part to `cross`; both then allgather.  The part of rail p
+// owned by domain i has the same local rank, i*R + p, on every node whose domains are laid out
+// alike (hierarchical.hpp: domain_levels), so that the cross-node Comm of that local rank joins
+// its owners.  `owners` shards are asked for: min(D, owners) rails' parts, on the first
+// owners / min(D, owners) rails (at least 1, at most R).  Op::Avg is the rail level's alone (the
+// domain level sums): the divisor is applied once, whether an engine divides after the
+// cross-node step (host) or pre-multiplies in its reduce (NCCL).
+class NestedIntra final : public IntraEngine {
+ public:
+  NestedIntra(IntraEngine& domain, int per_domain, IntraEngine& rail, int domains)
+      : domain_(domain), rail_(rail), per_domain_(per_domain), domains_(domains) {}
+  void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
+                 int avg_divisor, const CallHeader& h, const Deadline& d) override;
+
+ private:
+  IntraEngine &domain_, &rail_;
+  int per_domain_, domains_;
 };
 
 // Pipeline slots: chunk i uses slot i % kCopySlots, so that chunk i+1 (being copied to the

@@ -41,6 +41,50 @@ void RingIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, c
   if (local_.size() > 1) ring_allgather(local_, buf, b, t, h, d);
 }
 
+void NestedIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
+                            int avg_divisor, const CallHeader& h, const Deadline& d) {
+  int parts = std::clamp(owners, 1, domains_);
+  int rails = std::clamp(owners / parts, 1, per_domain_);
+  Cross rail = [&](void* shard, size_t k) {
+    rail_.allreduce(shard, k, t, op, parts, cross, avg_divisor, h, d);
+  };
+  domain_.allreduce(buf, count, t, op == Op::Avg ? Op::Sum : op, rails, rail, avg_divisor, h, d);
+}
+
+DomainLevels domain_levels(const std::vector<int>& node_of, const std::vector<int>& domain_of,
+                           int rank) {
+  DomainLevels none, mine;
+  int nodes = node_of.empty() ? 0 : *std::max_element(node_of.begin(), node_of.end()) + 1;
+  if (nodes < 2 || domain_of.size() != node_of.size()) return none;
+  // Each node's domains in local-rank order, as runs of consecutive equal values.
+  std::vector<std::vector<int>> runs(static_cast<size_t>(nodes));  // the runs' lengths
+  std::vector<std::vector<int>> seen(static_cast<size_t>(nodes));  // the runs' domains
+  std::vector<int> local(node_of.size()), ranks_on(static_cast<size_t>(nodes));
+  for (size_t r = 0; r < node_of.size(); ++r) {
+    auto n = static_cast<size_t>(node_of[r]);
+    local[r] = ranks_on[n]++;
+    if (seen[n].empty() || seen[n].back() != domain_of[r]) {
+      // A domain whose ranks are not consecutive: its ranks' local ranks would not line up.
+      if (std::find(seen[n].begin(), seen[n].end(), domain_of[r]) != seen[n].end()) return none;
+      seen[n].push_back(domain_of[r]);
+      runs[n].push_back(0);
+    }
+    ++runs[n].back();
+  }
+  for (auto& v : runs)
+    if (v != runs[0]) return none;
+  const auto& layout = runs[0];
+  if (layout.size() < 2 || layout[0] < 2) return none;
+  for (int k : layout)
+    if (k != layout[0]) return none;
+  mine.nested = true;
+  mine.domains = static_cast<int>(layout.size());
+  mine.per_domain = layout[0];
+  mine.domain = local[static_cast<size_t>(rank)] / mine.per_domain;
+  mine.rail = local[static_cast<size_t>(rank)] % mine.per_domain;
+  return mine;
+}
+
 void* MemcpyCopy::host(int slot, void* src, size_t bytes) {
   if (!staged_) return src;
   auto& s = slots_[slot];

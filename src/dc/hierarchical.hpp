@@ -8,6 +8,8 @@
 //      through the CopyEngine (pipelined_cross): host memory goes on the wire in place, device
 //      memory through pinned host buffers;
 //   3. inside each node, the IntraEngine allgathers the shards.
+// Where the nodes' locality domains are levels of their own (domain_levels), steps 1 and 3 are a
+// NestedIntra: inside each domain, then across the domains of the node (engines.hpp).
 // Host memory: the node's shm engine (ShmIntra) or rings over the local Comm (RingIntra) and
 // MemcpyCopy (collectives.cpp); device memory: NCCL and cudaMemcpyAsync (gpu/).
 //
@@ -16,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "dc/comm.hpp"
 #include "dc/engines.hpp"
@@ -43,6 +46,23 @@ struct NodeLevels {
   int contributors;    // the group's size: what Op::Avg divides by
   size_t chunk_bytes;  // pipeline chunk of the cross-node step; 0: a shard is one chunk
 };
+
+// Whether the locality domains of a group's nodes are levels of their own (NestedIntra), and
+// this rank's place in them.  Nested only when the group spans nodes and every node has the same
+// layout: more than one domain, the same number of domains, the same number (more than one) of
+// ranks in each, local ranks numbered domain by domain (a domain's ranks consecutive), so that a
+// shard's owner has the same local rank on every node.  Otherwise (or on one node) not nested:
+// the node is one level.  `node_of`, `domain_of`: by group rank (ProcessGroup::Impl's); local
+// ranks go by group rank on each node.
+struct DomainLevels {
+  bool nested = false;
+  int domains = 1;     // D, on every node
+  int per_domain = 0;  // R, in every domain
+  int domain = 0;      // this rank's domain, 0 ... D-1 in local-rank order: its rank on its rail
+  int rail = 0;        // this rank's place in its domain, 0 ... R-1: its rank in the domain
+};
+DomainLevels domain_levels(const std::vector<int>& node_of, const std::vector<int>& domain_of,
+                           int rank);
 
 void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType t, Op op,
                             const CallHeader& h, const Deadline& d, const CrossOptions& o);

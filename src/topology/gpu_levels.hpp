@@ -1,10 +1,12 @@
 // The plan of the GPU path's levels: the rings (NCCL communicators or host rings) a job builds
 // and which shard of the cross-node step each rank owns.  A pure function of each node's
 // topology analysis and its ranks' placement (--display-topology, --display-map, --dry-run show
-// it).  The DataChannel's GPU path (src/dc/gpu/device.cpp) builds level 3 and, as one NCCL
-// communicator of each node's ranks, levels 1 and 2 together (the domains of a node are not
-// levels of their own yet, nor are the rail NICs used by its tcp ring); one node: one NCCL
-// communicator of all ranks.
+// it).  The DataChannel's GPU path (src/dc/gpu/device.cpp) builds level 3 and, where every node
+// has the same domains of the same size with its local ranks numbered domain by domain
+// (dc::domain_levels), levels 1 and 2 as NCCL communicators of their own (level 2 always NCCL:
+// the shm alternative is not built); with other layouts, one NCCL communicator of each node's
+// ranks for levels 1 and 2 together; one node: one NCCL communicator of all ranks.  Its tcp ring
+// does not use the rail NICs yet.  Compiled, never run on a GPU in this project's tests.
 //
 //   level 1  inside each locality domain (NVLink island, root complex): NCCL among its ranks;
 //   level 2  across the domains of a node: "rail" p joins the p-th rank of every domain (p below

@@ -5,10 +5,20 @@
 //   a communicator of the node's ranks (ncclCommInitRank; each node's first rank makes the id,
 //   the ids are allgathered over the host transports) and CudaCopy: each local rank owns a shard,
 //   which goes across nodes over the group's host ring (tcp or mpi) through pinned buffers in
-//   pipeline chunks.  The locality domains inside a node (level 2 of topo::plan_gpu_levels) are
-//   not separate levels yet: NCCL spans the node.
+//   pipeline chunks.
+//   Several nodes whose ranks are in more than one locality domain (PYTORCH_EXEC_DOMAIN), every
+//   node laid out alike (dc::domain_levels): the levels of topo::plan_gpu_levels, as a
+//   NestedIntra of two NcclIntra: level 1 on a communicator of this rank's domain, level 2 on
+//   one of its rail (the p-th rank of every domain of the node), both ncclCommSplit from the
+//   node's communicator (color: the domain's index, resp. the rail; key: the local rank): the
+//   node's ranks are the parent's already, so no id goes over the host transports and no rank
+//   outside the node is involved.  Level 3 as above: shard s is owned by local rank
+//   (s % D) * R + s / D on every node, whose cross-node ring joins them.  Other layouts keep the
+//   node's one communicator.  The rail level is not yet told apart by whether its GPUs reach
+//   each other without a SYS path (the plan's shm alternative): it is always NCCL.
 // Communicators and the copy engine are cached in the group; a communicator is aborted on any
-// error or timeout, after which the calls throw.  reduce_scatter, allgather and broadcast across
+// error or timeout, after which the calls throw; an error in a call across nodes aborts all of
+// the group's communicators.  reduce_scatter, allgather and broadcast across
 // nodes are allreduces of a stream-ordered scratch buffer (Sum; zeros where a rank has nothing):
 // correct, at about twice the traffic of dedicated algorithms.
 // Compiled here (no GPU), never run on one.
@@ -19,6 +29,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "dc/gpu/levels.hpp"
@@ -33,7 +44,16 @@ namespace gpu {
 
 struct DeviceState {
   std::unique_ptr<NcclComm> comm;  // one node: the whole group; several: this node's ranks
-  std::unique_ptr<CudaCopy> copy;  // several nodes: the cross-node step's copies
+  DomainLevels levels;             // several nodes: whether the domains are levels (nested)
+  std::unique_ptr<NcclComm> domain, rail;  // nested: levels 1 and 2, split from `comm`
+  std::unique_ptr<CudaCopy> copy;          // several nodes: the cross-node step's copies
+  // The communicators made, the node's first.
+  NcclComms all() const {
+    NcclComms v;
+    for (auto* c : {comm.get(), domain.get(), rail.get()})
+      if (c) v.push_back(c);
+    return v;
+  }
 };
 
 }  // namespace gpu
@@ -56,15 +76,17 @@ void require_gpu(const char* call) {
 }
 
 // The group's communicator (of the node's ranks when the group spans nodes), made collectively
-// at the first call.
+// at the first call, with the domain and rail levels split from it where they nest.
 gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
                            double timeout) {
   require_gpu(call);
   int dev = -1;
   gpu::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   if (g.gpu && g.gpu->comm) {
-    if (g.gpu->comm->aborted())
-      throw Error(std::string(call) + ": the group's NCCL communicator was aborted after an error");
+    for (gpu::NcclComm* c : g.gpu->all())
+      if (c->aborted())
+        throw Error(std::string(call) +
+                    ": the group's NCCL communicator was aborted after an error");
     if (g.gpu->comm->device() != dev)
       throw Error(std::string(call) + ": the group's NCCL communicator is on GPU " +
                   std::to_string(g.gpu->comm->device()) + ", the current device is GPU " +
@@ -86,6 +108,14 @@ gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* 
     size_t first = static_cast<size_t>(
         std::find(g.node_of.begin(), g.node_of.end(), g.node) - g.node_of.begin());
     state->comm = std::make_unique<gpu::NcclComm>(g.local_rank, g.local_size, ids[first], d);
+    state->levels = domain_levels(g.node_of, g.domain_of, g.rank);
+    const DomainLevels& l = state->levels;
+    if (l.nested) {
+      state->domain = std::make_unique<gpu::NcclComm>(*state->comm, l.domain, g.local_rank, l.rail,
+                                                      l.per_domain, d);
+      state->rail = std::make_unique<gpu::NcclComm>(*state->comm, l.rail, g.local_rank, l.domain,
+                                                    l.domains, d);
+    }
     state->copy = std::make_unique<gpu::CudaCopy>();
   }
   g.gpu = state;
@@ -100,31 +130,46 @@ Deadline call_deadline(ProcessGroup::Impl& g, double timeout, const char* call, 
 
 // The in-place allreduce of `call`: enqueued on `stream` on one node; across nodes the
 // hierarchical orchestration, which returns when the cross-node step is done and the rest is
-// enqueued.  The communicator it used.
-gpu::NcclComm& device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
-                                void* buf, size_t count, DType t, Op op, void* stream,
-                                double timeout) {
+// enqueued.
+void device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call, void* buf,
+                      size_t count, DType t, Op op, void* stream, double timeout) {
   gpu::NcclComm& c = device_comm(pg, g, call, timeout);
   auto s = static_cast<cudaStream_t>(stream);
   Deadline d = call_deadline(g, timeout, call, count, t, op);
   if (g.nodes == 1) {
     c.allreduce(buf, count, t, op, s, d);
-    return c;
+    return;
   }
+  if (op == Op::Avg) gpu::require_avg(t);
   auto h = make_header(Kind::Allreduce, count, t, op, ++g.seq);
-  gpu::NcclIntra intra(c, g.local_rank, g.local_size, s);
-  g.gpu->copy->use(s, &c);
+  gpu::DeviceState& st = *g.gpu;
+  const DomainLevels& l = st.levels;
+  gpu::NcclIntra node(c, g.local_rank, g.local_size, s);
+  std::optional<gpu::NcclIntra> domain, rail;
+  std::optional<NestedIntra> nested;
+  IntraEngine* intra = &node;
+  if (l.nested) {
+    domain.emplace(*st.domain, l.rail, l.per_domain, s);
+    rail.emplace(*st.rail, l.domain, l.domains, s);
+    intra = &nested.emplace(*domain, l.per_domain, *rail, l.domains);
+  }
+  st.copy->use(s, st.all());
   CrossOptions o{g.s.small_bytes, g.s.bf16_wire};
   size_t chunk = g.s.pipeline_bytes > 0 ? g.s.pipeline_bytes : kDevicePipelineBytes;
   NodeLevels levels{g.cross_c,
-                    intra,
+                    *intra,
                     *g.gpu->copy,
                     g.min_local,
                     std::numeric_limits<size_t>::max(),  // NCCL has no slot: one piece
                     g.size,
                     chunk};
-  g.run_guarded(d, [&] { hierarchical_allreduce(levels, buf, count, t, op, h, d, o); });
-  return c;
+  try {
+    g.run_guarded(d, [&] { hierarchical_allreduce(levels, buf, count, t, op, h, d, o); });
+  } catch (const std::exception& e) {
+    // The node's other ranks may wait in a level whose collective this rank will not join.
+    gpu::abort(st.all(), e.what());
+    throw;
+  }
 }
 
 // A stream-ordered scratch buffer of `bytes`, freed on the stream when it goes.
@@ -157,9 +202,9 @@ void ProcessGroup::allreduce_device(void* buf, size_t count, DType t, Op op, voi
 void ProcessGroup::allreduce_device_sync(void* buf, size_t count, DType t, Op op, void* stream,
                                          double timeout) {
   const char* call = "allreduce_device_sync";
-  gpu::NcclComm& c =
-      device_allreduce(*this, *impl_, call, buf, count, t, op, stream, timeout);
-  c.wait(static_cast<cudaStream_t>(stream), call_deadline(*impl_, timeout, call, count, t, op));
+  device_allreduce(*this, *impl_, call, buf, count, t, op, stream, timeout);
+  gpu::wait(static_cast<cudaStream_t>(stream), impl_->gpu->all(),
+            call_deadline(*impl_, timeout, call, count, t, op));
 }
 
 void ProcessGroup::reduce_scatter_device(const void* in, void* out, size_t count, DType t, Op op,
@@ -223,8 +268,8 @@ void ProcessGroup::device_synchronize(void* stream, double timeout) {
   Impl& g = *impl_;
   if (!g.gpu || !g.gpu->comm)
     throw Error(std::string(call) + ": no device-memory call has been made on this group");
-  g.gpu->comm->wait(static_cast<cudaStream_t>(stream),
-                    Deadline::after(g.seconds(timeout), call));
+  gpu::wait(static_cast<cudaStream_t>(stream), g.gpu->all(),
+            Deadline::after(g.seconds(timeout), call));
 }
 
 }  // namespace pytorch_exec::dc

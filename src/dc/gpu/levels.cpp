@@ -32,6 +32,12 @@ struct PreMul {
 
 }  // namespace
 
+void require_avg(DType t) {
+  if (t != DType::F32 && t != DType::F64)
+    throw Error(std::string("allreduce_device across nodes: Avg on ") + dtype_name(t) +
+                " is not supported (f32 and f64 are)");
+}
+
 void NcclIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
                           int avg_divisor, const CallHeader&, const Deadline& d) {
   size_t es = dtype_size(t);
@@ -41,9 +47,7 @@ void NcclIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, c
   ncclRedOp_t rop = nccl_op(op);
   bool premul = op == Op::Avg;
   if (premul) {
-    if (t != DType::F32 && t != DType::F64)
-      throw Error(std::string("allreduce_device across nodes: Avg on ") + dtype_name(t) +
-                  " is not supported (f32 and f64 are)");
+    require_avg(t);
     PreMul pm;
     const void* scalar = pm.scalar(t, avg_divisor);
     c_.enqueue("ncclRedOpCreatePreMulSum", [&](ncclComm_t c) {
@@ -138,13 +142,13 @@ void CudaCopy::wait(cudaEvent_t e, const char* what, const Deadline& d) {
     if (r == cudaSuccess) return;
     if (r != cudaErrorNotReady) {
       std::string text = cuda_error_text("cudaEventQuery", r) + " (" + what + ")";
-      if (watch_) watch_->abort(text);
+      abort(watch_, text);
       throw Error(text);
     }
-    // The copy to the host waits for the node's ncclReduce: a dead peer shows here.
-    if (watch_) watch_->check_async(what);
+    // The copy to the host waits for the node's ncclReduce(s): a dead peer shows here.
+    check_async(watch_, what);
     if (d.passed()) {
-      if (watch_) watch_->abort(std::string(what) + ": timed out");
+      abort(watch_, std::string(what) + ": timed out");
       d.expire(std::string("the other ranks (") + what + ")");
     }
     std::this_thread::sleep_for(std::chrono::microseconds(20));

@@ -3,25 +3,34 @@
 //              cross-node step on it, per-owner ncclBroadcast back (uneven shards and owners
 //              fewer than the level's ranks, as the host engines allow); Op::Avg reduces each
 //              rank's contribution pre-multiplied by 1/avg_divisor (ncclRedOpCreatePreMulSum),
-//              so that the sum across nodes is the average.
+//              so that the sum across nodes is the average.  Nested in a NestedIntra
+//              (engines.hpp) for the locality domains of a node, one NcclIntra per level: the
+//              domain's ranks and the rail's, and only the rail's gets Op::Avg.
 //   CudaCopy   cudaMemcpyAsync on two copy streams of its own (to the host, back to the device)
 //              into pinned host buffers, one per pipeline slot, completion by events; begin()
 //              makes the copy streams wait for the user's stream, end() the user's stream for the
-//              copies back.  Waits poll the event, the communicator's asynchronous error and the
-//              deadline: an error or timeout aborts the communicator and throws.
+//              copies back.  Waits poll the event, the asynchronous errors of the call's
+//              communicators (every level's) and the deadline: an error or timeout aborts them
+//              all and throws.
 // Both are compiled here (no GPU) and have never run on one.  Threads: the group's.
 #pragma once
 
 #include <cuda_runtime_api.h>
+
+#include <utility>
 
 #include "dc/engines.hpp"
 #include "dc/gpu/nccl_comm.hpp"
 
 namespace pytorch_exec::dc::gpu {
 
+// Throws unless NcclIntra can average `t` (f32, f64).  For a caller whose ranks do not all reach
+// the NcclIntra that averages (the rail level of a NestedIntra): it checks first, on every rank.
+void require_avg(DType t);
+
 class NcclIntra final : public IntraEngine {
  public:
-  // `level`: the ranks of this node (level rank = local rank); `stream`: the user's.
+  // `level`: the ranks of this node, of a domain or of a rail; `stream`: the user's.
   NcclIntra(NcclComm& level, int level_rank, int level_size, cudaStream_t stream)
       : c_(level), me_(level_rank), n_(level_size), stream_(stream) {}
   void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
@@ -40,10 +49,10 @@ class CudaCopy final : public CopyEngine {
   ~CudaCopy() override;
   CudaCopy(const CudaCopy&) = delete;
   CudaCopy& operator=(const CudaCopy&) = delete;
-  // The user's stream and the communicator whose errors the waits watch, for the next call.
-  void use(cudaStream_t user, NcclComm* watch) {
+  // The user's stream and the communicators whose errors the waits watch, for the next call.
+  void use(cudaStream_t user, NcclComms watch) {
     user_ = user;
-    watch_ = watch;
+    watch_ = std::move(watch);
   }
 
   void begin(const Deadline& d) override;
@@ -58,7 +67,7 @@ class CudaCopy final : public CopyEngine {
   void wait(cudaEvent_t e, const char* what, const Deadline& d);
 
   cudaStream_t user_ = nullptr, up_ = nullptr, down_ = nullptr;
-  NcclComm* watch_ = nullptr;
+  NcclComms watch_;
   cudaEvent_t ready_ = nullptr, back_ = nullptr;
   cudaEvent_t up_done_[kCopySlots] = {}, down_done_[kCopySlots] = {};
   void* pinned_[kCopySlots] = {};

@@ -21,6 +21,35 @@ NcclComm::NcclComm(int rank, int size, const ncclUniqueId& id, const Deadline& d
   settle(d, "ncclCommInitRankConfig");
 }
 
+NcclComm::NcclComm(NcclComm& parent, int color, int key, int rank, int size, const Deadline& d)
+    : device_(parent.device_) {
+  parent.require_live();
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r = ncclCommSplit(parent.comm_, color, key, &comm_, &config);
+  if (r != ncclSuccess && r != ncclInProgress) {
+    std::string what = nccl_error_text("ncclCommSplit", r);
+    if (comm_) abort(what);
+    parent.abort(what);  // the other ranks of the parent wait in their split
+    throw Error(what);
+  }
+  if (!comm_) throw Error("ncclCommSplit: no communicator for color " + std::to_string(color));
+  // A constructor that throws has no destructor: whatever fails from here aborts the new one.
+  try {
+    settle(d, "ncclCommSplit");
+    parent.settle(d, "ncclCommSplit (the parent communicator)");
+    int n = 0, me = -1;
+    check_nccl(ncclCommCount(comm_, &n), "ncclCommCount");
+    check_nccl(ncclCommUserRank(comm_, &me), "ncclCommUserRank");
+    if (n != size || me != rank)
+      throw Error("ncclCommSplit: rank " + std::to_string(me) + " of " + std::to_string(n) +
+                  ", expected rank " + std::to_string(rank) + " of " + std::to_string(size));
+  } catch (const std::exception& e) {
+    abort(e.what());
+    throw;
+  }
+}
+
 NcclComm::~NcclComm() {
   if (comm_) {
     // Finalize would wait for the peers; destruction must not hang.
@@ -36,7 +65,13 @@ void NcclComm::abort(const std::string& why) {
   comm_ = nullptr;
 }
 
+void NcclComm::require_live() const {
+  if (!comm_)
+    throw Error("the NCCL communicator was aborted after an earlier error: " + aborted_why_);
+}
+
 void NcclComm::check_async(const char* during) {
+  require_live();
   ncclResult_t state = ncclSuccess;
   ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
   if (r != ncclSuccess) state = r;
@@ -66,8 +101,6 @@ void NcclComm::settle(const Deadline& d, const char* during) {
 
 void NcclComm::enqueue(const char* call, const std::function<ncclResult_t(ncclComm_t)>& f,
                        const Deadline& d) {
-  if (!comm_)
-    throw Error("the NCCL communicator was aborted after an earlier error: " + aborted_why_);
   check_async("an earlier NCCL operation");
   ncclResult_t r = f(comm_);
   if (r == ncclInProgress) settle(d, call);  // non-blocking: enqueued when settled
@@ -106,20 +139,36 @@ void NcclComm::broadcast(void* buf, size_t count, DType t, int root, cudaStream_
   }, d);
 }
 
-void NcclComm::wait(cudaStream_t stream, const Deadline& d) {
-  if (!comm_)
-    throw Error("the NCCL communicator was aborted after an earlier error: " + aborted_why_);
+void NcclComm::wait(cudaStream_t stream, const Deadline& d) { gpu::wait(stream, {this}, d); }
+
+void check_async(const NcclComms& cs, const char* during) {
+  for (NcclComm* c : cs) {
+    try {
+      c->check_async(during);
+    } catch (const Error& e) {
+      abort(cs, e.what());
+      throw;
+    }
+  }
+}
+
+void abort(const NcclComms& cs, const std::string& why) {
+  for (NcclComm* c : cs) c->abort(why);
+}
+
+void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d) {
+  for (NcclComm* c : cs) c->require_live();
   for (;;) {
     cudaError_t e = cudaStreamQuery(stream);
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) {
       std::string what = cuda_error_text("cudaStreamQuery", e);
-      abort(what);
+      abort(cs, what);
       throw Error(what);
     }
-    check_async("an enqueued NCCL operation");
+    check_async(cs, "an enqueued NCCL operation");
     if (d.passed()) {
-      abort("an enqueued NCCL operation: timed out");
+      abort(cs, "an enqueued NCCL operation: timed out");
       d.expire("the other ranks' part of the enqueued NCCL operations");
     }
     pause();
