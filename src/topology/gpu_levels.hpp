@@ -6,7 +6,8 @@
 // (dc::domain_levels), levels 1 and 2 as NCCL communicators of their own (level 2 always NCCL:
 // the shm alternative is not built); with other layouts, one NCCL communicator of each node's
 // ranks for levels 1 and 2 together; one node: one NCCL communicator of all ranks.  Its tcp ring
-// does not use the rail NICs yet.  Compiled, never run on a GPU in this project's tests.
+// runs from each rank's first rail NIC that has an IPv4 address (dc::transport_address).
+// Compiled, never run on a GPU in this project's tests.
 //
 //   level 1  inside each locality domain (NVLink island, root complex): NCCL among its ranks;
 //   level 2  across the domains of a node: "rail" p joins the p-th rank of every domain (p below
