@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,16 +13,22 @@
 #include <cstdio>
 #include <cstring>
 #include <thread>
+#include <vector>
 
+#include "dc/bootstrap.hpp"
 #include "dc/reduce.hpp"
 #include "dc/ring.hpp"
 
 namespace pytorch_exec::dc::shm {
 namespace {
 
-constexpr uint64_t kMagic = 0x73686d2d64637031;  // "shm-dcp1"
+constexpr uint64_t kMagic = 0x73686d2d64637032;  // "shm-dcp2"
 // Two local ranks reduce small pieces both (one hand-over); larger ones are split in shards.
 constexpr size_t kPairBytes = 2048;
+// An owner writes its shard of a round with a cross-node step straight into the other local
+// ranks' buffers (process_vm_writev: one copy instead of two, through its slot and out of it)
+// when the shard has at least this many bytes; below, the system call costs more than the copy.
+constexpr size_t kDirectBytes = 16 << 10;
 
 // A sequence counter on its own cache line; `in` carries the call of its round on the same
 // line, so that an owner learns both from one transfer.  The call is kept per round parity, like
@@ -35,6 +42,12 @@ struct alignas(64) RankState {
   Counter in, out, read;
   std::atomic<uint32_t> failed;
   int32_t pid;
+  uint64_t buf[2];     // the caller's buffer of the round (by parity), published with `in`
+  uint32_t direct[2];  // this owner wrote its shard into every other rank's buffer (with `out`)
+  // A random number at an address of this rank's own memory: a rank that reads it there through
+  // `pid` knows that `pid` names this rank (not another process, as it could in another PID
+  // namespace) before it writes into its buffers.
+  uint64_t cookie, cookie_at;
 };
 struct Header {
   uint64_t magic;
@@ -111,6 +124,10 @@ class EngineImpl : public AllreduceEngine {
     states_ = reinterpret_cast<RankState*>(seg_->base() + 4096);
     data_ = seg_->base() + data_offset(n);
     states_[me_].pid = ::getpid();
+    cookie_ = random64() | 1;
+    states_[me_].cookie = cookie_;
+    states_[me_].cookie_at = reinterpret_cast<uintptr_t>(&cookie_);
+    verified_.assign(static_cast<size_t>(n), false);
   }
 
   static size_t data_offset(int n) {
@@ -149,6 +166,7 @@ class EngineImpl : public AllreduceEngine {
     for (int j = 0; j < owners; ++j)
       if (j != me_) copy(slot(seq, me_), buf, blk, j, es);
     states_[me_].in.call[seq & 1] = *h_;
+    states_[me_].buf[seq & 1] = reinterpret_cast<uintptr_t>(buf);
     states_[me_].in.v.store(seq, std::memory_order_release);
     if (me_ < owners) {
       wait_all(n_, &RankState::in, seq, d, "to contribute");
@@ -159,6 +177,7 @@ class EngineImpl : public AllreduceEngine {
       // Published a few KiB at a time, while the result is still in the first-level cache; with
       // a cross-node step in between, the whole shard at once.
       size_t step = cross ? std::max<size_t>(cnt, 1) : std::max<size_t>(1, (16 << 10) / es);
+      bool direct = false;
       for (size_t o = 0; o < cnt; o += step) {
         size_t k = std::min(step, cnt - o);
         char* part = mine + o * es;
@@ -166,13 +185,16 @@ class EngineImpl : public AllreduceEngine {
           if (r != me_) reduce_into(part, slot(seq, r) + (first + o) * es, k, t, op);
         if (cross) cross(part, k);
         if (op == Op::Avg) finish_avg(part, k, t, avg_divisor);
-        std::memcpy(slot(seq, me_) + (first + o) * es, part, k * es);
+        direct = cross && k * es >= kDirectBytes &&
+                 write_others(seq, part, (first + o) * es, k * es);
+        if (!direct) std::memcpy(slot(seq, me_) + (first + o) * es, part, k * es);
       }
+      states_[me_].direct[seq & 1] = direct;
       states_[me_].out.v.store(seq, std::memory_order_release);
     }
     wait_all(owners, &RankState::out, seq, d, "to reduce its shard");
     for (int j = 0; j < owners; ++j)
-      if (j != me_) copy(buf, slot(seq, j), blk, j, es);
+      if (j != me_ && !states_[j].direct[seq & 1]) copy(buf, slot(seq, j), blk, j, es);
     states_[me_].read.v.store(seq, std::memory_order_release);
   }
 
@@ -192,6 +214,47 @@ class EngineImpl : public AllreduceEngine {
     reduce_into(buf, slot(seq, peer), m, t, op);
     if (op == Op::Avg) finish_avg(buf, m, t, avg_divisor);
     states_[me_].read.v.store(seq, std::memory_order_release);
+  }
+
+  // The owner's reduced shard (`bytes` at `from`, at byte `offset` of the piece) written into the
+  // buffer of every other local rank of the round (its address came with its `in`; it waits for
+  // this owner's `out` before it looks at it), one copy from process to process.  False when
+  // the system does not allow it (no CMA, another user, a seccomp policy, a pid that is not the
+  // rank's: never tried again) or a write was short; the caller then publishes the shard through
+  // its slot, which every rank copies over what may have been written.
+  bool write_others(uint64_t seq, const char* from, size_t offset, size_t bytes) {
+    if (!direct_ok_) return false;
+    for (int r = 0; r < n_; ++r) {
+      if (r == me_) continue;
+      if (!verified_[static_cast<size_t>(r)] && !(direct_ok_ = is_rank(r))) return false;
+      verified_[static_cast<size_t>(r)] = true;
+      struct iovec local {
+        const_cast<char*>(from), bytes
+      };
+      struct iovec remote {
+        reinterpret_cast<void*>(static_cast<uintptr_t>(states_[r].buf[seq & 1]) + offset), bytes
+      };
+      ssize_t n = ::process_vm_writev(states_[r].pid, &local, 1, &remote, 1, 0);
+      if (n == static_cast<ssize_t>(bytes)) continue;
+      if (n < 0 && (errno == EPERM || errno == ENOSYS || errno == EACCES || errno == ESRCH))
+        direct_ok_ = false;
+      return false;
+    }
+    return true;
+  }
+
+  // Whether local rank r's pid reaches its memory: its cookie, read from where it says it is.
+  bool is_rank(int r) const {
+    uint64_t seen = 0;
+    struct iovec local {
+      &seen, sizeof seen
+    };
+    struct iovec remote {
+      reinterpret_cast<void*>(static_cast<uintptr_t>(states_[r].cookie_at)), sizeof seen
+    };
+    return ::process_vm_readv(states_[r].pid, &local, 1, &remote, 1, 0) ==
+               static_cast<ssize_t>(sizeof seen) &&
+           seen == states_[r].cookie;
   }
 
   // Copies shard j of a piece from one buffer to the other.
@@ -252,6 +315,9 @@ class EngineImpl : public AllreduceEngine {
   char* data_;
   uint64_t seq_ = 0;
   const CallHeader* h_ = nullptr;
+  bool direct_ok_ = true;       // process_vm_writev into the other local ranks works
+  std::vector<bool> verified_;  // by local rank: is_rank() said yes
+  uint64_t cookie_ = 0;
 };
 
 }  // namespace

