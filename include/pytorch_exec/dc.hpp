@@ -224,4 +224,12 @@ class Mailbox {
   std::unique_ptr<Impl> impl_;
 };
 
+// How the calling thread waits for other ranks.  By default a wait spins for a few microseconds
+// before it yields and sleeps (small messages come back without a wake-up), except where a
+// machine runs more ranks than it has processors.  A thread that runs collectives beside the
+// program's own work, such as a framework's communication thread while the main thread computes
+// (the torch backend's), calls this with false: its waits yield and sleep at once, leaving the
+// processors to the computation.  Per thread; true restores the default.
+void set_thread_spinning(bool spin);
+
 }  // namespace pytorch_exec::dc

@@ -267,6 +267,9 @@ void DcBackend::execute(Task& t) {
 }
 
 void DcBackend::loop() {
+  // Collectives run here while the caller's thread computes (DDP's backward): a wait that spins
+  // would take a processor from it.
+  dc::set_thread_spinning(false);
   for (;;) {
     Task t;
     {

@@ -7,9 +7,11 @@ namespace pytorch_exec::dc {
 
 namespace {
 std::atomic<bool> g_busy_polling{true};
+thread_local bool t_no_spinning = false;  // set_thread_spinning(false) on this thread
 }  // namespace
 
-bool busy_polling() { return g_busy_polling.load(std::memory_order_relaxed); }
+bool busy_polling() { return !t_no_spinning && g_busy_polling.load(std::memory_order_relaxed); }
+void set_thread_spinning(bool spin) { t_no_spinning = !spin; }
 void no_busy_polling() { g_busy_polling.store(false, std::memory_order_relaxed); }
 
 namespace {

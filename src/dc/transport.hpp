@@ -87,7 +87,8 @@ class Transport {
 // Whether a waiting rank may poll busily before it sleeps: only while this node has a processor
 // for each of its ranks.  On an oversubscribed node a polling rank takes the time of the rank it
 // waits for, so waits there yield or sleep at once.  A process group turns it off when its
-// layout has more ranks on this node than the node has processors; it stays off.
+// layout has more ranks on this node than the node has processors; it stays off.  A thread that
+// called set_thread_spinning(false) (dc.hpp) never polls.
 bool busy_polling();
 void no_busy_polling();
 
