@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -42,6 +43,7 @@ struct alignas(64) RankState {
   Counter in, out, read;
   std::atomic<uint32_t> failed;
   int32_t pid;
+  uint64_t pid_ns;  // the inode of its PID namespace (0: unknown); `pid` means nothing elsewhere
   uint64_t buf[2];     // the caller's buffer of the round (by parity), published with `in`
   uint32_t direct[2];  // this owner wrote its shard into every other rank's buffer (with `out`)
   // A random number at an address of this rank's own memory: a rank that reads it there through
@@ -66,6 +68,12 @@ struct Shards {
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
 // A process that has exited is gone even while its parent has not reaped it yet (a zombie).
+// This process's PID namespace, as the inode of /proc/self/ns/pid (0 when it cannot be read).
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
 bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
@@ -124,6 +132,7 @@ class EngineImpl : public AllreduceEngine {
     states_ = reinterpret_cast<RankState*>(seg_->base() + 4096);
     data_ = seg_->base() + data_offset(n);
     states_[me_].pid = ::getpid();
+    states_[me_].pid_ns = pid_ns_ = pid_namespace();
     cookie_ = random64() | 1;
     states_[me_].cookie = cookie_;
     states_[me_].cookie_at = reinterpret_cast<uintptr_t>(&cookie_);
@@ -302,7 +311,10 @@ class EngineImpl : public AllreduceEngine {
     RankState& s = states_[r];
     if (s.failed.load(std::memory_order_acquire))
       throw Error("shm: local rank " + std::to_string(r) + " failed or gave up");
-    if (s.pid > 0 && s.pid != ::getpid() && process_gone(s.pid))
+    // A rank in another PID namespace (a container of its own that shares /dev/shm) has a pid
+    // that names nothing, or another process, here: its death shows as `failed` or the deadline.
+    bool same_ns = pid_ns_ != 0 && s.pid_ns == pid_ns_;
+    if (s.pid > 0 && same_ns && s.pid != ::getpid() && process_gone(s.pid))
       throw Error("shm: local rank " + std::to_string(r) + " (pid " + std::to_string(s.pid) +
                   ") died");
     if (d.passed()) d.expire("local rank " + std::to_string(r) + " " + what);
@@ -318,6 +330,7 @@ class EngineImpl : public AllreduceEngine {
   bool direct_ok_ = true;       // process_vm_writev into the other local ranks works
   std::vector<bool> verified_;  // by local rank: is_rank() said yes
   uint64_t cookie_ = 0;
+  uint64_t pid_ns_ = 0;
 };
 
 }  // namespace

@@ -16,7 +16,8 @@
 // through the slot.
 //
 // Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died (its
-// pid is gone) or aborted turns the wait into an Error, and the deadline into a TimeoutError.
+// pid is gone; looked at only for ranks in this process's PID namespace) or aborted turns the
+// wait into an Error, and the deadline into a TimeoutError.
 //
 // Threads: one thread per local rank uses its AllreduceEngine.
 #pragma once
