@@ -212,8 +212,9 @@ std::string interface_address(const std::string& name) {
       if (!a->ifa_addr || a->ifa_addr->sa_family != AF_INET || dev != a->ifa_name ||
           !(a->ifa_flags & IFF_UP))
         continue;
-      char buf[INET_ADDRSTRLEN];
       auto* sa = reinterpret_cast<const struct sockaddr_in*>(a->ifa_addr);
+      if ((ntohl(sa->sin_addr.s_addr) >> 16) == 0xa9fe) continue;  // 169.254/16: link-local
+      char buf[INET_ADDRSTRLEN];
       if (::inet_ntop(AF_INET, &sa->sin_addr, buf, sizeof buf)) out = buf;
     }
     if (!out.empty()) break;

@@ -59,6 +59,7 @@ void io_exact(int fd, void* p, size_t n, bool out, const Deadline& d, const std:
 
 // The IPv4 address of a network interface (eth0, ib0) or of the network interface of an RDMA
 // device (mlx5_0: /sys/class/infiniband/mlx5_0/device/net/); "" when it has none or is down.
+// Link-local addresses (169.254/16) do not count: other hosts do not route to them.
 std::string interface_address(const std::string& name);
 
 // The address of this host that reaches `toward` (a host name or address, e.g. MASTER_ADDR);

@@ -8,7 +8,7 @@ rail); while the ranks hold their group open, `ss` in the namespace shows every 
 group's tcp transport between rail addresses, each rank's leaving from its own rail, so that the
 cross-node step of local rank j's shard goes over rail j.  PYTORCH_DC_SOCKET_IFNAME chooses the
 interface instead; a name that has no address is a one-line error; a rail NIC without an address
-falls back to the interface facing MASTER_ADDR.  Needs root and iproute2 (skips otherwise).
+(or with a link-local one only) falls back to the interface facing MASTER_ADDR.  Needs root and iproute2 (skips otherwise).
 """
 import os
 import random
@@ -144,11 +144,16 @@ def test_no_address_is_a_clear_error_or_a_fallback():
                        env=marker_env(), timeout=120)
     check(r.returncode != 0 and "PYTORCH_DC_SOCKET_IFNAME=nosuch0: no such network interface" in r.stderr
           and "terminate" not in r.stderr, f"{r.returncode} {r.stderr[-2000:]}")
-    # A rail NIC without an IPv4 address (an InfiniBand port without IPoIB): the usual interface.
+    # A rail NIC without an IPv4 address (an InfiniBand port without IPoIB), or with only a
+    # link-local one, which other hosts do not route to: the usual interface.
     link("pe-bare")
     r = subprocess.run(job("PYTORCH_EXEC_GPU=0 PYTORCH_EXEC_NIC=pe-bare,nosuch1"), capture_output=True,
                        text=True, env=marker_env(), timeout=120)
     check(r.returncode == 0 and "done" in r.stdout, f"{r.returncode} {r.stdout} {r.stderr[-2000:]}")
+    ip("-n", NS, "addr", "add", "169.254.77.1/16", "dev", "pe-bare")
+    conns, _ = held("PYTORCH_EXEC_GPU=0 PYTORCH_EXEC_NIC=pe-bare")
+    check(conns and not any(local == "169.254.77.1" for local, _, _ in conns),
+          f"a link-local address was used: {conns}")
 
 
 if __name__ == "__main__":
