@@ -2,7 +2,8 @@
 // (PYTORCH_DC_TRANSPORT, PYTORCH_DC_INTRA, PYTORCH_DC_INTER) gives is resolved once to a kind of
 // the transport registry, and one that is unknown, not built or at the wrong level is an Error
 // that names where it came from and what is accepted there.  Also the tcp transport's congestion
-// control (PYTORCH_DC_TCP_CONGESTION), set on real loopback sockets.
+// control (PYTORCH_DC_TCP_CONGESTION), set on real loopback sockets, and a thread's own wait mode
+// (set_thread_spinning).
 #include <config.h>
 
 #include <netinet/in.h>
@@ -12,10 +13,12 @@
 
 #include <cstdlib>
 #include <string>
+#include <thread>
 
 #include "dc/registry.hpp"
 #include "dc/settings.hpp"
 #include "dc/socket.hpp"
+#include "dc/transport.hpp"
 #include "testlib.hpp"
 
 using namespace dctest;
@@ -195,6 +198,19 @@ TEST_F(CongestionControl, AnAlgorithmThatCannotBeUsedIsAnErrorNamingTheVariable)
     EXPECT_TRUE(has(e.what(), "PYTORCH_DC_TCP_CONGESTION=pigeon") && has(e.what(), "allowed"))
         << e.what();
   }
+}
+
+// set_thread_spinning(false) stops this thread's waits from polling, and only this thread's;
+// true gives it the process's mode again (which a group may have turned off for all).
+TEST(ThreadSpinning, IsPerThread) {
+  bool process = busy_polling();
+  set_thread_spinning(false);
+  EXPECT_FALSE(busy_polling());
+  bool other = !process;
+  std::thread([&] { other = busy_polling(); }).join();
+  EXPECT_EQ(other, process);
+  set_thread_spinning(true);
+  EXPECT_EQ(busy_polling(), process);
 }
 
 }  // namespace
