@@ -20,7 +20,7 @@ DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
 
 def conformance(n, nodes_of=""):
     seed = random.randrange(1 << 40)
-    inner = (f"{nodes_of} if [ $RANK = 1 ]; then exec unshare --pid --fork {DC_CHECK} conformance {seed}; "
+    inner = (f"{nodes_of} if [ $RANK = 1 ]; then exec unshare --pid --fork --kill-child {DC_CHECK} conformance {seed}; "
              f"else exec {DC_CHECK} conformance {seed}; fi")
     r = run(["-n", str(n), "sh", "-c", inner], env=marker_env(), timeout=300)
     check(r.returncode == 0 and r.stdout.startswith("ok"),
