@@ -19,6 +19,8 @@ import uuid
 EXEC = os.environ.get("PYTORCH_EXEC", "pytorch_exec")
 SRCDIR = os.environ.get("PE_SRCDIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BUILDDIR = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
+# The DataChannel test program (tests/dc/dc_check), for the tests that run it under pytorch_exec.
+DC_CHECK = os.path.join(BUILDDIR, "tests", "dc", "dc_check")
 SYSTEM_PYTHON = "/usr/bin/python3"
 # The Python with torch for the torch tests: PE_TORCH_PYTHON (configure --with-torch), else the
 # quick start's virtualenv (PYTORCH_EXEC_VENV, default /var/cache/pytorch_exec/venv-torch).

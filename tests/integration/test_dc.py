@@ -15,11 +15,9 @@ import signal
 import subprocess
 import time
 
-from harness import EXEC, check, free_port, main, marker_env, run, assert_no_leftovers, skip
+from harness import BUILDDIR, DC_CHECK, EXEC, check, free_port, main, marker_env, run, assert_no_leftovers, skip
 
-BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
-DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
-EXAMPLE = os.path.join(BUILD, "examples", "allreduce")
+EXAMPLE = os.path.join(BUILDDIR, "examples", "allreduce")
 NODES_BY = "PYTORCH_DC_NODE=n$((RANK{by})) exec {prog} {args}"
 
 

@@ -15,11 +15,9 @@ import struct
 import subprocess
 import time
 
-from harness import (EXEC, check, comm, control_port, free_port, main, marker_env, processes_with_marker, run, script, skip,
+from harness import (DC_CHECK, check, comm, control_port, free_port, main, marker_env, processes_with_marker, run, script, skip,
                      start, tmpdir, wait_until)
 
-BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
-DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
 FIGURES = {"connections": 0, "bytes": 0, "peak_rss_kb": 0, "peak_fds": 0}
 # The ranks' token (PYTORCH_DC_TOKEN): the attacks below know it, as an insider without one would
 # know the empty one; it keeps jobs of concurrent test runs apart.

@@ -12,10 +12,8 @@ import random
 import shutil
 import subprocess
 
-from harness import EXEC, check, main, marker_env, run, skip
+from harness import DC_CHECK, check, main, marker_env, run, skip
 
-BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
-DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
 
 
 def conformance(n, nodes_of=""):

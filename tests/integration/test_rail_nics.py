@@ -17,10 +17,8 @@ import shutil
 import subprocess
 import time
 
-from harness import EXEC, check, main, marker_env, skip
+from harness import DC_CHECK, EXEC, check, main, marker_env, skip
 
-BUILD = os.environ.get("PE_BUILDDIR", os.path.join(os.path.dirname(EXEC), "..", ".."))
-DC_CHECK = os.path.join(BUILD, "tests", "dc", "dc_check")
 NS = f"perail{os.getpid() % 100000}"
 SUBNET = f"10.215.{random.randrange(0, 120) * 2}"  # rail i: SUBNET + i, .1
 
