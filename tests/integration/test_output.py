@@ -1,8 +1,10 @@
 """stdout/stderr: volume, line integrity, tags, timestamps, per-rank files, partial last lines."""
 import os
 import re
+import subprocess
 
-from harness import SYSTEM_PYTHON, check, main, run, script, tmpdir
+from harness import (SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, run, script, start,
+                     tmpdir)
 
 MB = 1 << 20
 
@@ -145,7 +147,41 @@ def test_output_files_refuse_links_and_others_directories():
         check(r.returncode != 0 and "belongs to another user" in r.stderr, f"{r.returncode} {r.stderr}")
 
 
+def closed_reader(args):
+    """`pytorch_exec ARGS | head -2`: reads two lines of the job's output, closes the pipe, and
+    returns (exit status, stderr) once pytorch_exec is gone, and after checking that none of the
+    job's processes is left."""
+    env = marker_env()
+    if "--launch-agent" in args:
+        args = [a.replace("{marker}", env["PE_TEST_MARKER"]) for a in args]
+    p = start(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lines = [p.stdout.readline() for _ in range(2)]
+        p.stdout.close()
+        err = p.stderr.read().decode(errors="replace")
+        rc = p.wait(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(all(l == b"y\n" for l in lines), f"read {lines}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+    return rc, err
+
+
+def test_closed_output_stops_the_job():
+    # `pytorch_exec -n 2 yes | head -2` used to run until it was killed: the ranks' output was
+    # dropped and the job went on.  Now it ends like a pipeline's writer on SIGPIPE (141), as
+    # mpirun aborts, on one machine and with daemons on other nodes.
+    for args in (["-n", "2", "yes"],
+                 ["-H", "a:1,b:1", "--launch-agent",
+                  "env -i PATH=/usr/bin:/bin PE_TEST_MARKER={marker} PE_NODE={host}", "yes"]):
+        rc, err = closed_reader(args)
+        check(rc == 141 and "standard output of the job was closed (broken pipe)" in err,
+              f"{args}: exit {rc}: {err[-1500:]}")
+
+
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
           test_output_files, test_output_dir_that_cannot_be_created,
-          test_output_files_refuse_links_and_others_directories])
+          test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job])

@@ -88,6 +88,7 @@ int JobController::run() {
   if (cfg_.dry_run) return 0;
   sink_.open_files();
   sink_.while_blocked(cfg_.heartbeat_interval, [this] { workers_->keep_alive(); });
+  sink_.when_closed([this](Stream s) { loop_.post([this, s] { on_output_closed(s); }); });
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
     signal_events_.push_back(loop_.watch_signal(sig, [this, sig] { on_signal(sig); }));
   ::signal(SIGPIPE, SIG_IGN);
@@ -645,11 +646,26 @@ void JobController::on_signal(int sig) {
     return;
   }
   logger("exec")->info("signal {} received: forwarding to {} processes", sig, workers_->live());
+  interrupt(sig, sig);
+}
+
+// The ranks are sent `send`; once they are gone, pytorch_exec exits with 128 + `sig`.
+void JobController::interrupt(int sig, int send) {
   interrupt_signal_ = sig;
   state_ = State::Interrupted;
   grace_timer_.disarm();
-  stop_workers(sig);
+  stop_workers(send);
   if (workers_->live() == 0) on_all_stopped();
+}
+
+// Nobody reads the job's output any more (`pytorch_exec ... | head`): the job ends as a shell
+// pipeline's writer does on SIGPIPE (exit 141), its ranks stopped with SIGTERM, as Open MPI's
+// mpirun aborts the job.  A job that is already stopping goes on as it was.
+void JobController::on_output_closed(Stream s) {
+  if (state_ == State::Done || state_ == State::Interrupted || state_ == State::Failing) return;
+  say(std::string("the standard ") + (s == Stream::Out ? "output" : "error") +
+      " of the job was closed (broken pipe): stopping the job");
+  interrupt(SIGPIPE, SIGTERM);
 }
 
 void JobController::finish(int status) {

@@ -67,6 +67,8 @@ class JobController : public AgentListener {
   void fail_with_node(const std::string& host, const std::string& why);
   void on_stdin_drained() override;
   void on_signal(int sig);
+  void interrupt(int sig, int send);
+  void on_output_closed(Stream s);
   void stop_workers(int sig);
   void on_all_stopped();
   void finish(int status);

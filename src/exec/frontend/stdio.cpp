@@ -191,7 +191,9 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
     ok = write_out(fd, prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn)));
   else
     ok = write_out(fd, lines);
-  if (!ok) broken = true;  // e.g. EPIPE: the reader went away; the job goes on
+  if (ok) return;
+  broken = true;  // e.g. EPIPE: the reader went away
+  if (closed_) closed_(s);
 }
 
 // Everything to the terminal or pipe `fd`, a page at a time once it can take one; while it

@@ -54,6 +54,9 @@ class OutputSink {
     every_ = every;
     waiting_ = std::move(waiting);
   }
+  // Called once per stream when the terminal or pipe of the ranks' stdout (or stderr) goes away
+  // (EPIPE: `pytorch_exec ... | head`); from then on that stream's copy to it is dropped.
+  void when_closed(std::function<void(Stream)> closed) { closed_ = std::move(closed); }
   // `lines` are whole lines ending with '\n'.  `spawn` > 0: a process of that spawned job (its
   // files, once open, are spawned_output_dir's, created at its first output).
   void write(int generation, int rank, Stream s, std::string_view lines, int spawn = 0);
@@ -75,6 +78,7 @@ class OutputSink {
   bool files_open_ = false;
   double every_ = 1.0;
   std::function<void()> waiting_;
+  std::function<void(Stream)> closed_;
   std::vector<UniqueFd> files_out_, files_err_;
   std::map<std::tuple<int, int, int>, SpawnedFiles> spawned_files_;  // generation, spawn, rank
   std::vector<std::string> tails_;
