@@ -17,8 +17,16 @@ NcclComm::NcclComm(int rank, int size, const ncclUniqueId& id, const Deadline& d
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
   ncclUniqueId copy = id;
-  check_nccl(ncclCommInitRankConfig(&comm_, size, copy, rank, &config), "ncclCommInitRankConfig");
-  settle(d, "ncclCommInitRankConfig");
+  // A constructor that throws has no destructor: a communicator that NCCL made before an error
+  // (a nonblocking init may hand it out and fail later) is aborted here.
+  try {
+    check_nccl(ncclCommInitRankConfig(&comm_, size, copy, rank, &config),
+               "ncclCommInitRankConfig");
+    settle(d, "ncclCommInitRankConfig");
+  } catch (const std::exception& e) {
+    abort(e.what());
+    throw;
+  }
 }
 
 NcclComm::NcclComm(NcclComm& parent, int color, int key, int rank, int size, const Deadline& d)
