@@ -4,8 +4,9 @@ The shm engine looks at its local ranks' pids to notice one that died, and write
 straight into their memory (process_vm_writev) after checking their pids; a pid from another PID
 namespace names nothing, or another process, here.  Rank 1 runs in a PID namespace of its own
 (unshare --pid --fork) and the conformance program (tests/dc/dc_check: every dtype x op x count
-against a reference) must pass on one node and on two simulated nodes.  Needs root and unshare
-(skips otherwise).
+against a reference) must pass on one node and on two simulated nodes.  A rank there that is
+killed outright must be noticed by the others at once (its life lock on the segment is gone),
+not at the deadline: its pid means nothing to them.  Needs root and unshare (skips otherwise).
 """
 import os
 import random
@@ -35,6 +36,19 @@ def test_two_simulated_nodes():
     check("2 nodes, shm" in out, f"expected two nodes over shm: {out}")
 
 
+def test_killed_rank_in_another_namespace_is_noticed():
+    # dc_check die 1: rank 1 _exits in the middle of its fourth allreduce (deadline 30 s).  Its
+    # wrapper lives on, so pytorch_exec sees no failure of rank 1: rank 0 must find out itself.
+    inner = (f"if [ $RANK = 1 ]; then unshare --pid --fork --kill-child {DC_CHECK} die 1; sleep 100; "
+             f"else exec {DC_CHECK} die 1; fi")
+    r = run(["-n", "2", "sh", "-c", inner], env=marker_env(), timeout=120)
+    line = [l for l in r.stdout.splitlines() if l.startswith("rank 0: error after")]
+    check(r.returncode == 4 and line and "local rank 1" in line[0] and "died" in line[0],
+          f"{r.returncode} {r.stdout}{r.stderr[-2000:]}")
+    seconds = float(line[0].split()[4])
+    check(seconds < 10, f"noticed after {seconds} s, not before the 30 s deadline: {line[0]}")
+
+
 if __name__ == "__main__":
     if not os.path.exists(DC_CHECK):
         skip(f"{DC_CHECK} is not built")
@@ -45,4 +59,4 @@ if __name__ == "__main__":
     probe = subprocess.run(["unshare", "--pid", "--fork", "true"], capture_output=True, text=True)
     if probe.returncode != 0:
         skip(f"cannot create a PID namespace: {probe.stderr.strip()}")
-    main([test_one_node, test_two_simulated_nodes])
+    main([test_one_node, test_two_simulated_nodes, test_killed_rank_in_another_namespace_is_noticed])

@@ -44,6 +44,7 @@ struct alignas(64) RankState {
   std::atomic<uint32_t> failed;
   int32_t pid;
   uint64_t pid_ns;  // the inode of its PID namespace (0: unknown); `pid` means nothing elsewhere
+  uint32_t life_lock;  // it holds its life lock (Segment::hold_life_lock) while it lives
   uint64_t buf[2];     // the caller's buffer of the round (by parity), published with `in`
   uint32_t direct[2];  // this owner wrote its shard into every other rank's buffer (with `out`)
   // A random number at an address of this rank's own memory: a rank that reads it there through
@@ -100,17 +101,35 @@ class Segment {
                   " bytes: " + std::strerror(e));
     }
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
     if (p == MAP_FAILED) {
+      int e = errno;
+      ::close(fd);
       if (create) ::shm_unlink(name.c_str());
-      throw Error("shm: cannot map shared memory " + name + ": " + std::strerror(errno));
+      throw Error("shm: cannot map shared memory " + name + ": " + std::strerror(e));
     }
     base_ = static_cast<char*>(p);
+    fd_ = fd;
     owner_ = create;
   }
   ~Segment() {
     ::munmap(base_, bytes_);
+    ::close(fd_);
     if (owner_ && !unlinked_) ::shm_unlink(name_.c_str());
+  }
+  // The life lock of local rank r: a write lock on byte r of the segment, held through this
+  // rank's own open file description (F_OFD_SETLK), which the kernel drops when the process
+  // ends however it ends.  Unlike a pid, it means the same in every PID namespace that shares
+  // /dev/shm.  False if the system does not have such locks.
+  bool hold_life_lock(int r) {
+    struct flock l = life_lock(r);
+    return ::fcntl(fd_, F_OFD_SETLK, &l) == 0;
+  }
+  // Whether the life lock of local rank r is gone: it was taken (both sides could) and nobody
+  // holds it now.  (A child that the rank forked shares its open file description, and so its
+  // lock, until it exits too.)
+  bool life_lock_gone(int r) {
+    struct flock l = life_lock(r);
+    return ::fcntl(fd_, F_OFD_GETLK, &l) == 0 && l.l_type == F_UNLCK;
   }
   void unlink() {
     ::shm_unlink(name_.c_str());
@@ -119,9 +138,19 @@ class Segment {
   char* base() const { return base_; }
 
  private:
+  static struct flock life_lock(int r) {
+    struct flock l {};
+    l.l_type = F_WRLCK;
+    l.l_whence = SEEK_SET;
+    l.l_start = r;
+    l.l_len = 1;
+    return l;
+  }
+
   std::string name_;
   size_t bytes_;
   char* base_ = nullptr;
+  int fd_ = -1;
   bool owner_ = false, unlinked_ = false;
 };
 
@@ -133,6 +162,7 @@ class EngineImpl : public AllreduceEngine {
     data_ = seg_->base() + data_offset(n);
     states_[me_].pid = ::getpid();
     states_[me_].pid_ns = pid_ns_ = pid_namespace();
+    states_[me_].life_lock = seg_->hold_life_lock(me_);
     cookie_ = random64() | 1;
     states_[me_].cookie = cookie_;
     states_[me_].cookie_at = reinterpret_cast<uintptr_t>(&cookie_);
@@ -311,12 +341,15 @@ class EngineImpl : public AllreduceEngine {
     RankState& s = states_[r];
     if (s.failed.load(std::memory_order_acquire))
       throw Error("shm: local rank " + std::to_string(r) + " failed or gave up");
-    // A rank in another PID namespace (a container of its own that shares /dev/shm) has a pid
-    // that names nothing, or another process, here: its death shows as `failed` or the deadline.
+    // Its life lock is gone once it ended, in whatever PID namespace it runs (a container of
+    // its own that shares /dev/shm); its pid, which names nothing or another process from another
+    // namespace, is looked at in this one's only (and catches a rank whose forked child still
+    // holds its lock).
     bool same_ns = pid_ns_ != 0 && s.pid_ns == pid_ns_;
-    if (s.pid > 0 && same_ns && s.pid != ::getpid() && process_gone(s.pid))
+    if ((s.life_lock && states_[me_].life_lock && seg_->life_lock_gone(r)) ||
+        (s.pid > 0 && same_ns && s.pid != ::getpid() && process_gone(s.pid)))
       throw Error("shm: local rank " + std::to_string(r) + " (pid " + std::to_string(s.pid) +
-                  ") died");
+                  (same_ns ? "" : " in another PID namespace") + ") died");
     if (d.passed()) d.expire("local rank " + std::to_string(r) + " " + what);
   }
 

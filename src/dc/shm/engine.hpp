@@ -15,9 +15,11 @@
 // runs each).  Where the system does not allow it (another PID namespace, a seccomp policy),
 // through the slot.
 //
-// Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died (its
-// pid is gone; looked at only for ranks in this process's PID namespace) or aborted turns the
-// wait into an Error, and the deadline into a TimeoutError.
+// Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died or
+// aborted turns the wait into an Error, and the deadline into a TimeoutError.  A rank has died
+// when the lock that it holds on its byte of the segment (an open-file-description lock, which
+// the kernel drops at its end) is gone, in any PID namespace that shares /dev/shm, or, in this
+// process's PID namespace, when its pid is gone.
 //
 // Threads: one thread per local rank uses its AllreduceEngine.
 #pragma once
