@@ -95,9 +95,11 @@ void run_stream(const Comm& c, char* base, DType t, Op op, const Stream& st, con
   for (; next_send < allowed(0); ++next_send) send(next_send);
   size_t max_chunk = 0;
   for (size_t i = 0; i < st.reduced; ++i) max_chunk = std::max(max_chunk, st.recvs[i].count);
-  char* tmp = scratch_buffer(static_cast<size_t>(kWindow) * max_chunk * es);
-  auto scratch = [&](size_t i) {
-    return tmp + (i % static_cast<size_t>(kWindow)) * max_chunk * es;
+  size_t stride = max_chunk * es + kUnaliasSlack;
+  char* tmp = scratch_buffer(static_cast<size_t>(kWindow) * stride);
+  auto scratch = [&](size_t i) {  // receive i's, away from its place in `base` (comm.hpp)
+    char* area = tmp + (i % static_cast<size_t>(kWindow)) * stride;
+    return area + unaliased_offset(area, base + st.recvs[i].first * es);
   };
   std::deque<Request> posted;
   size_t next_post = 0;

@@ -30,13 +30,8 @@ constexpr size_t kPairBytes = 2048;
 // ranks' buffers (process_vm_writev: one copy instead of two, through its slot and out of it)
 // when the shard has at least this many bytes; below, the system call costs more than the copy.
 constexpr size_t kDirectBytes = 16 << 10;
-// A rank's piece starts this far into its slot (mod 4 KiB) from where it starts in its buffer:
-// loads from a slot and stores to a buffer at the same offset in their pages (page-aligned
-// buffers: std::vector's of a few MiB, mmap) alias in the processor's store buffer ("4K
-// aliasing"), and a 2-rank f32 sum of 1 MiB took 430 us instead of 94 us (2 ranks, 2 cores, AMD
-// EPYC).  Each slot has a page more than its pieces take, for the shift.
-constexpr size_t kPage = 4096;
-constexpr size_t kShift = 2048;
+// Each slot has kUnaliasSlack bytes more than its pieces take: a rank's piece of a round starts
+// where unaliased_offset() says for its buffer (comm.hpp: 4K aliasing).
 
 // A sequence counter on its own cache line; `in` carries the call of its round on the same
 // line, so that an owner learns both from one transfer.  The call is kept per round parity, like
@@ -181,7 +176,7 @@ class EngineImpl : public AllreduceEngine {
     return round_up(4096 + sizeof(RankState) * static_cast<size_t>(n), 4096);
   }
   static size_t bytes(int n, size_t slot) {
-    return data_offset(n) + 2 * static_cast<size_t>(n) * (slot + kPage);
+    return data_offset(n) + 2 * static_cast<size_t>(n) * (slot + kUnaliasSlack);
   }
 
   void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
@@ -200,12 +195,13 @@ class EngineImpl : public AllreduceEngine {
   // `in` of the round, before anybody looks here).
   char* slot(uint64_t seq, int r) const {
     size_t i = (seq & 1) * static_cast<size_t>(n_) + static_cast<size_t>(r);
-    return data_ + i * (slot_ + kPage) + states_[r].shift[seq & 1];
+    return data_ + i * (slot_ + kUnaliasSlack) + states_[r].shift[seq & 1];
   }
-  // This rank's shift for a piece at `buf`: kShift bytes past buf's place in its page.
+  // Where this rank's piece at `buf` starts in its slot of round `seq`.
   void set_shift(uint64_t seq, const char* buf) {
+    size_t i = (seq & 1) * static_cast<size_t>(n_) + static_cast<size_t>(me_);
     states_[me_].shift[seq & 1] =
-        static_cast<uint32_t>((reinterpret_cast<uintptr_t>(buf) + kShift) % kPage);
+        static_cast<uint32_t>(unaliased_offset(data_ + i * (slot_ + kUnaliasSlack), buf));
   }
 
   void round(char* buf, size_t m, DType t, Op op, int owners, const Cross& cross, int avg_divisor,
