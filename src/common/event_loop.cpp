@@ -1,9 +1,12 @@
 #include "common/event_loop.hpp"
 
 #include <event2/event.h>
+#include <fcntl.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
+
 #include <cerrno>
+#include <csignal>
 
 #include <cmath>
 
@@ -128,5 +131,44 @@ Event EventLoop::watch_signal(int signo, std::function<void()> cb) {
 }
 
 Event EventLoop::timer(std::function<void()> cb) { return make(-1, 0, std::move(cb)); }
+
+namespace {
+int g_signal_write_fd = -1;
+void signal_to_pipe(int sig) {
+  int saved = errno;
+  unsigned char b = static_cast<unsigned char>(sig);
+  ssize_t n = ::write(g_signal_write_fd, &b, 1);  // full: the loop has plenty to read already
+  (void)n;
+  errno = saved;
+}
+}  // namespace
+
+SignalPipe::SignalPipe(std::initializer_list<int> signals) : signals_(signals) {
+  int p[2];
+  if (::pipe2(p, O_CLOEXEC | O_NONBLOCK) != 0) throw SystemError("pipe2", errno);
+  read_fd_ = p[0];
+  g_signal_write_fd = p[1];
+  struct sigaction sa {};
+  sa.sa_handler = signal_to_pipe;
+  sa.sa_flags = SA_RESTART;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : signals_) ::sigaction(sig, &sa, nullptr);
+}
+
+SignalPipe::~SignalPipe() {
+  for (int sig : signals_) ::signal(sig, SIG_DFL);
+  ::close(g_signal_write_fd);
+  g_signal_write_fd = -1;
+  ::close(read_fd_);
+}
+
+std::vector<int> SignalPipe::take() {
+  std::vector<int> out;
+  unsigned char buf[64];
+  ssize_t n;
+  while ((n = ::read(read_fd_, buf, sizeof buf)) > 0)
+    for (ssize_t i = 0; i < n; ++i) out.push_back(buf[i]);
+  return out;
+}
 
 }  // namespace pe

@@ -7,8 +7,10 @@
 
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 struct event_base;
 struct event;
@@ -75,6 +77,26 @@ class EventLoop {
   Event wake_event_;
   std::mutex posted_mutex_;  // guards posted_
   std::deque<std::function<void()>> posted_;
+};
+
+// Signals as bytes in a pipe (a self-pipe), for a process whose loop may be held up outside
+// itself: the loop watches fd() and take()s them, and a wait outside the loop (a write to a
+// terminal or pipe that takes nothing) polls fd() too and gives up when a signal came, so that
+// SIGTERM still stops the job.  (libevent's own signal events are seen only by its loop.)  One
+// per process; the destructor puts the default actions back.
+class SignalPipe {
+ public:
+  explicit SignalPipe(std::initializer_list<int> signals);  // throws SystemError
+  ~SignalPipe();
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+  int fd() const { return read_fd_; }
+  // The signals that arrived since the last call, in order; nonblocking.
+  std::vector<int> take();
+
+ private:
+  int read_fd_ = -1;
+  std::vector<int> signals_;
 };
 
 }  // namespace pe

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <net/if.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -280,6 +281,17 @@ std::string route_source_address(const std::string& dest) {
   if (!fd.valid() || ::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) != 0)
     return "";
   return local_address(fd.get());
+}
+
+void open_closed_stdio() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+    int n = ::open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);  // the lowest free: fd itself
+    if (n >= 0 && n != fd) {
+      ::dup2(n, fd);
+      ::close(n);
+    }
+  }
 }
 
 void raise_fd_limit() {

@@ -34,6 +34,10 @@ UniqueFd listen_tcp(const std::string& addr, int port, int* bound_port);
 // Raises this process's soft limit on open descriptors to its hard limit (at start: a listener
 // that runs out of descriptors cannot accept).
 void raise_fd_limit();
+// Opens /dev/null on whichever of descriptors 0, 1 and 2 is closed (`pytorch_exec ... >&-`), at
+// start, before anything else is opened: otherwise the first socket or epoll instance would be
+// "standard output", and the ranks' output would be written into it.
+void open_closed_stdio();
 // Accepts one connection (non-blocking, close-on-exec); an invalid fd when none is pending.
 UniqueFd accept_tcp(int listen_fd, std::string* peer_addr);
 // Connects to host:port within `timeout` seconds (host: an IPv4 address or a name).  Returns

@@ -1,7 +1,9 @@
 """stdout/stderr: volume, line integrity, tags, timestamps, per-rank files, partial last lines."""
 import os
 import re
+import signal
 import subprocess
+import time
 
 from harness import (SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, run, script, start,
                      tmpdir)
@@ -181,7 +183,30 @@ def test_closed_output_stops_the_job():
               f"{args}: exit {rc}: {err[-1500:]}")
 
 
+def test_sigterm_while_the_output_is_not_read():
+    # `pytorch_exec -n 2 yes | sleep 1000`: pytorch_exec waited for the pipe to take the ranks'
+    # output, inside its loop, so SIGTERM (timeout(1), SLURM) was never handled: it ran until the
+    # reader went away.  Now the wait gives up on a signal and the job stops.
+    env = marker_env()
+    p = start(["-n", "2", "yes"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(2)  # the pipe is full long before
+        check(p.poll() is None, f"pytorch_exec ended by itself: {p.returncode}")
+        p.send_signal(signal.SIGTERM)
+        try:
+            rc = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("pytorch_exec did not stop within 60 s of SIGTERM while nobody read its output")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    check(rc == 143, f"exit {rc}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
           test_output_files, test_output_dir_that_cannot_be_created,
-          test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job])
+          test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job,
+          test_sigterm_while_the_output_is_not_read])

@@ -74,6 +74,7 @@ int fail(const std::string& node, const std::string& msg, int status) {
 int main(int argc, char** argv) {
   std::string node;
   try {
+    pe::open_closed_stdio();
     const char* spec = std::getenv("PYTORCH_EXEC_LOG");
     pe::init_logging(0, spec ? spec : "", pe::local_hostname());
     pe::raise_fd_limit();

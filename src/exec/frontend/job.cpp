@@ -87,10 +87,13 @@ int JobController::run() {
   if (cfg_.display_map) std::cout << workers_->format_map() << std::flush;
   if (cfg_.dry_run) return 0;
   sink_.open_files();
-  sink_.while_blocked(cfg_.heartbeat_interval, [this] { workers_->keep_alive(); });
+  signals_ = std::make_unique<SignalPipe>(
+      std::initializer_list<int>{SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2});
+  signal_event_ = loop_.watch_readable(signals_->fd(), [this] {
+    for (int sig : signals_->take()) on_signal(sig);
+  });
+  sink_.while_blocked(cfg_.heartbeat_interval, [this] { workers_->keep_alive(); }, signals_->fd());
   sink_.when_closed([this](Stream s) { loop_.post([this, s] { on_output_closed(s); }); });
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
-    signal_events_.push_back(loop_.watch_signal(sig, [this, sig] { on_signal(sig); }));
   ::signal(SIGPIPE, SIG_IGN);
   grace_timer_ = loop_.timer([this] {
     logger("exec")->info("kill grace of {} s is over: SIGKILL", cfg_.kill_grace);
@@ -171,6 +174,7 @@ void JobController::start_generation() {
     say(std::string("cannot start the workers: ") + e.what());
     exit_status_ = 1;
     state_ = State::Failing;
+    sink_.stop_waiting();
     stop_workers(SIGTERM);
     if (workers_->live() == 0) on_all_stopped();
   }
@@ -251,6 +255,7 @@ void JobController::on_rank_failed(Failure f) {
     state_ = State::Restarting;
   } else {
     state_ = State::Failing;
+    sink_.stop_waiting();
   }
   // The others hear of it (a PMIx event) and get --failure-window seconds before they stop.
   const Failure& failed = *failure_;
@@ -499,6 +504,7 @@ void JobController::on_join_timeout() {
       seconds_text(cfg_.join_timeout) + " s (--join-timeout)");
   exit_status_ = 1;
   state_ = State::Failing;
+  sink_.stop_waiting();
   stop_workers(SIGTERM);
   if (workers_->live() == 0) on_all_stopped();
 }
@@ -590,6 +596,7 @@ void JobController::fail_with_node(const std::string& host, const std::string& w
     return;
   }
   state_ = State::Failing;
+  sink_.stop_waiting();
   stop_workers(SIGTERM);
   if (workers_->live() == 0) on_all_stopped();
 }
@@ -651,6 +658,7 @@ void JobController::on_signal(int sig) {
 
 // The ranks are sent `send`; once they are gone, pytorch_exec exits with 128 + `sig`.
 void JobController::interrupt(int sig, int send) {
+  sink_.stop_waiting();
   interrupt_signal_ = sig;
   state_ = State::Interrupted;
   grace_timer_.disarm();

@@ -100,7 +100,8 @@ class JobController : public AgentListener {
   std::optional<Failure> failure_;
   int exit_status_ = 0;
 
-  std::vector<Event> signal_events_;
+  std::unique_ptr<SignalPipe> signals_;  // SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2
+  Event signal_event_;
   Event window_timer_;  // --failure-window
   Event grace_timer_;
   Event kill_timer_;

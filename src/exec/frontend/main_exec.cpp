@@ -157,6 +157,7 @@ int real_main(int argc, char** argv) {
   // this process; workers still see the environment as it was.
   const bool saved_blacklist = std::getenv("HWLOC_PLUGINS_BLACKLIST") != nullptr;
   ::setenv("HWLOC_PLUGINS_BLACKLIST", "hwloc_gl,hwloc_opencl,hwloc_xml_libxml", 0);
+  pe::open_closed_stdio();
   pe::raise_fd_limit();
   pe::RawOptions raw = pe::parse_command_line(argc, argv);
   if (raw.help) {

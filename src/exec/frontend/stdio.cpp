@@ -191,20 +191,28 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
     ok = write_out(fd, prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn)));
   else
     ok = write_out(fd, lines);
-  if (ok) return;
-  broken = true;  // e.g. EPIPE: the reader went away
-  if (closed_) closed_(s);
+  if (ok || errno == EINTR) return;  // a signal came (write_out): this output only is dropped
+  broken = true;  // from now on dropped (EAGAIN: nobody took it while the job stops)
+  if (errno == EPIPE && closed_) closed_(s);  // the reader went away (not: stdout closed, >&-)
 }
 
 // Everything to the terminal or pipe `fd`, a page at a time once it can take one; while it
-// cannot, waiting_ every every_ seconds.  False on an error (the reader went away).
+// cannot, waiting_ every every_ seconds.  False on an error (errno says which: EPIPE, the
+// reader went away), or when the wait gave up (errno EINTR: a signal came; EAGAIN: it took
+// longer than every_ after stop_waiting()).
 bool OutputSink::write_out(int fd, std::string_view data) {
   while (!data.empty()) {
-    struct pollfd p {
-      fd, POLLOUT, 0
-    };
-    int r = ::poll(&p, 1, static_cast<int>(every_ * 1000));
+    struct pollfd p[2] = {{fd, POLLOUT, 0}, {interrupt_fd_, POLLIN, 0}};
+    int r = ::poll(p, interrupt_fd_ >= 0 ? 2 : 1, static_cast<int>(every_ * 1000));
     if (r < 0 && errno != EINTR) return false;
+    if (r > 0 && (p[1].revents & POLLIN)) {
+      errno = EINTR;
+      return false;
+    }
+    if (r == 0 && stop_waiting_) {
+      errno = EAGAIN;
+      return false;
+    }
     if (r == 0 && waiting_) waiting_();
     if (r <= 0) continue;
     ssize_t n = ::write(fd, data.data(), std::min<size_t>(data.size(), 4096));

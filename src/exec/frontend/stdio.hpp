@@ -49,11 +49,17 @@ class OutputSink {
   // Elastic arrivals: the job has `nranks` ranks now (more tails, and files once open).
   void grow(int nranks);
   // While the terminal or pipe does not take our output, `waiting` is called every `every`
-  // seconds (pytorch_exec's daemons keep hearing from it: its loop waits here).
-  void while_blocked(double every, std::function<void()> waiting) {
+  // seconds (pytorch_exec's daemons keep hearing from it: its loop waits here).  When
+  // `interrupt_fd` (SignalPipe's) becomes readable, the wait gives up and the rest of that
+  // output is dropped, so that the loop gets to the signal.
+  void while_blocked(double every, std::function<void()> waiting, int interrupt_fd = -1) {
     every_ = every;
     waiting_ = std::move(waiting);
+    interrupt_fd_ = interrupt_fd;
   }
+  // The job is being stopped: from now on, output that the terminal or pipe does not take
+  // within `every` seconds is dropped, so that the timers of the stop still run.
+  void stop_waiting() { stop_waiting_ = true; }
   // Called once per stream when the terminal or pipe of the ranks' stdout (or stderr) goes away
   // (EPIPE: `pytorch_exec ... | head`); from then on that stream's copy to it is dropped.
   void when_closed(std::function<void(Stream)> closed) { closed_ = std::move(closed); }
@@ -77,6 +83,8 @@ class OutputSink {
   bool out_broken_ = false, err_broken_ = false;
   bool files_open_ = false;
   double every_ = 1.0;
+  int interrupt_fd_ = -1;
+  bool stop_waiting_ = false;
   std::function<void()> waiting_;
   std::function<void(Stream)> closed_;
   std::vector<UniqueFd> files_out_, files_err_;
