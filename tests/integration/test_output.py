@@ -5,7 +5,7 @@ import signal
 import subprocess
 import time
 
-from harness import (SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, run, script, start,
+from harness import (EXEC, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, run, script, start,
                      tmpdir)
 
 MB = 1 << 20
@@ -205,8 +205,16 @@ def test_sigterm_while_the_output_is_not_read():
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
+def test_closed_stdout():
+    # `pytorch_exec ... >&-`: the first descriptor pytorch_exec opened (its epoll instance) was
+    # then its "standard output", the ranks' output went into it and the job hung.
+    r = subprocess.run(["sh", "-c", f"exec {EXEC} -n 2 sh -c 'echo out; echo err >&2' >&-"],
+                       capture_output=True, text=True, timeout=60, env=marker_env())
+    check(r.returncode == 0 and r.stderr.count("err\n") == 2, f"exit {r.returncode}: {r.stderr[-1500:]}")
+
+
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
           test_output_files, test_output_dir_that_cannot_be_created,
           test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job,
-          test_sigterm_while_the_output_is_not_read])
+          test_sigterm_while_the_output_is_not_read, test_closed_stdout])
