@@ -327,10 +327,15 @@ def test_the_secret_is_in_no_command_line_environment_or_log():
         secrets = {open(os.path.join(d, f"secret.{n}")).read().strip() for n in ("a", "b")}
         check(len(secrets) == 1 and re.fullmatch(r"[0-9a-f]{64}", next(iter(secrets))), f"secrets: {secrets}")
         secret = next(iter(secrets)).encode()
-        procs = processes_with_marker(marker)
-        daemons = [pid for pid in procs if proc_file(pid, "cmdline").split(b"\0")[0].endswith(b"pytorch_execd")]
-        workers = [pid for pid in procs if re.search(rb"(^|\0)RANK=\d", proc_file(pid, "environ"))]
-        check(len(daemons) >= 2 and len(workers) >= 4, f"daemons {daemons}, workers {workers}")  # daemons fork helpers
+        seen = {}
+
+        def look():  # a rank between its echo and its exec may show no environment for a moment
+            seen["procs"] = procs = processes_with_marker(marker)
+            seen["daemons"] = [pid for pid in procs if proc_file(pid, "cmdline").split(b"\0")[0].endswith(b"pytorch_execd")]
+            seen["workers"] = [pid for pid in procs if re.search(rb"(^|\0)RANK=\d", proc_file(pid, "environ"))]
+            return len(seen["daemons"]) >= 2 and len(seen["workers"]) >= 4  # daemons fork helpers
+        check(wait_until(look, 10), f"daemons {seen['daemons']}, workers {seen['workers']}")
+        procs = seen["procs"]
         for pid in procs:
             argv, environ = proc_file(pid, "cmdline"), proc_file(pid, "environ")
             check(secret not in argv and secret not in environ, f"pid {pid} holds the secret: {argv!r}")
