@@ -205,6 +205,28 @@ def test_sigterm_while_the_output_is_not_read():
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
+def test_sigusr1_while_the_output_is_not_read_loses_nothing():
+    # SIGUSR1 is forwarded and the job goes on: the output that waited for the pipe when it came
+    # must still arrive, whole and in order.
+    env = marker_env()
+    p = start(["-n", "1", "sh", "-c", "trap '' USR1; seq 1 300000"], env=env,
+              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(1.5)  # 2 MB of lines: the pipe is full long before
+        for _ in range(3):
+            p.send_signal(signal.SIGUSR1)
+            time.sleep(0.3)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    want = "".join(f"{i}\n" for i in range(1, 300001)).encode()
+    check(p.returncode == 0 and out == want,
+          f"exit {p.returncode}, {len(out)} of {len(want)} bytes, the same: {out == want}: {err[-1000:]}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 def test_closed_stdout():
     # `pytorch_exec ... >&-`: the first descriptor pytorch_exec opened (its epoll instance) was
     # then its "standard output", the ranks' output went into it and the job hung.
@@ -217,4 +239,5 @@ if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
           test_output_files, test_output_dir_that_cannot_be_created,
           test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job,
-          test_sigterm_while_the_output_is_not_read, test_closed_stdout])
+          test_sigterm_while_the_output_is_not_read,
+          test_sigusr1_while_the_output_is_not_read_loses_nothing, test_closed_stdout])

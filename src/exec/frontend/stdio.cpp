@@ -186,21 +186,30 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   bool& broken = s == Stream::Out ? out_broken_ : err_broken_;
   if (broken) return;
   int fd = s == Stream::Out ? out_fd_ : err_fd_;
-  bool ok;
+  std::string& held = s == Stream::Out ? out_held_ : err_held_;
+  std::string tagged;
   if (opts_.tag || opts_.timestamp)
-    ok = write_out(fd, prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn)));
-  else
-    ok = write_out(fd, lines);
-  if (ok || errno == EINTR) return;  // a signal came (write_out): this output only is dropped
+    tagged = prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn));
+  std::string_view data = opts_.tag || opts_.timestamp ? std::string_view(tagged) : lines;
+  if (!held.empty()) {  // what a signal interrupted goes first
+    held.append(data);
+    data = held;
+  }
+  bool ok = write_out(fd, data);
+  int err = errno;
+  std::string rest(ok ? std::string_view() : data);
+  held.swap(rest);
+  if (ok || err == EINTR) return;  // a signal came (write_out): the rest is held for next time
+  held.clear();
   broken = true;  // from now on dropped (EAGAIN: nobody took it while the job stops)
-  if (errno == EPIPE && closed_) closed_(s);  // the reader went away (not: stdout closed, >&-)
+  if (err == EPIPE && closed_) closed_(s);  // the reader went away (not: stdout closed, >&-)
 }
 
 // Everything to the terminal or pipe `fd`, a page at a time once it can take one; while it
-// cannot, waiting_ every every_ seconds.  False on an error (errno says which: EPIPE, the
-// reader went away), or when the wait gave up (errno EINTR: a signal came; EAGAIN: it took
-// longer than every_ after stop_waiting()).
-bool OutputSink::write_out(int fd, std::string_view data) {
+// cannot, waiting_ every every_ seconds.  What was written is taken off the front of `data`.
+// False on an error (errno says which: EPIPE, the reader went away), or when the wait gave up
+// (errno EINTR: a signal came; EAGAIN: it took longer than every_ after stop_waiting()).
+bool OutputSink::write_out(int fd, std::string_view& data) {
   while (!data.empty()) {
     struct pollfd p[2] = {{fd, POLLOUT, 0}, {interrupt_fd_, POLLIN, 0}};
     int r = ::poll(p, interrupt_fd_ >= 0 ? 2 : 1, static_cast<int>(every_ * 1000));

@@ -50,8 +50,8 @@ class OutputSink {
   void grow(int nranks);
   // While the terminal or pipe does not take our output, `waiting` is called every `every`
   // seconds (pytorch_exec's daemons keep hearing from it: its loop waits here).  When
-  // `interrupt_fd` (SignalPipe's) becomes readable, the wait gives up and the rest of that
-  // output is dropped, so that the loop gets to the signal.
+  // `interrupt_fd` (SignalPipe's) becomes readable, the wait gives up, so that the loop gets
+  // to the signal; the rest of that output goes first next time.
   void while_blocked(double every, std::function<void()> waiting, int interrupt_fd = -1) {
     every_ = every;
     waiting_ = std::move(waiting);
@@ -72,7 +72,7 @@ class OutputSink {
 
  private:
   static constexpr size_t kTailBytes = 8192;
-  bool write_out(int fd, std::string_view data);
+  bool write_out(int fd, std::string_view& data);
   int file_of(int generation, int spawn, int rank, Stream s);
   int spawned_file(int generation, int spawn, int rank, Stream s);
   struct SpawnedFiles {
@@ -81,6 +81,7 @@ class OutputSink {
   OutputOptions opts_;
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
+  std::string out_held_, err_held_;  // output that a signal interrupted (write)
   bool files_open_ = false;
   double every_ = 1.0;
   int interrupt_fd_ = -1;
