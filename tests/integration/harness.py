@@ -116,6 +116,22 @@ def start(args, env=None, **kw):
     return subprocess.Popen([EXEC] + list(args), env=env, **kw)
 
 
+class reaped:
+    """`with reaped(start(...)) as p:` kills and reaps p if the block leaves it running."""
+
+    def __init__(self, p):
+        self.p = p
+
+    def __enter__(self):
+        return self.p
+
+    def __exit__(self, *exc):
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        return False
+
+
 def processes_with_marker(marker):
     """PIDs of live (non-zombie) processes whose environment holds PE_TEST_MARKER=marker."""
     found = []

@@ -5,8 +5,8 @@ import signal
 import subprocess
 import time
 
-from harness import (EXEC, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, run, script, start,
-                     tmpdir)
+from harness import (EXEC, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, reaped, run,
+                     script, start, tmpdir)
 
 MB = 1 << 20
 
@@ -156,16 +156,11 @@ def closed_reader(args):
     env = marker_env()
     if "--launch-agent" in args:
         args = [a.replace("{marker}", env["PE_TEST_MARKER"]) for a in args]
-    p = start(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with reaped(start(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)) as p:
         lines = [p.stdout.readline() for _ in range(2)]
         p.stdout.close()
         err = p.stderr.read().decode(errors="replace")
         rc = p.wait(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     check(all(l == b"y\n" for l in lines), f"read {lines}")
     assert_no_leftovers(env["PE_TEST_MARKER"])
     return rc, err
@@ -188,8 +183,7 @@ def test_sigterm_while_the_output_is_not_read():
     # output, inside its loop, so SIGTERM (timeout(1), SLURM) was never handled: it ran until the
     # reader went away.  Now the wait gives up on a signal and the job stops.
     env = marker_env()
-    p = start(["-n", "2", "yes"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with reaped(start(["-n", "2", "yes"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)) as p:
         time.sleep(2)  # the pipe is full long before
         check(p.poll() is None, f"pytorch_exec ended by itself: {p.returncode}")
         p.send_signal(signal.SIGTERM)
@@ -197,10 +191,6 @@ def test_sigterm_while_the_output_is_not_read():
             rc = p.wait(timeout=60)
         except subprocess.TimeoutExpired:
             raise AssertionError("pytorch_exec did not stop within 60 s of SIGTERM while nobody read its output")
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     check(rc == 143, f"exit {rc}")
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
@@ -209,18 +199,13 @@ def test_sigusr1_while_the_output_is_not_read_loses_nothing():
     # SIGUSR1 is forwarded and the job goes on: the output that waited for the pipe when it came
     # must still arrive, whole and in order.
     env = marker_env()
-    p = start(["-n", "1", "sh", "-c", "trap '' USR1; seq 1 300000"], env=env,
-              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
+    with reaped(start(["-n", "1", "sh", "-c", "trap '' USR1; seq 1 300000"], env=env,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)) as p:
         time.sleep(1.5)  # 2 MB of lines: the pipe is full long before
         for _ in range(3):
             p.send_signal(signal.SIGUSR1)
             time.sleep(0.3)
         out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
     want = "".join(f"{i}\n" for i in range(1, 300001)).encode()
     check(p.returncode == 0 and out == want,
           f"exit {p.returncode}, {len(out)} of {len(want)} bytes, the same: {out == want}: {err[-1000:]}")
