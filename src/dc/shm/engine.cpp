@@ -30,8 +30,6 @@ constexpr size_t kPairBytes = 2048;
 // ranks' buffers (process_vm_writev: one copy instead of two, through its slot and out of it)
 // when the shard has at least this many bytes; below, the system call costs more than the copy.
 constexpr size_t kDirectBytes = 16 << 10;
-// Each slot has kUnaliasSlack bytes more than its pieces take: a rank's piece of a round starts
-// where unaliased_offset() says for its buffer (comm.hpp: 4K aliasing).
 
 // A sequence counter on its own cache line; `in` carries the call of its round on the same
 // line, so that an owner learns both from one transfer.  The call is kept per round parity, like
@@ -48,7 +46,7 @@ struct alignas(64) RankState {
   uint64_t pid_ns;  // the inode of its PID namespace (0: unknown); `pid` means nothing elsewhere
   uint32_t life_lock;  // it holds its life lock (Segment::hold_life_lock) while it lives
   uint64_t buf[2];     // the caller's buffer of the round (by parity), published with `in`
-  uint32_t shift[2];   // where its piece of the round starts in its slot (Shifted), with `in`
+  uint32_t shift[2];   // where its piece of the round starts in its slot (set_shift), with `in`
   uint32_t direct[2];  // this owner wrote its shard into every other rank's buffer (with `out`)
   // A random number at an address of this rank's own memory: a rank that reads it there through
   // `pid` knows that `pid` names this rank (not another process, as it could in another PID
@@ -175,6 +173,8 @@ class EngineImpl : public AllreduceEngine {
   static size_t data_offset(int n) {
     return round_up(4096 + sizeof(RankState) * static_cast<size_t>(n), 4096);
   }
+  // Each slot has kUnaliasSlack bytes more than its pieces take: a rank's piece of a round starts
+  // where unaliased_offset() says for its buffer (comm.hpp: 4K aliasing).
   static size_t bytes(int n, size_t slot) {
     return data_offset(n) + 2 * static_cast<size_t>(n) * (slot + kUnaliasSlack);
   }

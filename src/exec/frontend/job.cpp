@@ -130,6 +130,7 @@ int JobController::run() {
     }
   });
   if (state_ != State::Done) loop_.run();
+  sink_.flush();
   sources_.reset();  // a discovery command still running is killed
   workers_->end_job(exit_status_);
   workers_.reset();  // stops daemons and reaps what is left before the status is returned
@@ -173,8 +174,7 @@ void JobController::start_generation() {
   } catch (const Error& e) {
     say(std::string("cannot start the workers: ") + e.what());
     exit_status_ = 1;
-    state_ = State::Failing;
-    sink_.stop_waiting();
+    enter_failing();
     stop_workers(SIGTERM);
     if (workers_->live() == 0) on_all_stopped();
   }
@@ -254,8 +254,7 @@ void JobController::on_rank_failed(Failure f) {
         std::to_string(cfg_.max_restarts) + ")");
     state_ = State::Restarting;
   } else {
-    state_ = State::Failing;
-    sink_.stop_waiting();
+    enter_failing();
   }
   // The others hear of it (a PMIx event) and get --failure-window seconds before they stop.
   const Failure& failed = *failure_;
@@ -503,8 +502,7 @@ void JobController::on_join_timeout() {
       (state_ == State::Preparing ? "joined" : "left or arrived") + " within the join timeout of " +
       seconds_text(cfg_.join_timeout) + " s (--join-timeout)");
   exit_status_ = 1;
-  state_ = State::Failing;
-  sink_.stop_waiting();
+  enter_failing();
   stop_workers(SIGTERM);
   if (workers_->live() == 0) on_all_stopped();
 }
@@ -595,8 +593,7 @@ void JobController::fail_with_node(const std::string& host, const std::string& w
     finish(exit_status_);
     return;
   }
-  state_ = State::Failing;
-  sink_.stop_waiting();
+  enter_failing();
   stop_workers(SIGTERM);
   if (workers_->live() == 0) on_all_stopped();
 }
@@ -654,6 +651,12 @@ void JobController::on_signal(int sig) {
   }
   logger("exec")->info("signal {} received: forwarding to {} processes", sig, workers_->live());
   interrupt(sig, sig);
+}
+
+// The job ends with a failure once its ranks are stopped; its output no longer holds it up.
+void JobController::enter_failing() {
+  state_ = State::Failing;
+  sink_.stop_waiting();
 }
 
 // The ranks are sent `send`; once they are gone, pytorch_exec exits with 128 + `sig`.

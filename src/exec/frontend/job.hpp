@@ -68,6 +68,7 @@ class JobController : public AgentListener {
   void on_stdin_drained() override;
   void on_signal(int sig);
   void interrupt(int sig, int send);
+  void enter_failing();
   void on_output_closed(Stream s);
   void stop_workers(int sig);
   void on_all_stopped();

@@ -232,6 +232,15 @@ bool OutputSink::write_out(int fd, std::string_view& data) {
   return true;
 }
 
+void OutputSink::flush() {
+  for (auto [fd, held, broken] : {std::tuple{out_fd_, &out_held_, out_broken_},
+                                  std::tuple{err_fd_, &err_held_, err_broken_}}) {
+    std::string_view data = *held;
+    if (!broken && !data.empty()) write_out(fd, data);
+    held->clear();
+  }
+}
+
 std::vector<std::string> OutputSink::stderr_tail(int rank, size_t max_lines) const {
   if (rank < 0 || static_cast<size_t>(rank) >= tails_.size()) return {};
   return last_lines(tails_[static_cast<size_t>(rank)], max_lines);

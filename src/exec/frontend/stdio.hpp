@@ -66,6 +66,8 @@ class OutputSink {
   // `lines` are whole lines ending with '\n'.  `spawn` > 0: a process of that spawned job (its
   // files, once open, are spawned_output_dir's, created at its first output).
   void write(int generation, int rank, Stream s, std::string_view lines, int spawn = 0);
+  // At the end of the job: what a signal held back (see while_blocked) is written now.
+  void flush();
   std::vector<std::string> stderr_tail(int rank, size_t max_lines) const;
   // At a group restart: the tails start again with the new generation.
   void clear_tails();
