@@ -69,13 +69,13 @@ struct Shards {
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
-// A process that has exited is gone even while its parent has not reaped it yet (a zombie).
 // This process's PID namespace, as the inode of /proc/self/ns/pid (0 when it cannot be read).
 uint64_t pid_namespace() {
   struct stat st {};
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
+// A process that has exited is gone even while its parent has not reaped it yet (a zombie).
 bool process_gone(pid_t pid) {
   if (::kill(pid, 0) != 0) return errno == ESRCH;
   std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
@@ -162,7 +162,7 @@ class EngineImpl : public AllreduceEngine {
     states_ = reinterpret_cast<RankState*>(seg_->base() + 4096);
     data_ = seg_->base() + data_offset(n);
     states_[me_].pid = ::getpid();
-    states_[me_].pid_ns = pid_ns_ = pid_namespace();
+    states_[me_].pid_ns = pid_namespace();
     states_[me_].life_lock = seg_->hold_life_lock(me_);
     cookie_ = random64() | 1;
     states_[me_].cookie = cookie_;
@@ -359,7 +359,8 @@ class EngineImpl : public AllreduceEngine {
     // its own that shares /dev/shm); its pid, which names nothing or another process from another
     // namespace, is looked at in this one's only (and catches a rank whose forked child still
     // holds its lock).
-    bool same_ns = pid_ns_ != 0 && s.pid_ns == pid_ns_;
+    uint64_t ns = states_[me_].pid_ns;
+    bool same_ns = ns != 0 && s.pid_ns == ns;
     if ((s.life_lock && states_[me_].life_lock && seg_->life_lock_gone(r)) ||
         (s.pid > 0 && same_ns && s.pid != ::getpid() && process_gone(s.pid)))
       throw Error("shm: local rank " + std::to_string(r) + " (pid " + std::to_string(s.pid) +
@@ -377,7 +378,6 @@ class EngineImpl : public AllreduceEngine {
   bool direct_ok_ = true;       // process_vm_writev into the other local ranks works
   std::vector<bool> verified_;  // by local rank: is_rank() said yes
   uint64_t cookie_ = 0;
-  uint64_t pid_ns_ = 0;
 };
 
 }  // namespace
