@@ -55,7 +55,8 @@ struct Options {
   double timeout = 0;
   // Allreduces of at most this many bytes use recursive doubling (PYTORCH_DC_SMALL; 32 KiB).
   size_t small_bytes = 0;
-  // Hierarchical allreduce when ranks share nodes (PYTORCH_DC_HIERARCHICAL=0 turns it off).
+  // Hierarchical allreduce, reduce_scatter, allgather and broadcast when ranks share nodes
+  // (PYTORCH_DC_HIERARCHICAL=0 turns it off).
   int hierarchical = -1;
   // Carry f32 as bf16 between nodes (PYTORCH_DC_BF16_WIRE=1): half the bytes, a relative error
   // of up to 2^-8 per hop.  Off by default.

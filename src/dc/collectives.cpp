@@ -8,13 +8,50 @@
 //                                                 local Comm; memcpy copies)
 //   otherwise ................................... over all ranks: recursive doubling up to
 //                                                 small_bytes, a pipelined ring above
+// and its reduce_scatter and allgather:
+//   the same number of ranks, more than one, on every node, ranks node by node, and several
+//   nodes (hierarchical) or one node with shm ... hierarchical_reduce_scatter /
+//                                                 hierarchical_allgather on the host engines
+//                                                 (on one node: the shm engine alone)
+//   otherwise ................................... a ring over all ranks
 #include <algorithm>
+#include <cstring>
 #include <optional>
 
 #include "dc/group.hpp"
 #include "dc/reduce.hpp"
+#include "dc/ring.hpp"
 
 namespace pytorch_exec::dc {
+
+namespace {
+
+// The host engines of the level inside a node: the node's shm engine, else rings over the
+// node's Comm.
+struct HostIntra {
+  std::optional<ShmIntra> shm;
+  std::optional<RingIntra> ring;
+  explicit HostIntra(const ProcessGroup::Impl& g) {
+    if (g.engine)
+      shm.emplace(*g.engine);
+    else
+      ring.emplace(g.local_c);
+  }
+  IntraEngine& engine() { return shm ? static_cast<IntraEngine&>(*shm) : *ring; }
+  IntraBlocks& blocks() { return shm ? static_cast<IntraBlocks&>(*shm) : *ring; }
+};
+
+// The work buffer of a reduce_scatter: the group's, kept up to this size; larger ones are the
+// call's own.
+constexpr size_t kKeptWorkBytes = 256 << 20;
+
+char* work_buffer(std::vector<char>& kept, std::vector<char>& own, size_t bytes) {
+  std::vector<char>& v = bytes <= kKeptWorkBytes ? kept : own;
+  if (v.size() < bytes) v.resize(bytes);
+  return v.data();
+}
+
+}  // namespace
 
 void ProcessGroup::Impl::allreduce(void* buf, size_t count, DType t, Op op, const Deadline& d) {
   auto h = make_header(Kind::Allreduce, count, t, op, ++seq);
@@ -26,18 +63,60 @@ void ProcessGroup::Impl::allreduce(void* buf, size_t count, DType t, Op op, cons
     return;
   }
   if (nodes > 1 && max_local > 1 && s.hierarchical) {
-    std::optional<ShmIntra> shm_intra;
-    std::optional<RingIntra> ring_intra;
-    IntraEngine& intra = engine ? static_cast<IntraEngine&>(shm_intra.emplace(*engine))
-                                : ring_intra.emplace(local_c);
+    HostIntra intra(*this);
     MemcpyCopy copy(s.pipeline_bytes > 0);
-    NodeLevels levels{cross_c, intra, copy, min_local, shm_bytes, size, s.pipeline_bytes};
+    NodeLevels levels{cross_c,   intra.engine(), copy, min_local, shm_bytes,
+                      size,      s.pipeline_bytes};
     hierarchical_allreduce(levels, buf, count, t, op, h, d, o);
     return;
   }
   o.bf16_wire = o.bf16_wire && nodes > 1;
   cross_allreduce(flat_c, buf, count, t, op, h, d, o);
   if (op == Op::Avg) finish_avg(buf, count, t, size);
+}
+
+bool ProcessGroup::Impl::blocks_by_level() const {
+  return node_major && local_size > 1 && (nodes > 1 ? s.hierarchical : engine != nullptr);
+}
+
+void ProcessGroup::Impl::host_blocks(const std::function<void(const BlockLevels&)>& run) {
+  HostIntra intra(*this);
+  MemcpyCopy copy(s.pipeline_bytes > 0);
+  run(BlockLevels{cross_c, intra.blocks(), local_rank, local_size, copy, size, s.pipeline_bytes});
+}
+
+void ProcessGroup::Impl::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op,
+                                        const Deadline& d) {
+  auto h = make_header(Kind::ReduceScatter, count, t, op, ++seq);
+  size_t es = dtype_size(t), total = count * es * static_cast<size_t>(size);
+  std::vector<char> own;
+  if (blocks_by_level()) {
+    char* w = nodes > 1 ? work_buffer(work, own, count * es * static_cast<size_t>(nodes)) : nullptr;
+    host_blocks([&](const BlockLevels& levels) {
+      hierarchical_reduce_scatter(levels, in, w, out, count, t, op, h, d);
+    });
+    return;
+  }
+  char* w = work_buffer(work, own, total);
+  std::memcpy(w, in, total);
+  ring_reduce_scatter(flat_c, w, uniform_blocks(count, size), t, op, h, d);
+  char* mine = w + static_cast<size_t>(rank) * count * es;
+  if (op == Op::Avg) finish_avg(mine, count, t, size);
+  std::memcpy(out, mine, count * es);
+}
+
+void ProcessGroup::Impl::allgather(const void* in, void* out, size_t count, DType t,
+                                   const Deadline& d) {
+  auto h = make_header(Kind::Allgather, count, t, Op::Sum, ++seq);
+  size_t es = dtype_size(t);
+  if (blocks_by_level()) {
+    host_blocks([&](const BlockLevels& levels) {
+      hierarchical_allgather(levels, in, out, count, t, h, d);
+    });
+    return;
+  }
+  std::memmove(static_cast<char*>(out) + static_cast<size_t>(rank) * count * es, in, count * es);
+  ring_allgather(flat_c, out, uniform_blocks(count, size), t, h, d);
 }
 
 }  // namespace pytorch_exec::dc

@@ -1,4 +1,4 @@
-// The two small interfaces that the hierarchical allreduce (hierarchical.cpp) is written against,
+// The small interfaces that the hierarchical collectives (hierarchical.cpp) are written against,
 // so that one orchestration (pieces, shards, the chunk pipeline of the cross-node step, and their
 // order) serves host memory and device memory alike:
 //   IntraEngine  the level inside a node (or locality domain): reduce-scatter into shards, the
@@ -6,6 +6,9 @@
 //                engine (ShmIntra) or rings over the node's Comm (RingIntra), both here; device
 //                memory: NCCL (gpu/levels.cpp).  NestedIntra makes one of two: the ranks of a
 //                locality domain, then the "rails" across the domains of the node.
+//   IntraBlocks  the same level for reduce-scatter, allgather and broadcast (host: shm engine
+//                rounds or rings and trees; device: ncclReduceScatter, ncclAllGather,
+//                ncclBroadcast).
 //   CopyEngine   moves one chunk of a shard to host memory for the wire and back.  Host memory:
 //                MemcpyCopy, whose "copies" are in place (a shard in host memory goes on the wire
 //                as it is); device memory: cudaMemcpyAsync on copy streams with events
@@ -38,13 +41,49 @@ class IntraEngine {
                          int avg_divisor, const CallHeader& h, const Deadline& d) = 0;
 };
 
+// The level inside a node for reduce-scatter, allgather and broadcast (hierarchical_reduce_scatter,
+// hierarchical_allgather, hierarchical_broadcast); for the first two: a buffer of `groups` groups (one per node) of one block of `block`
+// elements per rank of the level, in level-rank order; a rank's own blocks are its block of each
+// group, `groups` * `block` elements side by side.
+class IntraBlocks {
+ public:
+  virtual ~IntraBlocks() = default;
+  // `out` gets this rank's own blocks, each reduced over the level (`out` may be `in` only on one
+  // group, at this rank's place).  Op::Avg: returns true when the engine divided every
+  // contribution by `avg_divisor` (the sum across nodes is then the average), false when it
+  // summed (the caller divides the final result).
+  virtual bool reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t,
+                              Op op, int avg_divisor, const CallHeader& h, const Deadline& d) = 0;
+  // `in`: this rank's own blocks (nullptr: they are in their places in `out` already);
+  // afterwards every group of `out` holds every rank's block (`in` may be this rank's place in
+  // `out` only on one group).
+  virtual void allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                         const CallHeader& h, const Deadline& d) = 0;
+  // In place: `bytes` at `buf` of level rank `root` to every rank of the level.
+  virtual void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                         const Deadline& d) = 0;
+};
+
 // The node's shared memory (shm::AllreduceEngine rounds).
-class ShmIntra final : public IntraEngine {
+class ShmIntra final : public IntraEngine, public IntraBlocks {
  public:
   explicit ShmIntra(shm::AllreduceEngine& e) : e_(e) {}
   void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
                  int avg_divisor, const CallHeader& h, const Deadline& d) override {
     e_.allreduce(buf, count, t, op, owners, cross, avg_divisor, h, d);
+  }
+  bool reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t, Op op,
+                      int avg_divisor, const CallHeader& h, const Deadline& d) override {
+    e_.reduce_scatter(in, out, block, groups, t, op == Op::Avg ? Op::Sum : op, avg_divisor, h, d);
+    return false;
+  }
+  void allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                 const CallHeader& h, const Deadline& d) override {
+    e_.allgather(in, out, block, groups, t, h, d);
+  }
+  void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                 const Deadline& d) override {
+    e_.broadcast(buf, bytes, root, h, d);
   }
 
  private:
@@ -53,11 +92,18 @@ class ShmIntra final : public IntraEngine {
 
 // Rings over the node's Comm (a node of one rank, or tcp/mpi inside the node); local ranks from
 // `owners` on own empty blocks.
-class RingIntra final : public IntraEngine {
+class RingIntra final : public IntraEngine, public IntraBlocks {
  public:
   explicit RingIntra(const Comm& local) : local_(local) {}
   void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
                  int avg_divisor, const CallHeader& h, const Deadline& d) override;
+  // One ring per group; reduce_scatter on a copy of the group (the ring works in place).
+  bool reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t, Op op,
+                      int avg_divisor, const CallHeader& h, const Deadline& d) override;
+  void allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                 const CallHeader& h, const Deadline& d) override;
+  void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                 const Deadline& d) override;
 
  private:
   const Comm& local_;
@@ -130,6 +176,23 @@ class MemcpyCopy final : public CopyEngine {
   std::vector<char> slots_[kCopySlots];
 };
 
+// The chunk pipeline of a cross-node step, in general: chunk i of `chunks` takes `bytes(i)` of
+// host memory; `up` enqueues its copies into that memory (CopyEngine::to_host, on the slot it
+// is given), `wire` runs it across nodes, `down` enqueues its copies back (to_device).  `place`:
+// memory that a host-memory engine that does not stage may use as chunk i's host memory as it
+// is (nullptr: none; then it stages).
+struct ChunkSteps {
+  size_t chunks = 0;
+  std::function<size_t(size_t i)> bytes;
+  std::function<void*(size_t i)> place;
+  std::function<void(size_t i, int slot, char* host)> up, down;
+  std::function<void(size_t i, char* host)> wire;
+};
+// Chunk i+1 is copied to the host while chunk i is on the wire and chunk i-1 is copied back; a
+// chunk goes on the wire only after its copies to the host completed, and a slot is reused only
+// after its previous chunk's copies back completed.
+void pipelined_steps(CopyEngine& copy, const ChunkSteps& s, const Deadline& d);
+
 // How the cross-node step of one shard is cut into pipeline chunks: `chunk_bytes` per chunk
 // (0: the whole shard is one chunk), never splitting an element; the same on every node, so
 // that the owners of a shard make matching calls.
@@ -147,10 +210,8 @@ ChunkPlan plan_chunks(size_t count, size_t elem_bytes, size_t chunk_bytes);
 // The wire step of one chunk in host memory: the allreduce across nodes of `count` elements.
 using Wire = std::function<void(void* host, size_t count)>;
 
-// The pipelined cross-node step of one shard (`count` elements of `elem_bytes` at `shard`):
-// chunk i+1 is copied to the host while chunk i is on the wire and chunk i-1 is copied back; a
-// chunk goes on the wire only after its copy to the host completed, and a slot is reused only
-// after its previous chunk's copy back completed.
+// The pipelined cross-node step of one shard of an allreduce (`count` elements of `elem_bytes`
+// at `shard`), in place: pipelined_steps with one copy up and one back per chunk.
 void pipelined_cross(CopyEngine& copy, const Wire& wire, void* shard, size_t count,
                      size_t elem_bytes, size_t chunk_bytes, const Deadline& d);
 

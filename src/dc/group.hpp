@@ -44,6 +44,10 @@ struct ProcessGroup::Impl {
   std::unique_ptr<shm::AllreduceEngine> engine;  // the node's shared memory (intra-node shm)
   Comm world_c, local_c, cross_c;  // cross_c: the ranks with this local rank on every node
   Comm flat_c;                     // all ranks, over the intra-node transport on a single node
+  // Every node has local_size ranks and the ranks go node by node (k * local_size + j: local
+  // rank j of node k), as hierarchical_reduce_scatter and hierarchical_allgather need.
+  bool node_major = false;
+  std::vector<char> work;  // reduce_scatter's work buffer, kept between calls (up to 256 MiB)
   uint64_t seq = 0;
   int splits = 0;
   std::shared_ptr<gpu::DeviceState> gpu;  // made by the first device-memory call
@@ -65,6 +69,15 @@ struct ProcessGroup::Impl {
   void run_guarded(const Deadline& d, const std::function<void()>& f);
   // The allreduce of the group, in place, by level and size (collectives.cpp).
   void allreduce(void* buf, size_t count, DType t, Op op, const Deadline& d);
+  // Reduce-scatter and allgather of `count` elements per rank (collectives.cpp), by level.
+  void reduce_scatter(const void* in, void* out, size_t count, DType t, Op op, const Deadline& d);
+  void allgather(const void* in, void* out, size_t count, DType t, const Deadline& d);
+  // Whether reduce_scatter and allgather go level by level (hierarchical_reduce_scatter): the
+  // ranks are node_major, more than one on each node, and there are levels to use (several
+  // nodes, PYTORCH_DC_HIERARCHICAL not off; or one node with shm).
+  bool blocks_by_level() const;
+  // Runs `run` with the levels of this group on the host engines (blocks_by_level).
+  void host_blocks(const std::function<void(const BlockLevels&)>& run);
 };
 
 // A group of the ranks of `w` (process_group.cpp); `listener`: this rank's tcp listener, whose

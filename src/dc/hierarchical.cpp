@@ -7,6 +7,7 @@
 #include "dc/recursive_doubling.hpp"
 #include "dc/reduce.hpp"
 #include "dc/ring.hpp"
+#include "dc/tree.hpp"
 
 namespace pytorch_exec::dc {
 
@@ -39,6 +40,37 @@ void RingIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, c
     if (op == Op::Avg) finish_avg(mine, b.count(local_.me), t, avg_divisor);
   }
   if (local_.size() > 1) ring_allgather(local_, buf, b, t, h, d);
+}
+
+bool RingIntra::reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t,
+                               Op op, int, const CallHeader& h, const Deadline& d) {
+  size_t bb = block * dtype_size(t), n = static_cast<size_t>(local_.size());
+  std::vector<char> work(n * bb);
+  for (size_t g = 0; g < groups; ++g) {
+    const char* group = static_cast<const char*>(in) + g * n * bb;
+    std::memcpy(work.data(), group, n * bb);
+    ring_reduce_scatter(local_, work.data(), uniform_blocks(block, local_.size()), t, op, h, d);
+    std::memcpy(static_cast<char*>(out) + g * bb,
+                work.data() + static_cast<size_t>(local_.me) * bb, bb);
+  }
+  return false;  // the ring sums an Avg
+}
+
+void RingIntra::allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                          const CallHeader& h, const Deadline& d) {
+  size_t bb = block * dtype_size(t), n = static_cast<size_t>(local_.size());
+  for (size_t g = 0; g < groups; ++g) {
+    char* group = static_cast<char*>(out) + g * n * bb;
+    char* mine = group + static_cast<size_t>(local_.me) * bb;
+    const char* own = in ? static_cast<const char*>(in) + g * bb : mine;
+    if (mine != own) std::memmove(mine, own, bb);
+    ring_allgather(local_, group, uniform_blocks(block, local_.size()), t, h, d);
+  }
+}
+
+void RingIntra::broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                          const Deadline& d) {
+  tree_broadcast(local_, buf, bytes, root, h, d);
 }
 
 void NestedIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
@@ -86,7 +118,7 @@ DomainLevels domain_levels(const std::vector<int>& node_of, const std::vector<in
 }
 
 void* MemcpyCopy::host(int slot, void* src, size_t bytes) {
-  if (!staged_) return src;
+  if (!staged_ && src) return src;
   auto& s = slots_[slot];
   if (s.size() < bytes) s.resize(bytes);
   return s.data();
@@ -109,34 +141,45 @@ ChunkPlan plan_chunks(size_t count, size_t elem_bytes, size_t chunk_bytes) {
   return p;
 }
 
-void pipelined_cross(CopyEngine& copy, const Wire& wire, void* shard, size_t count,
-                     size_t elem_bytes, size_t chunk_bytes, const Deadline& d) {
-  ChunkPlan p = plan_chunks(count, elem_bytes, chunk_bytes);
-  if (p.chunks == 0) return;
-  auto* base = static_cast<char*>(shard);
+void pipelined_steps(CopyEngine& copy, const ChunkSteps& s, const Deadline& d) {
+  if (s.chunks == 0) return;
   auto slot = [](size_t i) { return static_cast<int>(i % kCopySlots); };
-  auto src = [&](size_t i) { return base + p.first(i) * elem_bytes; };
-  auto bytes = [&](size_t i) { return p.count(i, count) * elem_bytes; };
-  void* host[kCopySlots] = {};  // of the chunk in each slot (no allocation per call)
+  char* host[kCopySlots] = {};  // of the chunk in each slot (no allocation per call)
   auto stage = [&](size_t i) {
-    host[slot(i)] = copy.host(slot(i), src(i), bytes(i));
-    copy.to_host(slot(i), host[slot(i)], src(i), bytes(i));
+    host[slot(i)] = static_cast<char*>(copy.host(slot(i), s.place(i), s.bytes(i)));
+    s.up(i, slot(i), host[slot(i)]);
   };
   copy.begin(d);
   stage(0);
-  for (size_t i = 0; i < p.chunks; ++i) {
-    if (i + 1 < p.chunks) {
-      // The slot of chunk i+1 was chunk i-2's: its copy back must be done before it is refilled.
+  for (size_t i = 0; i < s.chunks; ++i) {
+    if (i + 1 < s.chunks) {
+      // The slot of chunk i+1 was chunk i-2's: its copies back must be done before it is refilled.
       if (i + 1 >= static_cast<size_t>(kCopySlots)) copy.wait_to_device(slot(i + 1), d);
       stage(i + 1);
     }
     copy.wait_to_host(slot(i), d);
-    wire(host[slot(i)], p.count(i, count));
-    copy.to_device(slot(i), src(i), host[slot(i)], bytes(i));
+    s.wire(i, host[slot(i)]);
+    s.down(i, slot(i), host[slot(i)]);
   }
-  size_t tail = std::min<size_t>(p.chunks, kCopySlots);
-  for (size_t i = p.chunks - tail; i < p.chunks; ++i) copy.wait_to_device(slot(i), d);
+  size_t tail = std::min<size_t>(s.chunks, kCopySlots);
+  for (size_t i = s.chunks - tail; i < s.chunks; ++i) copy.wait_to_device(slot(i), d);
   copy.end(d);
+}
+
+void pipelined_cross(CopyEngine& copy, const Wire& wire, void* shard, size_t count,
+                     size_t elem_bytes, size_t chunk_bytes, const Deadline& d) {
+  ChunkPlan p = plan_chunks(count, elem_bytes, chunk_bytes);
+  auto* base = static_cast<char*>(shard);
+  auto src = [&](size_t i) { return base + p.first(i) * elem_bytes; };
+  auto bytes = [&](size_t i) { return p.count(i, count) * elem_bytes; };
+  ChunkSteps s;
+  s.chunks = p.chunks;
+  s.bytes = bytes;
+  s.place = src;
+  s.up = [&](size_t i, int slot, char* host) { copy.to_host(slot, host, src(i), bytes(i)); };
+  s.wire = [&](size_t i, char* host) { wire(host, p.count(i, count)); };
+  s.down = [&](size_t i, int slot, char* host) { copy.to_device(slot, src(i), host, bytes(i)); };
+  pipelined_steps(copy, s, d);
 }
 
 void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType t, Op op,
@@ -157,6 +200,121 @@ void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType 
     n.intra.allreduce(static_cast<char*>(buf) + off * es, m, t, op, owners, cross, n.contributors,
                       h, d);
   }
+}
+
+namespace {
+
+// The chunks of a cross-node step over `nodes` blocks of `count` elements: chunk i takes
+// elements [f, f + c) of each, N * c elements of host memory; with one chunk, `place` is that
+// memory where the engine does not stage.
+ChunkSteps block_chunks(const ChunkPlan& p, size_t nodes, size_t count, size_t es, void* place) {
+  ChunkSteps s;
+  s.chunks = p.chunks;
+  s.bytes = [p, nodes, count, es](size_t i) { return nodes * p.count(i, count) * es; };
+  s.place = [one = p.chunks == 1, place](size_t) { return one ? place : nullptr; };
+  return s;
+}
+
+}  // namespace
+
+void hierarchical_reduce_scatter(const BlockLevels& n, const void* in, void* work, void* out,
+                                 size_t count, DType t, Op op, const CallHeader& h,
+                                 const Deadline& d) {
+  size_t es = dtype_size(t), bb = count * es;
+  auto nodes = static_cast<size_t>(n.cross.size());
+  auto* o = static_cast<char*>(out);
+  if (nodes == 1) {
+    if (!n.intra.reduce_scatter(in, o, count, 1, t, op, n.contributors, h, d) && op == Op::Avg)
+      finish_avg(o, count, t, n.contributors);
+    return;
+  }
+  // The shard: this local rank's block of every node, each reduced over this node.
+  auto* shard = static_cast<char*>(work);
+  bool divided = n.intra.reduce_scatter(in, shard, count, nodes, t, op, n.contributors, h, d);
+  // Chunk i: elements [f, f + c) of each of the shard's N blocks, side by side in host memory;
+  // a ring reduce-scatter leaves node k's block reduced on node k.
+  ChunkPlan p = plan_chunks(count, es, n.chunk_bytes);
+  auto me = static_cast<size_t>(n.cross.me);
+  ChunkSteps s = block_chunks(p, nodes, count, es, shard);
+  s.up = [&](size_t i, int slot, char* host) {
+    size_t c = p.count(i, count) * es, f = p.first(i) * es;
+    for (size_t k = 0; k < nodes; ++k) n.copy.to_host(slot, host + k * c, shard + k * bb + f, c);
+  };
+  s.wire = [&](size_t i, char* host) {
+    size_t c = p.count(i, count);
+    ring_reduce_scatter(n.cross, host, uniform_blocks(c, n.cross.size()), t, op,
+                        make_header(Kind::ReduceScatter, c, t, op, h.seq), d);
+  };
+  s.down = [&](size_t i, int slot, char* host) {
+    size_t c = p.count(i, count) * es;
+    n.copy.to_device(slot, o + p.first(i) * es, host + me * c, c);
+  };
+  pipelined_steps(n.copy, s, d);
+  if (op == Op::Avg && !divided) finish_avg(o, count, t, n.contributors);
+}
+
+void hierarchical_allgather(const BlockLevels& n, const void* in, void* out, size_t count,
+                            DType t, const CallHeader& h, const Deadline& d) {
+  size_t es = dtype_size(t);
+  auto nodes = static_cast<size_t>(n.cross.size()), local = static_cast<size_t>(n.local_size);
+  auto me = static_cast<size_t>(n.cross.me), j = static_cast<size_t>(n.local_rank);
+  auto* o = static_cast<char*>(out);
+  if (nodes == 1) return n.intra.allgather(in, o, count, 1, t, h, d);
+  // Across nodes, among the ranks of this local rank: block (k, j) of `out`, local rank j's of
+  // node k, straight into its place.  Chunk i: elements [f, f + c) of each, in place where the
+  // host memory is `out`, else side by side in staged memory.
+  auto block = [&](size_t k) { return (k * local + j) * count; };  // in elements
+  const auto* src = static_cast<const char*>(in);
+  ChunkPlan p = plan_chunks(count, es, n.chunk_bytes);
+  ChunkSteps s = block_chunks(p, nodes, count, es, o);
+  s.up = [&](size_t i, int slot, char* host) {
+    size_t c = p.count(i, count) * es, f = p.first(i) * es;
+    n.copy.to_host(slot, host == o ? o + block(me) * es + f : host + me * c, src + f, c);
+  };
+  s.wire = [&](size_t i, char* host) {
+    size_t c = p.count(i, count);
+    Blocks b = uniform_blocks(c, n.cross.size());
+    if (host == o)
+      for (size_t k = 0; k < nodes; ++k) b.at.push_back(block(k) + p.first(i));
+    ring_allgather(n.cross, host, b, t, make_header(Kind::Allgather, c, t, Op::Sum, h.seq), d);
+  };
+  s.down = [&](size_t i, int slot, char* host) {
+    size_t c = p.count(i, count) * es, f = p.first(i) * es;
+    if (host != o)
+      for (size_t k = 0; k < nodes; ++k)
+        n.copy.to_device(slot, o + block(k) * es + f, host + k * c, c);
+  };
+  pipelined_steps(n.copy, s, d);
+  // Inside the node: every rank's blocks, in their places, to every rank.
+  n.intra.allgather(nullptr, o, count, nodes, t, h, d);
+}
+
+void hierarchical_broadcast(const BlockLevels& n, void* buf, size_t bytes, int root_node,
+                            int root_local, const CallHeader& h, const Deadline& d) {
+  auto* b = static_cast<char*>(buf);
+  if (n.cross.size() > 1 && n.local_rank == root_local) {
+    // Across nodes among the ranks of the root's local rank: the root's chunk goes up, the
+    // others' come down.
+    bool root = n.cross.me == root_node;
+    ChunkPlan p = plan_chunks(bytes, 1, n.chunk_bytes);
+    ChunkSteps s;
+    s.chunks = p.chunks;
+    s.bytes = [&](size_t i) { return p.count(i, bytes); };
+    s.place = [&](size_t) -> void* { return p.chunks == 1 ? b : nullptr; };
+    s.up = [&](size_t i, int slot, char* host) {
+      if (root) n.copy.to_host(slot, host, b + p.first(i), p.count(i, bytes));
+    };
+    s.wire = [&](size_t i, char* host) {
+      size_t c = p.count(i, bytes);
+      tree_broadcast(n.cross, host, c, root_node,
+                     make_header(Kind::Broadcast, c, DType::U8, Op::Sum, h.seq, root_node), d);
+    };
+    s.down = [&](size_t i, int slot, char* host) {
+      if (!root) n.copy.to_device(slot, b + p.first(i), host, p.count(i, bytes));
+    };
+    pipelined_steps(n.copy, s, d);
+  }
+  n.intra.broadcast(b, bytes, root_local, h, d);
 }
 
 }  // namespace pytorch_exec::dc

@@ -67,4 +67,42 @@ DomainLevels domain_levels(const std::vector<int>& node_of, const std::vector<in
 void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType t, Op op,
                             const CallHeader& h, const Deadline& d, const CrossOptions& o);
 
+// Reduce-scatter, allgather and broadcast for groups whose nodes all have the same number of
+// ranks L and whose ranks go node by node (group rank k * L + j: local rank j of node k; one node
+// too), written once for host and device memory.
+//   reduce-scatter: (1) inside each node, the IntraBlocks reduce-scatters so that each rank gets
+//     its shard, the blocks of its local rank on every node, reduced over its node; (2) across
+//     nodes, the ranks of local rank j reduce-scatter their shards (a ring over cross, in
+//     pipeline chunks through the CopyEngine), which leaves each its own block;
+//   allgather: the reverse: (1) across nodes, the ranks of local rank j allgather their blocks
+//     straight into their places (a ring over cross, in place in host memory, else in pipeline
+//     chunks through the CopyEngine); (2) inside each node, the IntraBlocks allgathers them.
+// Across nodes each rank sends (N-1)/N of a block instead of a flat ring's (n-1)/n of
+// everything over each link between nodes.
+struct BlockLevels {
+  const Comm& cross;   // the ranks of this local rank, member k on node k (N)
+  IntraBlocks& intra;  // this node's ranks; level rank: the local rank
+  int local_rank, local_size;
+  CopyEngine& copy;    // the cross-node chunks to and from host memory
+  int contributors;    // the group's size: what Op::Avg divides by
+  size_t chunk_bytes;  // pipeline chunk of the cross-node step; 0: one chunk
+};
+// `in`: every rank's block of `count` elements in group-rank order; `out`: this rank's block;
+// `work`: N * count elements of the same memory, overlapping neither (one node: unused).  Op::Avg
+// divides by `contributors`.
+void hierarchical_reduce_scatter(const BlockLevels& n, const void* in, void* work, void* out,
+                                 size_t count, DType t, Op op, const CallHeader& h,
+                                 const Deadline& d);
+// `in`: this rank's block (may be its place in `out`); `out`: every rank's, in group-rank
+// order.
+void hierarchical_allgather(const BlockLevels& n, const void* in, void* out, size_t count,
+                            DType t, const CallHeader& h, const Deadline& d);
+
+// Broadcast for the same groups: (1) across nodes, the ranks of the root's local rank broadcast from the
+// root's node (a tree over their cross Comm, in pipeline chunks through the CopyEngine); (2)
+// inside each node, the IntraBlocks broadcasts from that local rank.  The root's node sends the
+// buffer once to each other node instead of once per rank.
+void hierarchical_broadcast(const BlockLevels& n, void* buf, size_t bytes, int root_node,
+                            int root_local, const CallHeader& h, const Deadline& d);
+
 }  // namespace pytorch_exec::dc

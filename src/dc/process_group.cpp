@@ -86,6 +86,9 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
     bool stream = c->t && (c->t->capabilities() & Transport::kByteStream);  // tcp: segments
     c->max_chunk = shared_cpus && stream ? kRingChunkShared : kRingChunk;
   }
+  node_major = min_local == max_local;
+  for (int r = 0; r < size && node_major; ++r)
+    node_major = node_of[static_cast<size_t>(r)] == r / local_size;
   shm_bytes = s.shm_bytes ? s.shm_bytes : nodes > 1 ? 4 << 20 : 512 << 10;
   // Set up over the node's own connections, not the store: a group made by split() must not
   // depend on the rank that serves the store still being there.
@@ -247,17 +250,7 @@ void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType
   Impl& g = *impl_;
   auto d = Deadline::call(g.seconds(timeout), "reduce_scatter", count, static_cast<int>(t),
                           static_cast<int>(op));
-  size_t es = dtype_size(t);
-  g.guarded(d, [&] {
-    auto h = make_header(Kind::ReduceScatter, count, t, op, ++g.seq);
-    std::vector<char> work(static_cast<const char*>(in),
-                           static_cast<const char*>(in) + count * es * static_cast<size_t>(g.size));
-    Blocks b = uniform_blocks(count, g.size);
-    ring_reduce_scatter(g.world_c, work.data(), b, t, op, h, d);
-    char* mine = work.data() + static_cast<size_t>(g.rank) * count * es;
-    if (op == Op::Avg) finish_avg(mine, count, t, g.size);
-    std::memcpy(out, mine, count * es);
-  });
+  g.guarded(d, [&] { g.reduce_scatter(in, out, count, t, op, d); });
 }
 
 void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, double timeout) {
@@ -265,14 +258,7 @@ void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, d
   need_buffer(out, count, "allgather");
   Impl& g = *impl_;
   auto d = Deadline::call(g.seconds(timeout), "allgather", count, static_cast<int>(t));
-  size_t es = dtype_size(t);
-  g.guarded(d, [&] {
-    auto h = make_header(Kind::Allgather, count, t, Op::Sum, ++g.seq);
-    std::memmove(static_cast<char*>(out) + static_cast<size_t>(g.rank) * count * es, in,
-                 count * es);
-    Blocks b = uniform_blocks(count, g.size);
-    ring_allgather(g.world_c, out, b, t, h, d);
-  });
+  g.guarded(d, [&] { g.allgather(in, out, count, t, d); });
 }
 
 void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double timeout) {
@@ -284,7 +270,11 @@ void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double 
   auto d = Deadline::call(g.seconds(timeout), "broadcast", count, static_cast<int>(t), -1, root);
   g.guarded(d, [&] {
     auto h = make_header(Kind::Broadcast, count, t, Op::Sum, ++g.seq, root);
-    tree_broadcast(g.world_c, buf, count * dtype_size(t), root, h, d);
+    size_t bytes = count * dtype_size(t);
+    if (!g.blocks_by_level()) return tree_broadcast(g.world_c, buf, bytes, root, h, d);
+    g.host_blocks([&](const BlockLevels& levels) {
+      hierarchical_broadcast(levels, buf, bytes, root / g.local_size, root % g.local_size, h, d);
+    });
   });
 }
 

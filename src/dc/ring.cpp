@@ -44,7 +44,7 @@ void units(const Comm& c, const Blocks& b, size_t esize, int steps, F block_of,
     size_t n = b.count(blk);
     Chunking ch(n, esize, c.max_chunk);
     for (size_t k = 0; k < ch.chunks(n); ++k) {
-      size_t first = b.off[static_cast<size_t>(blk)] + k * ch.elems;
+      size_t first = b.first(blk) + k * ch.elems;
       out.push_back({blk, first, std::min(ch.elems, n - k * ch.elems)});
     }
   }

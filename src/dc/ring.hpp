@@ -12,11 +12,16 @@
 
 namespace pytorch_exec::dc {
 
-// Block i is elements [off[i], off[i+1]); off has size()+1 entries.
+// Block i has off[i+1] - off[i] elements (off has size()+1 entries) and starts at element off[i]
+// of the buffer, or at at[i] where `at` is given (blocks apart from each other, e.g. one rank's
+// block of every node in a buffer laid out node by node).
 struct Blocks {
-  std::vector<size_t> off;
+  std::vector<size_t> off, at;
   size_t count(int i) const {
     return off[static_cast<size_t>(i) + 1] - off[static_cast<size_t>(i)];
+  }
+  size_t first(int i) const {
+    return at.empty() ? off[static_cast<size_t>(i)] : at[static_cast<size_t>(i)];
   }
 };
 // `count` elements over `n` blocks as evenly as possible; even_first is where block j starts.

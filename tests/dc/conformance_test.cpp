@@ -5,6 +5,7 @@
 // on fresh random inputs, and the same bits on every rank.  The mpi transport needs processes:
 // tests/integration/test_dc.py runs the same checks through dc_check under pytorch_exec.
 #include <cstdlib>
+#include <cstring>
 
 #include "testlib.hpp"
 
@@ -123,6 +124,47 @@ TEST_P(Conformance, ReduceScatterAllgatherBroadcastAndBarrier) {
     }
 }
 
+// reduce_scatter with every op and the layouts the conformance configurations give (one node,
+// several nodes level by level, unequal nodes and flat rings), against the reference allreduce:
+// rank r's block is elements [r * count, (r + 1) * count) of it.  Inputs and outputs apart and
+// in place (the output is the rank's block of the input); allgather with the input in its place
+// in the output.
+TEST_P(Conformance, ReduceScatterEveryOpAndAllgatherInPlace) {
+  auto g = make(GetParam());
+  int n = GetParam().n;
+  for (DType t : {DType::F32, DType::I32, DType::F64})
+    for (Op op : kOps)
+      for (size_t count : {size_t{1}, size_t{7}, size_t{3000}, size_t{70001}}) {
+        size_t es = dtype_size(t), bb = count * es;
+        std::vector<std::vector<char>> in;
+        for (int r = 0; r < n; ++r)
+          in.push_back(random_input(count * static_cast<size_t>(n), t, op, rng));
+        std::vector<char> apart(bb * static_cast<size_t>(n)), inplace(apart.size());
+        on_all(g, [&](ProcessGroup& pg, int r) {
+          auto& mine = in[static_cast<size_t>(r)];
+          char* at = apart.data() + static_cast<size_t>(r) * bb;
+          pg.reduce_scatter(mine.data(), at, count, t, op);
+          std::vector<char> buf = mine;
+          char* place = buf.data() + static_cast<size_t>(r) * bb;
+          pg.reduce_scatter(buf.data(), place, count, t, op);
+          std::memcpy(inplace.data() + static_cast<size_t>(r) * bb, place, bb);
+        });
+        ASSERT_EQ(check_result(apart.data(), in, count * static_cast<size_t>(n), t, op), 0u)
+            << dtype_name(t) << " " << op_name(op) << " count " << count;
+        ASSERT_EQ(inplace, apart) << "in place, count " << count;
+        std::vector<std::vector<char>> all(static_cast<size_t>(n));
+        on_all(g, [&](ProcessGroup& pg, int r) {
+          auto& out = all[static_cast<size_t>(r)];
+          out.assign(bb * static_cast<size_t>(n), 0);
+          char* place = out.data() + static_cast<size_t>(r) * bb;
+          std::memcpy(place, apart.data() + static_cast<size_t>(r) * bb, bb);
+          pg.allgather(place, out.data(), count, t);
+        });
+        for (int r = 0; r < n; ++r)
+          ASSERT_EQ(all[static_cast<size_t>(r)], apart) << "allgather in place on rank " << r;
+      }
+}
+
 TEST_P(Conformance, SendRecvAndSplit) {
   auto g = make(GetParam());
   int n = GetParam().n;
@@ -175,6 +217,13 @@ INSTANTIATE_TEST_SUITE_P(
         // past its (no) receives in the reduce-scatter.
         Config{"hier_tcp_unequal_2_1_large_pieces", 3, {0, 1, 0}, "tcp", "4194304", 1, 0},
         Config{"flat_tcp_2x2_not_hierarchical", 4, {0, 0, 1, 1}, "shm", nullptr, 0, 0},
+        // Nodes of equal size whose ranks are not node by node: flat rings for reduce_scatter
+        // and allgather.
+        Config{"hier_shm_2x2_interleaved", 4, {0, 1, 0, 1}, "shm", nullptr, 1, 0},
+        // Rings inside the nodes (tcp), level by level; three nodes whose small slots take a few
+        // nodes' blocks per round or part of one.
+        Config{"hier_tcp_2x2", 4, {0, 0, 1, 1}, "tcp", nullptr, 1, 0},
+        Config{"hier_shm_3x2_small_slots", 6, {0, 0, 1, 1, 2, 2}, "shm", "8192", 1, 0},
         Config{"hier_shm_2x2_bf16_wire", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 1},
         // The cross-node step in pipeline chunks, staged through the memcpy engine's buffers:
         // chunks of odd byte counts (cut to whole elements), and larger than

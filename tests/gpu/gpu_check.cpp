@@ -199,6 +199,10 @@ void collectives(ProcessGroup& pg, int r, int n, int gpu_index, size_t count) {
     pg.device_synchronize(s);
     size_t base = static_cast<size_t>(r) * count;
     expect(out.get(count), [&](size_t j) { return summed(base + j); }, "reduce_scatter");
+    pg.reduce_scatter_device(in.p, out.p, count, DType::F32, Op::Avg, s);
+    pg.device_synchronize(s);
+    expect(out.get(count), [&](size_t j) { return summed(base + j) / static_cast<float>(n); },
+           "reduce_scatter Avg");
   }
   {
     Device in(count), out(total);
@@ -207,6 +211,15 @@ void collectives(ProcessGroup& pg, int r, int n, int gpu_index, size_t count) {
     pg.device_synchronize(s);
     expect(out.get(total), [&](size_t j) { return value(static_cast<int>(j / count), j % count); },
            "allgather");
+    // In place: the input is this rank's block of the output.
+    float* mine = out.p + static_cast<size_t>(r) * count;
+    out.put(std::vector<float>(total, -1.0f));
+    gpu::check_cuda(cudaMemcpy(mine, in.p, count * sizeof(float), cudaMemcpyDeviceToDevice),
+                    "cudaMemcpy");
+    pg.allgather_device(mine, out.p, count, DType::F32, s);
+    pg.device_synchronize(s);
+    expect(out.get(total), [&](size_t j) { return value(static_cast<int>(j / count), j % count); },
+           "allgather in place");
   }
   {
     Device d(count);

@@ -32,6 +32,21 @@ struct PreMul {
 
 }  // namespace
 
+void NcclIntra::with_op(DType t, Op op, int avg_divisor, const Deadline& d,
+                        const std::function<void(ncclRedOp_t)>& f) {
+  if (op != Op::Avg) return f(nccl_op(op));
+  require_avg(t);
+  PreMul pm;
+  const void* scalar = pm.scalar(t, avg_divisor);
+  ncclRedOp_t rop{};
+  c_.enqueue("ncclRedOpCreatePreMulSum", [&](ncclComm_t c) {
+    return ncclRedOpCreatePreMulSum(&rop, const_cast<void*>(scalar), nccl_type(t),
+                                    ncclScalarHostImmediate, c);
+  }, d);
+  f(rop);
+  c_.enqueue("ncclRedOpDestroy", [&](ncclComm_t c) { return ncclRedOpDestroy(rop, c); }, d);
+}
+
 void require_avg(DType t) {
   if (t != DType::F32 && t != DType::F64)
     throw Error(std::string("allreduce_device across nodes: Avg on ") + dtype_name(t) +
@@ -44,39 +59,68 @@ void NcclIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, c
   Blocks b = even_blocks(count, owners);
   while (static_cast<int>(b.off.size()) < n_ + 1) b.off.push_back(count);
   auto* base = static_cast<char*>(buf);
-  ncclRedOp_t rop = nccl_op(op);
-  bool premul = op == Op::Avg;
-  if (premul) {
-    require_avg(t);
-    PreMul pm;
-    const void* scalar = pm.scalar(t, avg_divisor);
-    c_.enqueue("ncclRedOpCreatePreMulSum", [&](ncclComm_t c) {
-      return ncclRedOpCreatePreMulSum(&rop, const_cast<void*>(scalar), nccl_type(t),
-                                      ncclScalarHostImmediate, c);
-    }, d);
-  }
   // One NCCL call per non-empty shard j (root: its owner, local rank j), in one group.
   auto per_shard = [&](const char* call, const std::function<ncclResult_t(char*, size_t, int,
                                                                           ncclComm_t)>& f) {
-    c_.enqueue(call, [&](ncclComm_t c) {
-      ncclResult_t r = ncclGroupStart();
-      for (int j = 0; j < owners && r == ncclSuccess; ++j)
-        if (b.count(j) > 0) r = f(base + b.off[static_cast<size_t>(j)] * es, b.count(j), j, c);
-      ncclResult_t end = ncclGroupEnd();
-      return r != ncclSuccess ? r : end;
-    }, d);
+    grouped(call, static_cast<size_t>(owners), d, [&](size_t i, ncclComm_t c) {
+      int j = static_cast<int>(i);
+      return b.count(j) > 0 ? f(base + b.off[i] * es, b.count(j), j, c) : ncclSuccess;
+    });
   };
-  per_shard("ncclReduce (one per shard, grouped)", [&](char* p, size_t k, int j, ncclComm_t c) {
-    return ncclReduce(p, p, k, nccl_type(t), rop, j, c, stream_);
+  with_op(t, op, avg_divisor, d, [&](ncclRedOp_t rop) {
+    per_shard("ncclReduce (one per shard, grouped)", [&](char* p, size_t k, int j, ncclComm_t c) {
+      return ncclReduce(p, p, k, nccl_type(t), rop, j, c, stream_);
+    });
   });
-  if (premul)
-    c_.enqueue("ncclRedOpDestroy", [&](ncclComm_t c) { return ncclRedOpDestroy(rop, c); }, d);
   // The owner's shard across nodes (the copy engine orders its copies after the reduce).
   if (me_ < owners && b.count(me_) > 0 && cross)
     cross(base + b.off[static_cast<size_t>(me_)] * es, b.count(me_));
   per_shard("ncclBroadcast (one per shard, grouped)", [&](char* p, size_t k, int j, ncclComm_t c) {
     return ncclBroadcast(p, p, k, nccl_type(t), j, c, stream_);
   });
+}
+
+bool NcclIntra::reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t,
+                               Op op, int avg_divisor, const CallHeader&, const Deadline& d) {
+  size_t bb = block * dtype_size(t);
+  with_op(t, op, avg_divisor, d, [&](ncclRedOp_t rop) {
+    grouped("ncclReduceScatter (one per node's group, grouped)", groups, d, [&](size_t g,
+                                                                              ncclComm_t c) {
+      return ncclReduceScatter(static_cast<const char*>(in) + g * static_cast<size_t>(n_) * bb,
+                               static_cast<char*>(out) + g * bb, block, nccl_type(t), rop, c,
+                               stream_);
+    });
+  });
+  return true;  // an Avg was pre-multiplied
+}
+
+void NcclIntra::allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                          const CallHeader&, const Deadline& d) {
+  size_t bb = block * dtype_size(t);
+  grouped("ncclAllGather (one per node's group, grouped)", groups, d, [&](size_t g,
+                                                                        ncclComm_t c) {
+    char* group = static_cast<char*>(out) + g * static_cast<size_t>(n_) * bb;
+    const char* own = in ? static_cast<const char*>(in) + g * bb
+                         : group + static_cast<size_t>(me_) * bb;  // in place
+    return ncclAllGather(own, group, block, nccl_type(t), c, stream_);
+  });
+}
+
+void NcclIntra::broadcast(void* buf, size_t bytes, int root, const CallHeader&,
+                          const Deadline& d) {
+  c_.enqueue("ncclBroadcast", [&](ncclComm_t c) {
+    return ncclBroadcast(buf, buf, bytes, ncclUint8, root, c, stream_);
+  }, d);
+}
+
+void NcclIntra::grouped(const char* call, size_t calls, const Deadline& d,
+                        const std::function<ncclResult_t(size_t, ncclComm_t)>& f) {
+  c_.enqueue(call, [&](ncclComm_t c) {
+    ncclResult_t r = ncclGroupStart();
+    for (size_t i = 0; i < calls && r == ncclSuccess; ++i) r = f(i, c);
+    ncclResult_t end = ncclGroupEnd();
+    return r != ncclSuccess ? r : end;
+  }, d);
 }
 
 CudaCopy::CudaCopy() {

@@ -5,7 +5,9 @@
 //              rank's contribution pre-multiplied by 1/avg_divisor (ncclRedOpCreatePreMulSum),
 //              so that the sum across nodes is the average.  Nested in a NestedIntra
 //              (engines.hpp) for the locality domains of a node, one NcclIntra per level: the
-//              domain's ranks and the rail's, and only the rail's gets Op::Avg.
+//              domain's ranks and the rail's, and only the rail's gets Op::Avg.  For
+//              reduce-scatter, allgather and broadcast (IntraBlocks): ncclReduceScatter and
+//              ncclAllGather over the level, one per node's group of blocks; ncclBroadcast.
 //   CudaCopy   cudaMemcpyAsync on two copy streams of its own (to the host, back to the device)
 //              into pinned host buffers, one per pipeline slot, completion by events; begin()
 //              makes the copy streams wait for the user's stream, end() the user's stream for the
@@ -16,7 +18,9 @@
 #pragma once
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
+#include <functional>
 #include <utility>
 
 #include "dc/engines.hpp"
@@ -28,15 +32,31 @@ namespace pytorch_exec::dc::gpu {
 // the NcclIntra that averages (the rail level of a NestedIntra): it checks first, on every rank.
 void require_avg(DType t);
 
-class NcclIntra final : public IntraEngine {
+class NcclIntra final : public IntraEngine, public IntraBlocks {
  public:
   // `level`: the ranks of this node, of a domain or of a rail; `stream`: the user's.
   NcclIntra(NcclComm& level, int level_rank, int level_size, cudaStream_t stream)
       : c_(level), me_(level_rank), n_(level_size), stream_(stream) {}
   void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
                  int avg_divisor, const CallHeader& h, const Deadline& d) override;
+  // One ncclReduceScatter (Op::Avg pre-multiplied, as allreduce) or ncclAllGather per group, in
+  // one NCCL group.
+  bool reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t, Op op,
+                      int avg_divisor, const CallHeader& h, const Deadline& d) override;
+  void allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                 const CallHeader& h, const Deadline& d) override;
+  void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                 const Deadline& d) override;
 
  private:
+  // Enqueues f(0 ... calls-1) between ncclGroupStart and ncclGroupEnd, as one call.
+  void grouped(const char* call, size_t calls, const Deadline& d,
+               const std::function<ncclResult_t(size_t, ncclComm_t)>& f);
+  // Runs f with the NCCL op of `op`: Op::Avg as a sum pre-multiplied by 1/avg_divisor, created
+  // on the communicator for f and destroyed after it.
+  void with_op(DType t, Op op, int avg_divisor, const Deadline& d,
+               const std::function<void(ncclRedOp_t)>& f);
+
   NcclComm& c_;
   int me_, n_;
   cudaStream_t stream_;

@@ -188,6 +188,33 @@ class EngineImpl : public AllreduceEngine {
       round(b + off * es, std::min(piece, count - off), t, op, owners, cross, avg_divisor, d);
   }
 
+  void reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t, Op op,
+                      int avg_divisor, const CallHeader& h, const Deadline& d) override {
+    h_ = &h;
+    size_t es = dtype_size(t);
+    rounds(block, groups, es * static_cast<size_t>(n_), [&](Pieces p) {
+      scatter_round(static_cast<const char*>(in), static_cast<char*>(out), block, p, t, op,
+                    avg_divisor, d);
+    });
+  }
+
+  void allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                 const CallHeader& h, const Deadline& d) override {
+    h_ = &h;
+    size_t es = dtype_size(t);
+    rounds(block, groups, es, [&](Pieces p) {
+      gather_round(static_cast<const char*>(in), static_cast<char*>(out), block, p, es, d);
+    });
+  }
+
+  void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                 const Deadline& d) override {
+    h_ = &h;
+    char* b = static_cast<char*>(buf);
+    for (size_t off = 0; off < bytes; off += slot_)
+      broadcast_round(b + off, std::min(slot_, bytes - off), root, d);
+  }
+
   void abort() override { states_[me_].failed.store(1, std::memory_order_release); }
 
  private:
@@ -247,6 +274,113 @@ class EngineImpl : public AllreduceEngine {
     wait_all(owners, &RankState::out, seq, d, "to reduce its shard");
     for (int j = 0; j < owners; ++j)
       if (j != me_ && !states_[j].direct[seq & 1]) copy(buf, slot(seq, j), blk, j, es);
+    states_[me_].read.v.store(seq, std::memory_order_release);
+  }
+
+  // The pieces of a reduce-scatter or allgather round: elements [off, off + m) of the blocks of
+  // groups [g0, g0 + gs).
+  struct Pieces {
+    size_t g0, gs, off, m;
+  };
+
+  // Calls round(p) for pieces that cover `groups` groups of blocks of `block` elements, each
+  // round as large as the slot allows when a piece of one group takes `unit` bytes per element
+  // (create() makes the slot hold at least one element of every local rank): whole blocks of
+  // several groups at once when they fit, else parts of one group's.
+  template <typename F>
+  void rounds(size_t block, size_t groups, size_t unit, F&& round) {
+    size_t room = slot_ / unit;  // elements of one group that fit, >= 1
+    size_t gs = block > 0 && block <= room ? std::min(groups, room / block) : 1;
+    size_t m = std::min(room, block);
+    for (size_t g0 = 0; g0 < groups; g0 += gs)
+      for (size_t off = 0; off < block; off += m)
+        round(Pieces{g0, std::min(gs, groups - g0), off, std::min(m, block - off)});
+  }
+
+  // One round of reduce-scatter.  Every rank copies its pieces of the others' blocks into its
+  // slot (group g's piece of rank r at ((g - g0) * n + r) * m) and reduces the pieces of its own
+  // blocks, its own from `in` and the others' from their slots, straight into `out` a few KiB at
+  // a time; nothing is copied back.
+  void scatter_round(const char* in, char* out, size_t block, Pieces p, DType t, Op op,
+                     int avg_divisor, const Deadline& d) {
+    size_t es = dtype_size(t), n = static_cast<size_t>(n_), me = static_cast<size_t>(me_);
+    uint64_t seq = ++seq_;
+    if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
+    auto in_at = [&](size_t g, size_t r) { return in + (((p.g0 + g) * n + r) * block + p.off) * es; };
+    auto slot_at = [&](int r, size_t g, size_t k) {
+      return slot(seq, r) + ((g * n + k) * p.m) * es;
+    };
+    set_shift(seq, out + (p.g0 * block + p.off) * es);
+    for (size_t g = 0; g < p.gs; ++g)
+      for (size_t r = 0; r < n; ++r)
+        if (r != me) std::memcpy(slot_at(me_, g, r), in_at(g, r), p.m * es);
+    states_[me_].in.call[seq & 1] = *h_;
+    states_[me_].in.v.store(seq, std::memory_order_release);
+    wait_all(n_, &RankState::in, seq, d, "to contribute");
+    for (int r = 0; r < n_; ++r)
+      if (r != me_) check_header(*h_, states_[r].in.call[seq & 1], r);
+    size_t step = std::max<size_t>(1, (16 << 10) / es);
+    for (size_t g = 0; g < p.gs; ++g) {
+      char* dst = out + ((p.g0 + g) * block + p.off) * es;
+      const char* own = in_at(g, me);
+      for (size_t o = 0; o < p.m; o += step) {
+        size_t k = std::min(step, p.m - o);
+        if (dst != own) std::memcpy(dst + o * es, own + o * es, k * es);
+        for (int r = 0; r < n_; ++r)
+          if (r != me_) reduce_into(dst + o * es, slot_at(r, g, me) + o * es, k, t, op);
+        if (op == Op::Avg) finish_avg(dst + o * es, k, t, avg_divisor);
+      }
+    }
+    states_[me_].read.v.store(seq, std::memory_order_release);
+  }
+
+  // One round of allgather: every rank copies its pieces (group g's at (g - g0) * m) into its
+  // slot, then everyone's into their places in `out`.
+  void gather_round(const char* in, char* out, size_t block, Pieces p, size_t es,
+                    const Deadline& d) {
+    size_t n = static_cast<size_t>(n_);
+    uint64_t seq = ++seq_;
+    if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
+    auto out_at = [&](size_t g, size_t r) {
+      return out + (((p.g0 + g) * n + r) * block + p.off) * es;
+    };
+    // This rank's piece of group g: from `in`, or in its place in `out`.
+    auto own = [&](size_t g) {
+      return in ? in + ((p.g0 + g) * block + p.off) * es : out_at(g, static_cast<size_t>(me_));
+    };
+    set_shift(seq, own(0));
+    for (size_t g = 0; g < p.gs; ++g) std::memcpy(slot(seq, me_) + g * p.m * es, own(g), p.m * es);
+    states_[me_].in.call[seq & 1] = *h_;
+    states_[me_].in.v.store(seq, std::memory_order_release);
+    wait_all(n_, &RankState::in, seq, d, "to contribute");
+    for (int r = 0; r < n_; ++r)
+      if (r != me_) check_header(*h_, states_[r].in.call[seq & 1], r);
+    for (size_t g = 0; g < p.gs; ++g)
+      for (size_t r = 0; r < n; ++r) {
+        const char* from = r == static_cast<size_t>(me_)
+                               ? own(g)
+                               : slot(seq, static_cast<int>(r)) + g * p.m * es;
+        if (out_at(g, r) != from) std::memcpy(out_at(g, r), from, p.m * es);
+      }
+    states_[me_].read.v.store(seq, std::memory_order_release);
+  }
+
+  // One round of broadcast: the root's piece of `m` bytes at `buf` through its slot.  Every rank
+  // publishes its call; the others check the root's (and so see a different call).
+  void broadcast_round(char* buf, size_t m, int root, const Deadline& d) {
+    uint64_t seq = ++seq_;
+    if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
+    if (me_ == root) {
+      set_shift(seq, buf);
+      std::memcpy(slot(seq, me_), buf, m);
+    }
+    states_[me_].in.call[seq & 1] = *h_;
+    states_[me_].in.v.store(seq, std::memory_order_release);
+    if (me_ != root) {
+      wait_one(root, &RankState::in, seq, d, "to contribute");
+      check_header(*h_, states_[root].in.call[seq & 1], root);
+      std::memcpy(buf, slot(seq, root), m);
+    }
     states_[me_].read.v.store(seq, std::memory_order_release);
   }
 
@@ -322,26 +456,29 @@ class EngineImpl : public AllreduceEngine {
   // the deadline passed.
   void wait_all(int upto, Counter RankState::*which, uint64_t seq, const Deadline& d,
                 const char* what) {
+    for (int r = 0; r < upto; ++r)
+      if (r != me_) wait_one(r, which, seq, d, what);
+  }
+  // The same for local rank r alone.
+  void wait_one(int r, Counter RankState::*which, uint64_t seq, const Deadline& d,
+                const char* what) {
     unsigned spins = busy_polling() ? 4000 : 0;
-    for (int r = 0; r < upto; ++r) {
-      if (r == me_) continue;
-      auto& c = (states_[r].*which).v;
-      auto start = Clock::now(), next_check = start + std::chrono::milliseconds(1);
-      for (unsigned i = 0; c.load(std::memory_order_acquire) < seq; ++i) {
-        if (i < spins) {
-          pause();
-          continue;
-        }
-        auto now = Clock::now();
-        if (now >= next_check) {
-          check_peer(r, d, what);
-          next_check = now + std::chrono::milliseconds(1);
-        }
-        if (now - start < std::chrono::milliseconds(2))
-          ::sched_yield();
-        else
-          std::this_thread::sleep_for(std::chrono::microseconds(50));
+    auto& c = (states_[r].*which).v;
+    auto start = Clock::now(), next_check = start + std::chrono::milliseconds(1);
+    for (unsigned i = 0; c.load(std::memory_order_acquire) < seq; ++i) {
+      if (i < spins) {
+        pause();
+        continue;
       }
+      auto now = Clock::now();
+      if (now >= next_check) {
+        check_peer(r, d, what);
+        next_check = now + std::chrono::milliseconds(1);
+      }
+      if (now - start < std::chrono::milliseconds(2))
+        ::sched_yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 
@@ -385,7 +522,10 @@ class EngineImpl : public AllreduceEngine {
 std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<void()>& local_barrier,
                                                          const std::string& key, int local_rank,
                                                          int local_size, size_t slot_bytes) {
-  slot_bytes = round_up(std::max<size_t>(slot_bytes, 4096), 4096);
+  // A reduce-scatter round puts a piece of every local rank's block in a slot: at least 16
+  // bytes each (wider than any element).
+  slot_bytes = round_up(std::max<size_t>({slot_bytes, 4096, 16 * static_cast<size_t>(local_size)}),
+                        4096);
   std::string name = "/pytorch_dc." + key;
   std::replace(name.begin() + 1, name.end(), '/', '_');
   size_t bytes = EngineImpl::bytes(local_size, slot_bytes);

@@ -1,8 +1,9 @@
-// The shm allreduce engine: allreduce among the ranks of one node through POSIX shared memory,
-// with no copy through the kernel.  Not a Transport (it moves no bytes between two ranks): a
-// group whose intra-node level is "shm" runs its allreduces here and its other operations over
-// the inter-node transport.  One segment per (group, node) holds, for each local rank, two slots
-// (used in alternate rounds) and a few sequence counters on their own cache lines.
+// The shm allreduce engine: allreduce, reduce-scatter, allgather and broadcast among the ranks
+// of one node through POSIX shared memory, with no copy through the kernel.  Not a Transport (it
+// moves no bytes between two ranks): a group whose intra-node level is "shm" runs these
+// collectives here and its other operations over the inter-node transport.  One segment per
+// (group, node) holds, for each local rank, two slots (used in alternate rounds) and a few
+// sequence counters on their own cache lines.
 //
 // A round: every local rank copies its piece of the buffer into its slot and bumps `in`; each
 // shard owner (local ranks 0 .. owners-1) reduces its shard of all slots into its own slot,
@@ -52,6 +53,22 @@ class AllreduceEngine {
   // Owners compare every rank's call header `h` (mismatched calls raise Error).
   virtual void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
                          int avg_divisor, const CallHeader& h, const Deadline& d) = 0;
+  // Reduce-scatter and allgather over `groups` groups of one block of `block` elements per
+  // local rank (in local-rank order); this rank's own blocks are its block of each group, side
+  // by side (dc::IntraBlocks).  reduce_scatter: `out` gets this rank's own blocks, reduced over
+  // the node (Avg: as allreduce; `out` may be `in` only on one group, at this rank's place); a
+  // round: every rank copies its pieces of the others' blocks into its slot and reduces its own
+  // straight into `out` (no owners, no copy back).  allgather: `in` holds this rank's own
+  // blocks (nullptr: they are in their places in `out`); afterwards every group of `out` holds every rank's block; a round: every rank copies
+  // a piece of its blocks into its slot, everyone copies the others' pieces out.
+  virtual void reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t,
+                              Op op, int avg_divisor, const CallHeader& h, const Deadline& d) = 0;
+  virtual void allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                         const CallHeader& h, const Deadline& d) = 0;
+  // In place: `bytes` at `buf` of local rank `root` to every local rank.  A round: the root
+  // copies a piece into its slot, everyone else copies it out.
+  virtual void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                         const Deadline& d) = 0;
   // Marks this rank failed so that the others stop waiting for it.
   virtual void abort() = 0;
 };
