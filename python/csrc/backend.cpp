@@ -604,10 +604,12 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
       [=] {
     for (size_t k = 0; k < ins.size(); ++k) {
       at::Tensor i = flat(ins[k]).to(rs[k].wire);
-      at::Tensor o = at::empty({outs[k].numel()}, i.options());
+      // Into the output itself where it is contiguous and of the reduced type.
+      at::Tensor o = outs[k].scalar_type() == rs[k].wire ? flat(outs[k])
+                                                         : at::empty({outs[k].numel()}, i.options());
       pg->reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), rs[k].dtype,
                          rs[k].op, s);
-      if (o.numel()) outs[k].copy_(o.view(outs[k].sizes()));
+      copy_back(outs[k], o);
     }
       },
       false, st);
