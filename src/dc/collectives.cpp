@@ -8,12 +8,12 @@
 //                                                 local Comm; memcpy copies)
 //   otherwise ................................... over all ranks: recursive doubling up to
 //                                                 small_bytes, a pipelined ring above
-// and its reduce_scatter and allgather:
+// and its reduce_scatter and allgather (broadcast, in process_group.cpp, by the same test):
 //   the same number of ranks, more than one, on every node, ranks node by node, and several
 //   nodes (hierarchical) or one node with shm ... hierarchical_reduce_scatter /
-//                                                 hierarchical_allgather on the host engines
-//                                                 (on one node: the shm engine alone)
-//   otherwise ................................... a ring over all ranks
+//                                                 hierarchical_allgather (_broadcast) on the
+//                                                 host engines (one node: the shm engine alone)
+//   otherwise ................................... a ring (broadcast: a tree) over all ranks
 #include <algorithm>
 #include <cstring>
 #include <optional>

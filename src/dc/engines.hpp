@@ -143,7 +143,8 @@ class CopyEngine {
   // the copy streams wait for the compute stream).
   virtual void begin(const Deadline& d) = 0;
   // Host memory of `slot` for the `bytes` at `src` (the same pointer again for the copy back);
-  // a host-memory engine returns `src` itself.
+  // a host-memory engine that does not stage returns `src` itself where there is one (not
+  // nullptr).
   virtual void* host(int slot, void* src, size_t bytes) = 0;
   // Enqueues the copy of `bytes` from `src` into `host` (slot's) / from `host` to `dst`; the
   // waits return when the slot's last such copy completed.  Throw Error or TimeoutError.

@@ -207,6 +207,13 @@ namespace {
 // The chunks of a cross-node step over `nodes` blocks of `count` elements: chunk i takes
 // elements [f, f + c) of each, N * c elements of host memory; with one chunk, `place` is that
 // memory where the engine does not stage.
+// The chunks of a cross-node step over the N blocks of `count` elements of a shard: about
+// chunk_bytes of host memory each, N blocks' parts side by side (0: one chunk).
+ChunkPlan block_plan(const BlockLevels& n, size_t count, size_t es) {
+  size_t per_block = n.chunk_bytes / static_cast<size_t>(n.cross.size());
+  return plan_chunks(count, es, n.chunk_bytes == 0 ? 0 : std::max(per_block, es));
+}
+
 ChunkSteps block_chunks(const ChunkPlan& p, size_t nodes, size_t count, size_t es, void* place) {
   ChunkSteps s;
   s.chunks = p.chunks;
@@ -233,7 +240,7 @@ void hierarchical_reduce_scatter(const BlockLevels& n, const void* in, void* wor
   bool divided = n.intra.reduce_scatter(in, shard, count, nodes, t, op, n.contributors, h, d);
   // Chunk i: elements [f, f + c) of each of the shard's N blocks, side by side in host memory;
   // a ring reduce-scatter leaves node k's block reduced on node k.
-  ChunkPlan p = plan_chunks(count, es, n.chunk_bytes);
+  ChunkPlan p = block_plan(n, count, es);
   auto me = static_cast<size_t>(n.cross.me);
   ChunkSteps s = block_chunks(p, nodes, count, es, shard);
   s.up = [&](size_t i, int slot, char* host) {
@@ -265,7 +272,7 @@ void hierarchical_allgather(const BlockLevels& n, const void* in, void* out, siz
   // host memory is `out`, else side by side in staged memory.
   auto block = [&](size_t k) { return (k * local + j) * count; };  // in elements
   const auto* src = static_cast<const char*>(in);
-  ChunkPlan p = plan_chunks(count, es, n.chunk_bytes);
+  ChunkPlan p = block_plan(n, count, es);
   ChunkSteps s = block_chunks(p, nodes, count, es, o);
   s.up = [&](size_t i, int slot, char* host) {
     size_t c = p.count(i, count) * es, f = p.first(i) * es;

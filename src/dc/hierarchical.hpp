@@ -77,8 +77,10 @@ void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType 
 //   allgather: the reverse: (1) across nodes, the ranks of local rank j allgather their blocks
 //     straight into their places (a ring over cross, in place in host memory, else in pipeline
 //     chunks through the CopyEngine); (2) inside each node, the IntraBlocks allgathers them.
-// Across nodes each rank sends (N-1)/N of a block instead of a flat ring's (n-1)/n of
-// everything over each link between nodes.
+// Against one ring over all n = N * L ranks: inside a node the data moves through the node's
+// engine (shared memory, NCCL) instead of the inter-node transport; across nodes a node sends
+// L(N-1) blocks over L connections at once instead of n-1 blocks down one, and a ring takes N-1
+// steps instead of n-1.
 struct BlockLevels {
   const Comm& cross;   // the ranks of this local rank, member k on node k (N)
   IntraBlocks& intra;  // this node's ranks; level rank: the local rank

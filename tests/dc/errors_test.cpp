@@ -81,6 +81,17 @@ TEST_P(Errors, DifferentCollectivesAreReported) {
 
 INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp"));
 
+// Each rank takes itself for the root: in shared memory both see the other's call (no rank
+// returns with data it did not get).
+TEST(ErrorsShm, BroadcastRootsThatDisagreeAreReported) {
+  auto g = groups(2, "shm");
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<int32_t> v(8, r);
+    pg.broadcast(v.data(), 8, DType::I32, r, 10);
+  });
+  for (auto& s : e) EXPECT_NE(s.find("mismatched"), std::string::npos) << s;
+}
+
 TEST(ErrorsArgs, BadArgumentsAreErrorsBeforeAnythingIsSent) {
   auto g = groups(2, "shm");
   on_all(g, [](ProcessGroup& pg, int r) {

@@ -144,7 +144,7 @@ void device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
     c.allreduce(buf, count, t, op, s, d);
     return;
   }
-  if (op == Op::Avg) gpu::require_avg(t);
+  if (op == Op::Avg) gpu::require_avg(t, call);
   auto h = make_header(Kind::Allreduce, count, t, op, ++g.seq);
   gpu::DeviceState& st = *g.gpu;
   const DomainLevels& l = st.levels;
@@ -194,7 +194,7 @@ void copy_d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
                   "cudaMemcpyAsync (device to device)");
 }
 
-// A reduce_scatter or allgather across nodes whose ranks are node_major, by the shared
+// A reduce_scatter, allgather or broadcast across nodes whose ranks are node_major, by the shared
 // orchestration on `s`: `run` gets the levels (NcclIntra on the node's communicator,
 // CudaCopy) and a stream-ordered work buffer of `work_bytes`.  An error aborts the group's
 // communicators: the node's other ranks may wait in a level this rank will not join.
@@ -205,11 +205,12 @@ void device_blocks(ProcessGroup::Impl& g, cudaStream_t s, size_t work_bytes, con
   st.copy->use(s, st.all());
   size_t chunk = g.s.pipeline_bytes > 0 ? g.s.pipeline_bytes : kDevicePipelineBytes;
   BlockLevels levels{g.cross_c, node, g.local_rank, g.local_size, *st.copy, g.size, chunk};
+  Scratch work(work_bytes, s);  // freed on `s` after the copy streams' work (below)
   try {
-    Scratch work(work_bytes, s);
     g.run_guarded(d, [&] { run(levels, work.p); });
   } catch (const std::exception& e) {
     gpu::abort(st.all(), e.what());
+    st.copy->join_user();
     throw;
   }
 }
@@ -243,6 +244,7 @@ void ProcessGroup::reduce_scatter_device(const void* in, void* out, size_t count
   }
   size_t es = dtype_size(t), total = count * static_cast<size_t>(g.size);
   if (g.node_major) {
+    if (op == Op::Avg) gpu::require_avg(t, call);
     Deadline d = call_deadline(g, timeout, call, count, t, op);
     auto h = make_header(Kind::ReduceScatter, count, t, op, ++g.seq);
     device_blocks(g, s, count * es * static_cast<size_t>(g.nodes), d, [&](const BlockLevels& levels, void* work) {

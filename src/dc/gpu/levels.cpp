@@ -35,7 +35,7 @@ struct PreMul {
 void NcclIntra::with_op(DType t, Op op, int avg_divisor, const Deadline& d,
                         const std::function<void(ncclRedOp_t)>& f) {
   if (op != Op::Avg) return f(nccl_op(op));
-  require_avg(t);
+  require_avg(t, "an NCCL level");  // the callers checked already, before anything was enqueued
   PreMul pm;
   const void* scalar = pm.scalar(t, avg_divisor);
   ncclRedOp_t rop{};
@@ -47,9 +47,9 @@ void NcclIntra::with_op(DType t, Op op, int avg_divisor, const Deadline& d,
   c_.enqueue("ncclRedOpDestroy", [&](ncclComm_t c) { return ncclRedOpDestroy(rop, c); }, d);
 }
 
-void require_avg(DType t) {
+void require_avg(DType t, const char* call) {
   if (t != DType::F32 && t != DType::F64)
-    throw Error(std::string("allreduce_device across nodes: Avg on ") + dtype_name(t) +
+    throw Error(std::string(call) + " across nodes: Avg on " + dtype_name(t) +
                 " is not supported (f32 and f64 are)");
 }
 
@@ -157,7 +157,7 @@ void CudaCopy::begin(const Deadline&) {
 }
 
 void* CudaCopy::host(int slot, void*, size_t bytes) {
-  // Only called for a slot whose previous copies were waited for (pipelined_cross's order).
+  // Only called for a slot whose previous copies were waited for (pipelined_steps' order).
   if (pinned_bytes_[slot] < bytes) {
     if (pinned_[slot]) check_cuda(cudaFreeHost(pinned_[slot]), "cudaFreeHost");
     pinned_[slot] = nullptr;
@@ -180,6 +180,8 @@ void CudaCopy::to_device(int slot, void* dst, const void* host, size_t bytes) {
   check_cuda(cudaEventRecord(down_done_[slot], down_), "cudaEventRecord");
 }
 
+// An event that no copy of this call recorded (a slot that a broadcast's root never copies back
+// to, or its peers never copy up from) is complete: every earlier call waited for all of its own.
 void CudaCopy::wait(cudaEvent_t e, const char* what, const Deadline& d) {
   for (;;) {
     cudaError_t r = cudaEventQuery(e);
@@ -205,6 +207,11 @@ void CudaCopy::wait_to_host(int slot, const Deadline& d) {
 
 void CudaCopy::wait_to_device(int slot, const Deadline& d) {
   wait(down_done_[slot], "the copy of a chunk back to the device", d);
+}
+
+void CudaCopy::join_user() {
+  for (cudaStream_t c : {up_, down_})
+    if (cudaEventRecord(back_, c) == cudaSuccess) (void)cudaStreamWaitEvent(user_, back_, 0);
 }
 
 void CudaCopy::end(const Deadline&) {

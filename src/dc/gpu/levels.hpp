@@ -28,9 +28,11 @@
 
 namespace pytorch_exec::dc::gpu {
 
-// Throws unless NcclIntra can average `t` (f32, f64).  For a caller whose ranks do not all reach
-// the NcclIntra that averages (the rail level of a NestedIntra): it checks first, on every rank.
-void require_avg(DType t);
+// Throws unless NcclIntra can average `t` (f32, f64), naming `call`.  Callers check first, on
+// every rank, before anything is enqueued or exchanged (an error inside the levels aborts the
+// group), and because not every rank reaches the NcclIntra that averages (the rail level of a
+// NestedIntra).
+void require_avg(DType t, const char* call);
 
 class NcclIntra final : public IntraEngine, public IntraBlocks {
  public:
@@ -82,6 +84,9 @@ class CudaCopy final : public CopyEngine {
   void to_device(int slot, void* dst, const void* host, size_t bytes) override;
   void wait_to_device(int slot, const Deadline& d) override;
   void end(const Deadline& d) override;
+  // After an error in the middle of a call: the user's stream waits for whatever the copy streams
+  // still have (so that memory freed on it outlives their copies); statuses are ignored.
+  void join_user();
 
  private:
   void wait(cudaEvent_t e, const char* what, const Deadline& d);

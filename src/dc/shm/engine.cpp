@@ -366,7 +366,9 @@ class EngineImpl : public AllreduceEngine {
   }
 
   // One round of broadcast: the root's piece of `m` bytes at `buf` through its slot.  Every rank
-  // publishes its call; the others check the root's (and so see a different call).
+  // publishes its call; the others check the root's, and the root, once it has published its
+  // piece, everyone's (so that ranks that disagree about the root, or a root whose peers are in
+  // another call, raise instead of returning).
   void broadcast_round(char* buf, size_t m, int root, const Deadline& d) {
     uint64_t seq = ++seq_;
     if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
@@ -376,7 +378,11 @@ class EngineImpl : public AllreduceEngine {
     }
     states_[me_].in.call[seq & 1] = *h_;
     states_[me_].in.v.store(seq, std::memory_order_release);
-    if (me_ != root) {
+    if (me_ == root) {
+      wait_all(n_, &RankState::in, seq, d, "to contribute");
+      for (int r = 0; r < n_; ++r)
+        if (r != me_) check_header(*h_, states_[r].in.call[seq & 1], r);
+    } else {
       wait_one(root, &RankState::in, seq, d, "to contribute");
       check_header(*h_, states_[root].in.call[seq & 1], root);
       std::memcpy(buf, slot(seq, root), m);
