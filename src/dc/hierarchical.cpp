@@ -204,9 +204,6 @@ void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType 
 
 namespace {
 
-// The chunks of a cross-node step over `nodes` blocks of `count` elements: chunk i takes
-// elements [f, f + c) of each, N * c elements of host memory; with one chunk, `place` is that
-// memory where the engine does not stage.
 // The chunks of a cross-node step over the N blocks of `count` elements of a shard: about
 // chunk_bytes of host memory each, N blocks' parts side by side (0: one chunk).
 ChunkPlan block_plan(const BlockLevels& n, size_t count, size_t es) {
@@ -214,6 +211,8 @@ ChunkPlan block_plan(const BlockLevels& n, size_t count, size_t es) {
   return plan_chunks(count, es, n.chunk_bytes == 0 ? 0 : std::max(per_block, es));
 }
 
+// Their steps' sizes: chunk i takes elements [f, f + c) of each block, N * c elements of host
+// memory; with one chunk, `place` is that memory where the engine does not stage.
 ChunkSteps block_chunks(const ChunkPlan& p, size_t nodes, size_t count, size_t es, void* place) {
   ChunkSteps s;
   s.chunks = p.chunks;
