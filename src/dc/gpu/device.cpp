@@ -195,9 +195,9 @@ void copy_d2d(void* dst, const void* src, size_t bytes, cudaStream_t s) {
 }
 
 // A reduce_scatter, allgather or broadcast across nodes whose ranks are node_major, by the shared
-// orchestration on `s`: `run` gets the levels (NcclIntra on the node's communicator,
-// CudaCopy) and a stream-ordered work buffer of `work_bytes`.  An error aborts the group's
-// communicators: the node's other ranks may wait in a level this rank will not join.
+// orchestration on `s`: `run` gets the levels (NcclIntra on the node's communicator, CudaCopy)
+// and a stream-ordered work buffer of `work_bytes` (0: none, nullptr).  An error aborts the
+// group's communicators: the node's other ranks may wait in a level this rank will not join.
 void device_blocks(ProcessGroup::Impl& g, cudaStream_t s, size_t work_bytes, const Deadline& d,
                    const std::function<void(const BlockLevels&, void* work)>& run) {
   gpu::DeviceState& st = *g.gpu;
@@ -205,9 +205,11 @@ void device_blocks(ProcessGroup::Impl& g, cudaStream_t s, size_t work_bytes, con
   st.copy->use(s, st.all());
   size_t chunk = g.s.pipeline_bytes > 0 ? g.s.pipeline_bytes : kDevicePipelineBytes;
   BlockLevels levels{g.cross_c, node, g.local_rank, g.local_size, *st.copy, g.size, chunk};
-  Scratch work(work_bytes, s);  // freed on `s` after the copy streams' work (below)
+  // Only reduce_scatter needs one; freed on `s` after the copy streams' work (below).
+  std::optional<Scratch> work;
+  if (work_bytes > 0) work.emplace(work_bytes, s);
   try {
-    g.run_guarded(d, [&] { run(levels, work.p); });
+    g.run_guarded(d, [&] { run(levels, work ? work->p : nullptr); });
   } catch (const std::exception& e) {
     gpu::abort(st.all(), e.what());
     st.copy->join_user();
