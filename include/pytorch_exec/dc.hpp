@@ -149,9 +149,12 @@ class ProcessGroup {
   // which owns a shard that goes across nodes over the group's host ring (tcp or mpi) through
   // pinned host buffers, in chunks (PYTORCH_DC_PIPELINE_BYTES, default 4 MiB) whose copies
   // overlap the wire; these calls return once the cross-node step is done (the copies back and
-  // the gathers inside the node are enqueued).  Across nodes reduce_scatter_device,
-  // allgather_device and broadcast_device are allreduces of a scratch buffer (about twice the
-  // traffic), and Avg takes f32 or f64.  Where every node has the same locality domains
+  // the gathers inside the node are enqueued).  Across nodes whose ranks are as many on every
+  // node and numbered node by node, reduce_scatter_device, allgather_device and broadcast_device
+  // go level by level as the host calls (NCCL's reduce-scatter, allgather and broadcast inside
+  // the node, the ring or tree across); other layouts run them as allreduces of a scratch buffer
+  // (about twice the traffic).  Avg across nodes takes f32 or f64.  A stream being captured into
+  // a CUDA graph is an Error (the calls cannot be captured).  Where every node has the same locality domains
   // (domain()) of the same size, at least two of at least two ranks, local ranks numbered domain
   // by domain: NCCL inside each domain, then across the domains of the node (rail p: the p-th
   // rank of each), then the ring across nodes; other layouts: NCCL spans the node.
@@ -168,6 +171,9 @@ class ProcessGroup {
   // Waits until `stream`'s work is done, at most `timeout`; an NCCL error or the timeout aborts
   // the group's communicator and throws.
   void device_synchronize(void* stream, double timeout = -1);
+  // The same for a cudaEvent_t recorded after this group's device calls (the work up to it on
+  // its stream, not what came later on that stream).
+  void device_wait_event(void* event, double timeout = -1);
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);

@@ -38,4 +38,6 @@ void ProcessGroup::broadcast_device(void*, size_t, DType, int, void*, double) {
 
 void ProcessGroup::device_synchronize(void*, double) { no_gpu_path("device_synchronize"); }
 
+void ProcessGroup::device_wait_event(void*, double) { no_gpu_path("device_wait_event"); }
+
 }  // namespace pytorch_exec::dc

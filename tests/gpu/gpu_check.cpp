@@ -6,10 +6,15 @@
 //   3. every device collective against a host reference (ranks as threads): one node, one rank
 //      per GPU (plain NCCL); two simulated nodes sharing GPU 0, one rank each (an NCCL level of
 //      one rank per node and the host-staged pipelined ring across), with chunks of the default
-//      size and of 4099 bytes (many chunks, cut to whole elements);
+//      size and of 4099 bytes (many chunks, cut to whole elements).  Each rank works on a
+//      non-blocking stream of its own, and its inputs and outputs move on that stream only
+//      (pinned memory, cudaMemcpyAsync), each input after a 20 ms host function on the stream:
+//      a call that reads its input before the stream got there, or whose result the stream does
+//      not wait for, reads or leaves stale data, which the checks see;
 //   4. the same two nodes, rank 1 stops before a collective: rank 0 gets an Error within its 5 s
 //      timeout (a thread cannot be killed; a killed process fails its tcp peer sooner).
 // Written for a GPU machine (make check-gpu); it has not run on one yet.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -102,7 +107,8 @@ int group_rank(ProcessGroup& pg, int r, int n, std::string& error) {
     for (size_t j = 0; j < count && bad < 5; ++j) {
       float want = sum + static_cast<float>(n) * static_cast<float>(j % 7);
       if (op == Op::Avg) want /= static_cast<float>(n);
-      if (host[j] != want) {
+      // Avg: NCCL multiplies each contribution by 1/n (not exactly a division of the sum)
+      if (std::fabs(host[j] - want) > 1e-4f * std::fabs(want)) {
         error += "rank " + std::to_string(r) + " " + op_name(op) + " element " + std::to_string(j) +
                  ": " + std::to_string(host[j]) + ", want " + std::to_string(want) + "\n";
         ++bad;
@@ -141,8 +147,9 @@ float value(int r, size_t j) { return static_cast<float>(r + 1) + static_cast<fl
 
 struct Device {
   float* p = nullptr;
-  explicit Device(size_t n) {
+  explicit Device(size_t n) {  // zeros: no expected value is 0
     gpu::check_cuda(cudaMalloc(&p, std::max<size_t>(n, 1) * sizeof(float)), "cudaMalloc");
+    gpu::check_cuda(cudaMemset(p, 0, std::max<size_t>(n, 1) * sizeof(float)), "cudaMemset");
   }
   ~Device() { (void)cudaFree(p); }
   Device(const Device&) = delete;
@@ -151,85 +158,122 @@ struct Device {
     gpu::check_cuda(cudaMemcpy(p, h.data(), h.size() * sizeof(float), cudaMemcpyHostToDevice),
                     "cudaMemcpy");
   }
-  std::vector<float> get(size_t n) const {
-    std::vector<float> h(n);
-    gpu::check_cuda(cudaMemcpy(h.data(), p, n * sizeof(float), cudaMemcpyDeviceToHost),
-                    "cudaMemcpy");
+};
+
+// A rank's stream and the moves of its data on it: put() enqueues a 20 ms pause (a host function)
+// and then the copy of `h` into device memory; get() enqueues the copy back and waits for the
+// stream.  Pinned host memory, so that both are asynchronous.
+class StreamIO {
+ public:
+  StreamIO() {
+    gpu::check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~StreamIO() {
+    (void)cudaStreamSynchronize(s);
+    for (void* p : pinned_) (void)cudaFreeHost(p);
+    (void)cudaStreamDestroy(s);
+  }
+  StreamIO(const StreamIO&) = delete;
+  StreamIO& operator=(const StreamIO&) = delete;
+  void put(float* dev, const std::vector<float>& h) {
+    float* p = pinned(h.size());
+    std::copy(h.begin(), h.end(), p);
+    gpu::check_cuda(cudaLaunchHostFunc(s, pause, nullptr), "cudaLaunchHostFunc");
+    gpu::check_cuda(cudaMemcpyAsync(dev, p, h.size() * sizeof(float), cudaMemcpyHostToDevice, s),
+                    "cudaMemcpyAsync");
+  }
+  std::vector<float> get(const float* dev, size_t n) {
+    float* p = pinned(n);
+    gpu::check_cuda(cudaMemcpyAsync(p, dev, n * sizeof(float), cudaMemcpyDeviceToHost, s),
+                    "cudaMemcpyAsync");
+    gpu::check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    std::vector<float> h(p, p + n);
+    for (void* q : pinned_) (void)cudaFreeHost(q);  // the stream is done with all of them
+    pinned_.clear();
     return h;
   }
+  cudaStream_t s = nullptr;
+
+ private:
+  static void CUDART_CB pause(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
+  float* pinned(size_t n) {
+    void* p = nullptr;
+    gpu::check_cuda(cudaMallocHost(&p, std::max<size_t>(n, 1) * sizeof(float)), "cudaMallocHost");
+    pinned_.push_back(p);
+    return static_cast<float*>(p);
+  }
+  std::vector<void*> pinned_;
 };
 
 void expect(const std::vector<float>& got, const std::function<float(size_t)>& want,
             const std::string& what) {
   for (size_t j = 0; j < got.size(); ++j)
-    if (std::fabs(got[j] - want(j)) > 1e-4f * std::fabs(want(j)))
+    if (!(std::fabs(got[j] - want(j)) <= 1e-4f * std::fabs(want(j))))  // NaN fails too
       throw Error(what + " element " + std::to_string(j) + ": " + std::to_string(got[j]) +
                   ", want " + std::to_string(want(j)));
 }
 
-// Every collective on rank r of n, on `gpu`, with `count` elements per rank block.
+// Every collective on rank r of n, on `gpu`, with `count` elements per rank block; data moves on
+// the rank's own stream (StreamIO).
 void collectives(ProcessGroup& pg, int r, int n, int gpu_index, size_t count) {
   gpu::check_cuda(cudaSetDevice(gpu_index), "cudaSetDevice");
-  cudaStream_t s = nullptr;
-  gpu::check_cuda(cudaStreamCreate(&s), "cudaStreamCreate");
+  StreamIO io;
+  cudaStream_t s = io.s;
   size_t total = count * static_cast<size_t>(n);
   float sum_r = static_cast<float>(n * (n + 1) / 2);
   auto summed = [&](size_t j) { return sum_r + static_cast<float>(n) * static_cast<float>(j % 7); };
   std::vector<float> h(total);
   for (size_t j = 0; j < total; ++j) h[j] = value(r, j);
+  std::vector<float> block(h.begin(), h.begin() + static_cast<long>(count));
   {
     Device d(total);
-    d.put(h);
+    io.put(d.p, h);
     pg.allreduce_device_sync(d.p, total, DType::F32, Op::Sum, s);
-    expect(d.get(total), summed, "allreduce Sum");
-    d.put(h);
+    expect(io.get(d.p, total), summed, "allreduce Sum");
+    io.put(d.p, h);
     pg.allreduce_device(d.p, total, DType::F32, Op::Avg, s);
     pg.device_synchronize(s);
-    expect(d.get(total), [&](size_t j) { return summed(j) / static_cast<float>(n); },
+    expect(io.get(d.p, total), [&](size_t j) { return summed(j) / static_cast<float>(n); },
            "allreduce Avg");
-    d.put(h);
+    io.put(d.p, h);
     pg.allreduce_device(d.p, total, DType::F32, Op::Max, s);
-    pg.device_synchronize(s);
-    expect(d.get(total), [&](size_t j) { return value(n - 1, j); }, "allreduce Max");
+    expect(io.get(d.p, total), [&](size_t j) { return value(n - 1, j); }, "allreduce Max");
   }
   {
     Device in(total), out(count);
-    in.put(h);
+    io.put(in.p, h);
     pg.reduce_scatter_device(in.p, out.p, count, DType::F32, Op::Sum, s);
-    pg.device_synchronize(s);
     size_t base = static_cast<size_t>(r) * count;
-    expect(out.get(count), [&](size_t j) { return summed(base + j); }, "reduce_scatter");
+    expect(io.get(out.p, count), [&](size_t j) { return summed(base + j); }, "reduce_scatter");
+    io.put(out.p, std::vector<float>(count, -1.0f));
+    io.put(in.p, h);
     pg.reduce_scatter_device(in.p, out.p, count, DType::F32, Op::Avg, s);
-    pg.device_synchronize(s);
-    expect(out.get(count), [&](size_t j) { return summed(base + j) / static_cast<float>(n); },
+    expect(io.get(out.p, count),
+           [&](size_t j) { return summed(base + j) / static_cast<float>(n); },
            "reduce_scatter Avg");
   }
   {
     Device in(count), out(total);
-    in.put(std::vector<float>(h.begin(), h.begin() + static_cast<long>(count)));
+    io.put(in.p, block);
     pg.allgather_device(in.p, out.p, count, DType::F32, s);
-    pg.device_synchronize(s);
-    expect(out.get(total), [&](size_t j) { return value(static_cast<int>(j / count), j % count); },
-           "allgather");
+    expect(io.get(out.p, total),
+           [&](size_t j) { return value(static_cast<int>(j / count), j % count); }, "allgather");
     // In place: the input is this rank's block of the output.
     float* mine = out.p + static_cast<size_t>(r) * count;
-    out.put(std::vector<float>(total, -1.0f));
-    gpu::check_cuda(cudaMemcpy(mine, in.p, count * sizeof(float), cudaMemcpyDeviceToDevice),
-                    "cudaMemcpy");
+    io.put(out.p, std::vector<float>(total, -1.0f));
+    io.put(mine, block);
     pg.allgather_device(mine, out.p, count, DType::F32, s);
-    pg.device_synchronize(s);
-    expect(out.get(total), [&](size_t j) { return value(static_cast<int>(j / count), j % count); },
+    expect(io.get(out.p, total),
+           [&](size_t j) { return value(static_cast<int>(j / count), j % count); },
            "allgather in place");
   }
   {
     Device d(count);
-    d.put(std::vector<float>(h.begin(), h.begin() + static_cast<long>(count)));
+    io.put(d.p, block);
     int root = n - 1;
     pg.broadcast_device(d.p, count, DType::F32, root, s);
-    pg.device_synchronize(s);
-    expect(d.get(count), [&](size_t j) { return value(root, j); }, "broadcast");
+    expect(io.get(d.p, count), [&](size_t j) { return value(root, j); }, "broadcast");
   }
-  (void)cudaStreamDestroy(s);
 }
 
 int report(const char* what, const std::vector<std::string>& errors) {

@@ -126,6 +126,19 @@ gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* 
   return *state->comm;
 }
 
+// One Error on this rank, before anything is enqueued or exchanged, when `stream` is being
+// captured into a CUDA graph: a call across nodes waits on the host for its copies, which a
+// graph being captured never runs, and the waits of every call query the stream (an error during
+// capture).
+void require_not_capturing(const char* call, cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  gpu::check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  if (status != cudaStreamCaptureStatusNone)
+    throw Error(std::string(call) +
+                ": the stream is being captured into a CUDA graph; DataChannel's device calls "
+                "cannot be captured");
+}
+
 Deadline call_deadline(ProcessGroup::Impl& g, double timeout, const char* call, size_t count,
                        DType t, Op op) {
   return Deadline::call(g.seconds(timeout), call, count, static_cast<int>(t),
@@ -134,11 +147,15 @@ Deadline call_deadline(ProcessGroup::Impl& g, double timeout, const char* call, 
 
 // The in-place allreduce of `call`: enqueued on `stream` on one node; across nodes the
 // hierarchical orchestration, which returns when the cross-node step is done and the rest is
-// enqueued.
+// enqueued.  `user_allreduce`: the caller's allreduce, whose f32 may go across nodes as bf16
+// (PYTORCH_DC_BF16_WIRE); not an allreduce that stands in for another collective, whose data
+// moves exactly.
 void device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call, void* buf,
-                      size_t count, DType t, Op op, void* stream, double timeout) {
-  gpu::NcclComm& c = device_comm(pg, g, call, timeout);
+                      size_t count, DType t, Op op, void* stream, double timeout,
+                      bool user_allreduce = false) {
   auto s = static_cast<cudaStream_t>(stream);
+  require_not_capturing(call, s);
+  gpu::NcclComm& c = device_comm(pg, g, call, timeout);
   Deadline d = call_deadline(g, timeout, call, count, t, op);
   if (g.nodes == 1) {
     c.allreduce(buf, count, t, op, s, d);
@@ -157,9 +174,9 @@ void device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
     rail.emplace(*st.rail, l.domain, l.domains, s);
     intra = &nested.emplace(*domain, l.per_domain, *rail, l.domains);
   }
-  st.copy->use(s, st.all());
-  CrossOptions o{g.s.small_bytes, g.s.bf16_wire};
   size_t chunk = g.s.pipeline_bytes > 0 ? g.s.pipeline_bytes : kDevicePipelineBytes;
+  st.copy->use(s, st.all(), chunk);
+  CrossOptions o{g.s.small_bytes, user_allreduce && g.s.bf16_wire};
   NodeLevels levels{g.cross_c,
                     *intra,
                     *g.gpu->copy,
@@ -170,20 +187,31 @@ void device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
   try {
     g.run_guarded(d, [&] { hierarchical_allreduce(levels, buf, count, t, op, h, d, o); });
   } catch (const std::exception& e) {
-    // The node's other ranks may wait in a level whose collective this rank will not join.
+    // The node's other ranks may wait in a level whose collective this rank will not join; the
+    // copies still on the copy streams must end before the user's stream frees or reuses what
+    // they read and write.
     gpu::abort(st.all(), e.what());
+    st.copy->join_user();
     throw;
   }
 }
 
-// A stream-ordered scratch buffer of `bytes`, freed on the stream when it goes.
+// A stream-ordered scratch buffer of `bytes`: free() frees it on the stream, checked; after an
+// error the destructor does, ignoring the status (a destructor must not throw).
 struct Scratch {
   void* p = nullptr;
   cudaStream_t s;
   Scratch(size_t bytes, cudaStream_t stream) : s(stream) {
     gpu::check_cuda(cudaMallocAsync(&p, std::max<size_t>(bytes, 1), s), "cudaMallocAsync");
   }
-  ~Scratch() { (void)cudaFreeAsync(p, s); }
+  void free() {
+    void* q = p;
+    p = nullptr;
+    gpu::check_cuda(cudaFreeAsync(q, s), "cudaFreeAsync");
+  }
+  ~Scratch() {
+    if (p) (void)cudaFreeAsync(p, s);
+  }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
 };
@@ -202,8 +230,8 @@ void device_blocks(ProcessGroup::Impl& g, cudaStream_t s, size_t work_bytes, con
                    const std::function<void(const BlockLevels&, void* work)>& run) {
   gpu::DeviceState& st = *g.gpu;
   gpu::NcclIntra node(*st.comm, g.local_rank, g.local_size, s);
-  st.copy->use(s, st.all());
   size_t chunk = g.s.pipeline_bytes > 0 ? g.s.pipeline_bytes : kDevicePipelineBytes;
+  st.copy->use(s, st.all(), chunk);
   BlockLevels levels{g.cross_c, node, g.local_rank, g.local_size, *st.copy, g.size, chunk};
   // Only reduce_scatter needs one; freed on `s` after the copy streams' work (below).
   std::optional<Scratch> work;
@@ -215,6 +243,7 @@ void device_blocks(ProcessGroup::Impl& g, cudaStream_t s, size_t work_bytes, con
     st.copy->join_user();
     throw;
   }
+  if (work) work->free();
 }
 
 }  // namespace
@@ -223,13 +252,13 @@ bool ProcessGroup::has_gpu_path() { return true; }
 
 void ProcessGroup::allreduce_device(void* buf, size_t count, DType t, Op op, void* stream,
                                     double timeout) {
-  device_allreduce(*this, *impl_, "allreduce_device", buf, count, t, op, stream, timeout);
+  device_allreduce(*this, *impl_, "allreduce_device", buf, count, t, op, stream, timeout, true);
 }
 
 void ProcessGroup::allreduce_device_sync(void* buf, size_t count, DType t, Op op, void* stream,
                                          double timeout) {
   const char* call = "allreduce_device_sync";
-  device_allreduce(*this, *impl_, call, buf, count, t, op, stream, timeout);
+  device_allreduce(*this, *impl_, call, buf, count, t, op, stream, timeout, true);
   gpu::wait(static_cast<cudaStream_t>(stream), impl_->gpu->all(),
             call_deadline(*impl_, timeout, call, count, t, op));
 }
@@ -239,6 +268,7 @@ void ProcessGroup::reduce_scatter_device(const void* in, void* out, size_t count
   const char* call = "reduce_scatter_device";
   Impl& g = *impl_;
   auto s = static_cast<cudaStream_t>(stream);
+  require_not_capturing(call, s);
   gpu::NcclComm& c = device_comm(*this, g, call, timeout);
   if (g.nodes == 1) {
     c.reduce_scatter(in, out, count, t, op, s, call_deadline(g, timeout, call, count, t, op));
@@ -259,6 +289,7 @@ void ProcessGroup::reduce_scatter_device(const void* in, void* out, size_t count
   device_allreduce(*this, g, call, tmp.p, total, t, op, stream, timeout);
   copy_d2d(out, static_cast<char*>(tmp.p) + static_cast<size_t>(g.rank) * count * es, count * es,
            s);
+  tmp.free();
 }
 
 void ProcessGroup::allgather_device(const void* in, void* out, size_t count, DType t,
@@ -266,6 +297,7 @@ void ProcessGroup::allgather_device(const void* in, void* out, size_t count, DTy
   const char* call = "allgather_device";
   Impl& g = *impl_;
   auto s = static_cast<cudaStream_t>(stream);
+  require_not_capturing(call, s);
   gpu::NcclComm& c = device_comm(*this, g, call, timeout);
   if (g.nodes == 1) {
     c.allgather(in, out, count, t, s, call_deadline(g, timeout, call, count, t, Op::Sum));
@@ -286,6 +318,7 @@ void ProcessGroup::allgather_device(const void* in, void* out, size_t count, DTy
   copy_d2d(keep.p, in, count * es, s);
   gpu::check_cuda(cudaMemsetAsync(out, 0, total * es, s), "cudaMemsetAsync");
   copy_d2d(mine, keep.p, count * es, s);
+  keep.free();
   device_allreduce(*this, g, call, out, total, t, Op::Sum, stream, timeout);
 }
 
@@ -297,6 +330,7 @@ void ProcessGroup::broadcast_device(void* buf, size_t count, DType t, int root, 
     throw Error(std::string(call) + ": root " + std::to_string(root) + " is not a rank of the " +
                 std::to_string(g.size) + "-rank group");
   auto s = static_cast<cudaStream_t>(stream);
+  require_not_capturing(call, s);
   gpu::NcclComm& c = device_comm(*this, g, call, timeout);
   if (g.nodes == 1) {
     c.broadcast(buf, count, t, root, s, call_deadline(g, timeout, call, count, t, Op::Sum));
@@ -321,7 +355,18 @@ void ProcessGroup::device_synchronize(void* stream, double timeout) {
   Impl& g = *impl_;
   if (!g.gpu || !g.gpu->comm)
     throw Error(std::string(call) + ": no device-memory call has been made on this group");
-  gpu::wait(static_cast<cudaStream_t>(stream), g.gpu->all(),
+  auto s = static_cast<cudaStream_t>(stream);
+  require_not_capturing(call, s);
+  gpu::wait(s, g.gpu->all(), Deadline::after(g.seconds(timeout), call));
+}
+
+void ProcessGroup::device_wait_event(void* event, double timeout) {
+  const char* call = "device_wait_event";
+  Impl& g = *impl_;
+  if (!g.gpu || !g.gpu->comm)
+    throw Error(std::string(call) + ": no device-memory call has been made on this group");
+  if (!event) throw Error(std::string(call) + ": no event");
+  gpu::wait(static_cast<cudaEvent_t>(event), g.gpu->all(),
             Deadline::after(g.seconds(timeout), call));
 }
 

@@ -2,6 +2,7 @@
 
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -139,6 +140,7 @@ CudaCopy::CudaCopy() {
 CudaCopy::~CudaCopy() {
   // Teardown: statuses are ignored (a destructor must not throw; after an abort the context may
   // be unusable), but nothing is left that a later call could use.
+  for (void* p : retired_) (void)cudaFreeHost(p);
   for (int s = 0; s < kCopySlots; ++s) {
     if (pinned_[s]) (void)cudaFreeHost(pinned_[s]);
     if (up_done_[s]) (void)cudaEventDestroy(up_done_[s]);
@@ -157,13 +159,18 @@ void CudaCopy::begin(const Deadline&) {
 }
 
 void* CudaCopy::host(int slot, void*, size_t bytes) {
-  // Only called for a slot whose previous copies were waited for (pipelined_steps' order).
   if (pinned_bytes_[slot] < bytes) {
-    if (pinned_[slot]) check_cuda(cudaFreeHost(pinned_[slot]), "cudaFreeHost");
-    pinned_[slot] = nullptr;
-    pinned_bytes_[slot] = 0;
-    check_cuda(cudaHostAlloc(&pinned_[slot], bytes, cudaHostAllocDefault), "cudaHostAlloc");
-    pinned_bytes_[slot] = bytes;
+    // Not cudaFreeHost here: it waits for the whole device, with no deadline, in the middle of a
+    // call whose NCCL work is enqueued (a dead peer would hang it).  The old buffer is kept until
+    // the destructor; a slot starts at the chunk size, so a call grows it only in the rare case
+    // that a chunk is larger (a block collective over more nodes than the chunk has elements),
+    // at least twofold.
+    size_t want = std::max({bytes, reserve_, 2 * pinned_bytes_[slot]});
+    void* p = nullptr;
+    check_cuda(cudaHostAlloc(&p, want, cudaHostAllocDefault), "cudaHostAlloc");
+    if (pinned_[slot]) retired_.push_back(pinned_[slot]);
+    pinned_[slot] = p;
+    pinned_bytes_[slot] = want;
   }
   return pinned_[slot];
 }

@@ -22,6 +22,7 @@
 
 #include <functional>
 #include <utility>
+#include <vector>
 
 #include "dc/engines.hpp"
 #include "dc/gpu/nccl_comm.hpp"
@@ -71,10 +72,12 @@ class CudaCopy final : public CopyEngine {
   ~CudaCopy() override;
   CudaCopy(const CudaCopy&) = delete;
   CudaCopy& operator=(const CudaCopy&) = delete;
-  // The user's stream and the communicators whose errors the waits watch, for the next call.
-  void use(cudaStream_t user, NcclComms watch) {
+  // The user's stream and the communicators whose errors the waits watch, for the next call, and
+  // the size of its pipeline chunks (a slot's pinned buffer is at least that).
+  void use(cudaStream_t user, NcclComms watch, size_t chunk_bytes) {
     user_ = user;
     watch_ = std::move(watch);
+    reserve_ = chunk_bytes;
   }
 
   void begin(const Deadline& d) override;
@@ -97,6 +100,8 @@ class CudaCopy final : public CopyEngine {
   cudaEvent_t up_done_[kCopySlots] = {}, down_done_[kCopySlots] = {};
   void* pinned_[kCopySlots] = {};
   size_t pinned_bytes_[kCopySlots] = {};
+  size_t reserve_ = 0;
+  std::vector<void*> retired_;  // outgrown pinned buffers, freed by the destructor
 };
 
 }  // namespace pytorch_exec::dc::gpu

@@ -92,7 +92,12 @@ void NcclComm::check_async(const char* during) {
 void NcclComm::settle(const Deadline& d, const char* during) {
   for (;;) {
     ncclResult_t state = ncclInProgress;
-    check_nccl(ncclCommGetAsyncError(comm_, &state), "ncclCommGetAsyncError");
+    ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
+    if (r != ncclSuccess) {  // aborted too: the other ranks may be in the same operation
+      std::string what = nccl_error_text("ncclCommGetAsyncError", r);
+      abort(what);
+      throw Error(what);
+    }
     if (state == ncclSuccess) return;
     if (state != ncclInProgress) {
       std::string what = nccl_error_text(during, state);
@@ -164,13 +169,18 @@ void abort(const NcclComms& cs, const std::string& why) {
   for (NcclComm* c : cs) c->abort(why);
 }
 
-void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d) {
+namespace {
+
+// Polls query() (cudaStreamQuery or cudaEventQuery, named `call`) until the work is done,
+// watching the communicators and the deadline.
+template <typename Query>
+void wait_for(Query query, const char* call, const NcclComms& cs, const Deadline& d) {
   for (NcclComm* c : cs) c->require_live();
   for (;;) {
-    cudaError_t e = cudaStreamQuery(stream);
+    cudaError_t e = query();
     if (e == cudaSuccess) return;
     if (e != cudaErrorNotReady) {
-      std::string what = cuda_error_text("cudaStreamQuery", e);
+      std::string what = cuda_error_text(call, e);
       abort(cs, what);
       throw Error(what);
     }
@@ -181,6 +191,16 @@ void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d) {
     }
     pause();
   }
+}
+
+}  // namespace
+
+void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d) {
+  wait_for([stream] { return cudaStreamQuery(stream); }, "cudaStreamQuery", cs, d);
+}
+
+void wait(cudaEvent_t event, const NcclComms& cs, const Deadline& d) {
+  wait_for([event] { return cudaEventQuery(event); }, "cudaEventQuery", cs, d);
 }
 
 }  // namespace pytorch_exec::dc::gpu

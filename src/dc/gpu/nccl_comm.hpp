@@ -74,5 +74,7 @@ void check_async(const NcclComms& cs, const char* during);
 void abort(const NcclComms& cs, const std::string& why);
 // NcclComm::wait over all of them.
 void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d);
+// The same for the work before `event` (recorded) completes.
+void wait(cudaEvent_t event, const NcclComms& cs, const Deadline& d);
 
 }  // namespace pytorch_exec::dc::gpu
