@@ -23,6 +23,7 @@
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <ATen/ATen.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 
 #include <algorithm>
 
@@ -49,10 +50,13 @@ std::vector<at::Tensor> natives(DeviceStage* st, const std::vector<at::Tensor>& 
   return out;
 }
 
-// The watch of a collective on the GPU: waits, bounded, for the backend's stream to get past
-// it (the library aborts its NCCL communicators on an error or at the timeout).
+// The watch of a collective on the GPU: waits, bounded, for its end event (the library aborts
+// its NCCL communicators on an error or at the timeout).  Not for the whole backend stream:
+// torch hands out its pool's streams round robin, and a user's stream may be the same one.
 std::function<void()> stream_watch(std::shared_ptr<dc::ProcessGroup> pg, DeviceStage* d, double s) {
-  return [pg = std::move(pg), d, s] { pg->device_synchronize(d->stream(), s); };
+  return [pg = std::move(pg), d, s] {
+    if (void* e = d->end_event()) pg->device_wait_event(e, s);
+  };
 }
 
 // The host of the TCPStore under `store`, which every rank reaches; "" for other stores.
@@ -149,7 +153,10 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
   }
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) throw std::runtime_error("pytorch_dc: eventfd failed");
-  thread_ = std::thread([this] { loop(); });
+  {
+    std::lock_guard<std::mutex> l(m_);
+    spare_locked();
+  }
   p2p_thread_ = std::thread([this] { p2p_loop(); });
 }
 
@@ -160,10 +167,15 @@ void DcBackend::shutdown() {
     std::lock_guard<std::mutex> l(m_);
     stop_ = true;
   }
-  cv_.notify_all();
   wake_mailbox_thread();
-  if (thread_.joinable()) thread_.join();
-  if (p2p_thread_.joinable()) p2p_thread_.join();
+  if (p2p_thread_.joinable()) p2p_thread_.join();  // hands its last messages to the workers
+  {
+    std::lock_guard<std::mutex> l(m_);
+    stop_workers_ = true;  // no worker is started after this: workers_ stays as it is
+  }
+  cv_.notify_all();
+  for (auto& w : workers_)
+    if (w.joinable()) w.join();
   if (wake_fd_ >= 0) ::close(wake_fd_);
   wake_fd_ = -1;
   std::vector<Task> done;
@@ -227,17 +239,22 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
   }
   // A synchronous call (async_op=False) that would only wait for the thread: run here, without
   // the two hand-offs between threads.
-  execute(t);
+  std::exception_ptr error = run_task(t);
   {
     std::lock_guard<std::mutex> l(m_);
     busy_ = false;
   }
   cv_.notify_one();  // what another thread queued meanwhile
+  finish_task(t, error);
   return work;
 }
 
-void DcBackend::execute(Task& t) {
-  std::exception_ptr error;
+std::exception_ptr DcBackend::run_task(Task& t) {
+  // The copies into the caller's tensors are the collective's, not the program's: no autograd
+  // (a leaf that requires grad, a Parameter) and no inference-mode checks, as on the caller's
+  // thread below the dispatcher's autograd keys, where c10d's ops call the backend.
+  at::AutoDispatchBelowADInplaceOrView below;
+  std::lock_guard<std::mutex> lib(lib_m_);
   try {
     if (!gpu_failure_.empty()) throw std::runtime_error(gpu_failure_);
     if (!t.stage) {
@@ -250,14 +267,19 @@ void DcBackend::execute(Task& t) {
       });
     }
   } catch (const std::exception& e) {
-    error = failure(t.name, e);
+    return failure(t.name, e);
   }
+  return nullptr;
+}
+
+void DcBackend::finish_task(Task& t, std::exception_ptr error) {
   if (!t.stage) {
     t.work->complete(error);
     return;
   }
   t.stage->on_stream([&] { t.work->complete(error); });  // the Future's events on our stream
   if (!t.watch || error) return;
+  std::lock_guard<std::mutex> lib(lib_m_);
   try {
     t.stage->on_stream(t.watch);
   } catch (const std::exception& e) {
@@ -266,27 +288,56 @@ void DcBackend::execute(Task& t) {
   }
 }
 
+void DcBackend::spare_locked() {
+  if (idle_ > 0 || stop_workers_) return;
+  ++idle_;  // idle from the start: it goes straight to waiting
+  workers_.emplace_back([this] { loop(); });
+}
+
 void DcBackend::loop() {
   // Collectives run here while the caller's thread computes (DDP's backward): a wait that spins
   // would take a processor from it.
   dc::set_thread_spinning(false);
+  std::unique_lock<std::mutex> l(m_);
   for (;;) {
+    cv_.wait(l, [&] {
+      return stop_workers_ || !completions_.empty() || (!queue_.empty() && !busy_);
+    });
     Task t;
-    {
-      std::unique_lock<std::mutex> l(m_);
-      cv_.wait(l, [&] { return stop_ || (!queue_.empty() && !busy_); });
-      if (queue_.empty()) return;
+    if (!completions_.empty()) {  // a message's: its callbacks run here
+      Completion c = std::move(completions_.front());
+      completions_.pop_front();
+      --idle_;
+      spare_locked();
+      l.unlock();
+      if (c.task.stage)
+        c.task.stage->on_stream([&] { c.task.work->complete(c.error, c.source); });
+      else
+        c.task.work->complete(c.error, c.source);
+      t = std::move(c.task);
+    } else if (!queue_.empty() && !busy_) {
       t = std::move(queue_.front());
       queue_.pop_front();
       busy_ = true;
+      --idle_;
+      l.unlock();
+      std::exception_ptr error = run_task(t);
+      l.lock();
+      busy_ = false;
+      spare_locked();  // the next collective need not wait for this one's callbacks
+      l.unlock();
+      cv_.notify_one();
+      finish_task(t, error);
+    } else {  // stop_workers_, and nothing left for this worker
+      --idle_;
+      return;
     }
-    execute(t);
+    l.lock();
     // Not released here: the last reference to a tensor that Python also knows takes the GIL,
     // and once the caller, woken by complete(), has let Python finalize, taking it ends this
     // thread in the middle of a destructor (std::terminate).  The caller's next call releases it.
-    std::lock_guard<std::mutex> l(m_);
-    busy_ = false;
     done_.push_back(std::move(t));
+    ++idle_;
   }
 }
 
@@ -582,9 +633,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
   auto st = stage(all, "reduce_scatter_tensor");
   auto pg = pg_;
   double s = seconds(opts.timeout);
-  bool as_is = std::all_of(rs.begin(), rs.end(), [&](const Reduction& r) {
-    return r.wire == inputs[0].scalar_type();
-  });
+  bool as_is = true;  // every tensor reduced in its own dtype (not int8/bool in a wider one)
+  for (size_t k = 0; k < inputs.size(); ++k) as_is = as_is && rs[k].wire == inputs[k].scalar_type();
   if (on_device(st, all) && as_is) {
     DeviceStage* d = st.get();
     std::vector<at::Tensor> gi = natives(d, inputs), go = natives(d, outputs);
@@ -697,16 +747,21 @@ c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<a
     bad(name, "rank " + std::to_string(peer) + " is not another rank of this group of " +
                   std::to_string(getSize()));
   if (tag < 0) bad(name, "tags are 0 or more, not " + std::to_string(tag));
+  // A CUDA tensor goes through host memory: sent as it is once the caller's stream got there
+  // (copied at once); received into a pinned host tensor, which the mailbox thread copies to it
+  // on the backend's stream after the caller's stream got to the recv (the stage's events, as a
+  // collective's: wait() makes the caller's current stream wait for the copy).
+  std::shared_ptr<DeviceStage> st = t.is_cuda() && !send ? stage({t}, name) : nullptr;
+  if (st) st->native(t);  // written on the backend's stream: recordStream()ed there
   auto work = c10::make_intrusive<DcWork>(getRank(), send ? c10d::OpType::SEND
                                           : peer < 0       ? c10d::OpType::RECVANYSOURCE
                                                            : c10d::OpType::RECV,
-                                          name, std::vector<at::Tensor>{t});
-  // A CUDA tensor goes through host memory, synchronously: sent as it is once the caller's
-  // stream got there; received into a host tensor copied to it before the Work completes.
-  at::Tensor wire = !t.is_cuda() ? flat(t)
-                    : send       ? t.reshape({-1}).to(at::kCPU)
-                                 : at::empty({t.numel()}, t.options().device(at::kCPU));
-  Message m{Task{work, name, nullptr, {}, nullptr, nullptr}, send, t, wire, peer, tag};
+                                          name, std::vector<at::Tensor>{t}, st);
+  at::Tensor wire =
+      !t.is_cuda() ? flat(t)
+      : send       ? t.reshape({-1}).to(at::kCPU)
+                   : at::empty({t.numel()}, t.options().device(at::kCPU).pinned_memory(true));
+  Message m{Task{work, name, nullptr, {}, st, nullptr}, send, t, wire, peer, tag};
   std::vector<Task> done;
   {
     std::lock_guard<std::mutex> l(m_);
@@ -730,17 +785,31 @@ void DcBackend::post(Message& m) {
 }
 
 void DcBackend::finish(Message& m, std::exception_ptr e, int source) {
+  DeviceStage* st = m.task.stage.get();
   if (!e && !m.send) {
+    at::AutoDispatchBelowADInplaceOrView below;  // the recv's copy (see run_task)
     try {
-      copy_back(m.user, m.wire);
+      if (!st) {
+        copy_back(m.user, m.wire);
+      } else if (m.user.numel()) {  // enqueued, not waited for (see message())
+        st->on_stream([&] {
+          st->begin(-1);  // nothing to copy in: only the wait for the caller's stream
+          m.user.copy_(m.wire.view(m.user.sizes()), /*non_blocking=*/true);
+          st->end();
+        });
+      }
     } catch (const std::exception& x) {
       e = failure(m.task.name, x);
     }
   }
-  m.task.work->complete(e, source);
+  // Completed by a worker: a callback of its Future may wait for another message, which this
+  // thread must be free to move.
   m.task.keep = {std::move(m.user), std::move(m.wire)};
-  std::lock_guard<std::mutex> l(m_);  // released by a caller's thread, as in loop()
-  done_.push_back(std::move(m.task));
+  {
+    std::lock_guard<std::mutex> l(m_);
+    completions_.push_back(Completion{std::move(m.task), e, source});
+  }
+  cv_.notify_one();
 }
 
 // The mailbox thread: posts what callers queued, moves every message in flight, completes what

@@ -61,6 +61,8 @@ class DeviceStage {
   // `t` itself, on the GPU, for a collective the library runs on device memory.
   virtual at::Tensor native(const at::Tensor& t) = 0;
   virtual void* stream() const = 0;  // the backend's cudaStream_t for this GPU
+  // The cudaEvent_t that end() recorded (nullptr before, and for host stages).
+  virtual void* end_event() const = 0;
   // The backend's thread: before and after the collective.  begin() waits (at most `timeout`
   // seconds, < 0: none) for the copies to host, which follow the caller's pending work.
   virtual void begin(double timeout) = 0;
@@ -102,6 +104,11 @@ class DcWork : public c10d::Work {
   std::shared_ptr<DeviceStage> stage_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_ = -1;
+  // Set by complete(): the work is issued (its end event recorded).  Not the base class's
+  // completed_: c10d::Work::wait() calls synchronize() holding the base class's mutex.
+  std::mutex issued_m_;
+  std::condition_variable issued_cv_;
+  bool issued_ = false;
 };
 
 class DcBackend : public c10d::Backend {
@@ -192,14 +199,24 @@ class DcBackend : public c10d::Backend {
                                          std::function<void()> watch = nullptr);
   // The stage of a collective on the tensors `ts` (nullptr on the CPU); throws naming `what`.
   std::shared_ptr<DeviceStage> stage(const std::vector<at::Tensor>& ts, const char* what);
-  void execute(Task& t);
+  // A collective's part under busy_: the library call (and its staging); its error, if any.
+  std::exception_ptr run_task(Task& t);
+  // After busy_ is released: completes the Work (the Future's callbacks run here, and may issue
+  // and wait for more collectives), then watches its GPU work.
+  void finish_task(Task& t, std::exception_ptr error);
+  // A worker thread: runs the queued collectives one at a time, in order, and completes the
+  // mailbox thread's messages.  Before a worker completes anything (user callbacks, which may
+  // block), it makes sure another one is idle (spare_locked), so that the queue never waits for
+  // a callback.
   void loop();
+  void spare_locked();
   c10::intrusive_ptr<c10d::Work> message(bool send, const std::vector<at::Tensor>& tensors,
                                          int peer, int tag);
   void p2p_loop();
   void wake_mailbox_thread();
   void post(Message& m);
-  // Completes `m` (an error: e, else done) and hands its tensors to done_.
+  // Copies a received tensor to its place and hands `m` to the workers to complete (an error:
+  // e, else done).
   void finish(Message& m, std::exception_ptr e, int source = -1);
   std::exception_ptr failure(const char* name, const std::exception& e) const;
   double seconds(std::chrono::milliseconds t) const;
@@ -208,15 +225,24 @@ class DcBackend : public c10d::Backend {
 
   std::shared_ptr<dc::ProcessGroup> pg_;
   std::shared_ptr<DeviceStreams> streams_;
-  std::string gpu_failure_;  // a watch failed: every later collective raises this
+  std::string gpu_failure_;  // a watch failed: every later collective raises this (under lib_m_)
   double timeout_s_;
+  std::mutex lib_m_;  // pg_ is used by one thread at a time: a collective's run, a GPU watch
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  struct Completion {
+    Task task;
+    std::exception_ptr error;
+    int source;
+  };
+  std::deque<Completion> completions_;  // messages the mailbox thread is done with
   std::vector<Task> done_;  // run by loop(), released by a caller's thread (see loop())
-  bool stop_ = false;
-  bool busy_ = false;  // a collective is running (on the thread, or inline on a caller's)
-  std::thread thread_;
+  bool stop_ = false;          // no more calls; the mailbox thread ends
+  bool stop_workers_ = false;  // the workers end once nothing is left (after the mailbox thread)
+  bool busy_ = false;  // a collective is running (on a worker, or inline on a caller's thread)
+  std::vector<std::thread> workers_;
+  int idle_ = 0;  // workers waiting for something to do, or starting
   // Sends and receives: their own connections (a dc::Mailbox) and thread, so that they run
   // while collectives do and several are in flight at once (an exchange, a pipeline).
   std::unique_ptr<dc::Mailbox> mailbox_;

@@ -99,6 +99,7 @@ class HostStage : public DeviceStage {
   at::Tensor inout(const at::Tensor& t) override { return stage(t, true, true); }
   at::Tensor native(const at::Tensor& t) override { return t; }
   void* stream() const override { return nullptr; }
+  void* end_event() const override { return nullptr; }
   void begin(double) override {
     for (auto& [host, t] : copies_in_) host.copy_(t);
   }
@@ -171,7 +172,18 @@ class CudaStage : public DeviceStage {
   CudaStage(c10::cuda::CUDAStream stream, at::Device d, const char* what)
       : device_(d), stream_(stream), what_(what) {
     c10::cuda::CUDAGuard g(d);
-    ready_.record(c10::cuda::getCurrentCUDAStream(d.index()));
+    c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(d.index());
+    // The backend's thread runs the collective later, on its own stream: nothing a graph being
+    // captured could hold.
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(current.stream(), &status) != cudaSuccess ||
+        status != cudaStreamCaptureStatusNone) {
+      (void)cudaGetLastError();
+      throw std::invalid_argument(std::string("pytorch_dc: ") + what +
+                                  ": the current stream is being captured into a CUDA graph; "
+                                  "the dc backend's collectives cannot be captured");
+    }
+    ready_.record(current);
   }
 
   at::Tensor in(const at::Tensor& t) override { return stage(t, true, false); }
@@ -182,6 +194,7 @@ class CudaStage : public DeviceStage {
     return t;
   }
   void* stream() const override { return stream_.stream(); }
+  void* end_event() const override { return recorded_ ? end_.event() : nullptr; }
 
   void begin(double timeout) override {
     c10::cuda::CUDAGuard g(device_);

@@ -32,13 +32,25 @@ bool DcWork::wait(std::chrono::milliseconds timeout) {
 }
 
 void DcWork::synchronize() {
-  if (stage_) stage_->block_current_stream();
+  if (!stage_) return;
+  // The end event exists once the backend's thread has issued the work: until then, wait on
+  // the host (without raising: wait() does).
+  {
+    std::unique_lock<std::mutex> l(issued_m_);
+    issued_cv_.wait(l, [&] { return issued_; });
+  }
+  stage_->block_current_stream();
 }
 
 bool DcWork::isCompleted() { return c10d::Work::isCompleted() && (!stage_ || stage_->query()); }
 
 void DcWork::complete(std::exception_ptr error, int source) {
   source_ = source;
+  {
+    std::lock_guard<std::mutex> l(issued_m_);
+    issued_ = true;
+  }
+  issued_cv_.notify_all();
   // The future first: once wait() returns, its value must be there.
   if (error)
     future_->setError(error);

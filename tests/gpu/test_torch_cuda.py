@@ -1,7 +1,9 @@
 """The torch "dc" backend on CUDA tensors (torch_cuda_worker.py) under pytorch_exec, one rank per
 visible GPU (at most 4; NCCL takes one rank per GPU): every collective against a host reference,
-stream semantics (a side stream, wait(), isCompleted(), the Future), and DDP with "dc" against
-"nccl".  Skips, saying why, without torch, without a GPU (torch.cuda.is_available()), or where the
+stream semantics (a side stream, wait(), isCompleted(), the Future, a recv), and DDP with "dc"
+against "nccl"; and two simulated nodes of one rank each (PYTORCH_DC_NODE; on one GPU where
+there is one): the collectives and stream semantics through the host-staged step across nodes.
+Skips, saying why, without torch, without a GPU (torch.cuda.is_available()), or where the
 extension has no CUDA support (pytorch_dc.cuda_support()).
 """
 import glob
@@ -42,9 +44,13 @@ def probe():
     return gpus
 
 
-def job(args, timeout=600):
-    n = min(GPUS, 4)
-    r = run(["-n", str(n), TORCH_PYTHON, WORKER] + args, env=env(), timeout=timeout)
+def job(args, timeout=600, nodes=False):
+    """One rank per GPU; nodes: two ranks as two simulated nodes (GPU LOCAL_RANK % GPUs)."""
+    n = 2 if nodes else min(GPUS, 4)
+    cmd = [TORCH_PYTHON, WORKER] + args
+    if nodes:
+        cmd = ["sh", "-c", "PYTORCH_DC_NODE=n$RANK exec " + " ".join(cmd)]
+    r = run(["-n", str(n)] + cmd, env=env(), timeout=timeout)
     check(r.returncode == 0, f"{args} on {n} ranks failed ({r.returncode}): "
           f"{r.stdout}{r.stderr[-4000:]}")
     oks = [line for line in r.stdout.splitlines() if line.startswith("ok ")]
@@ -64,9 +70,15 @@ def test_ddp_against_nccl():
     job(["ddp", "20"])
 
 
+def test_simulated_nodes_on_one_gpu():
+    job(["collectives"], nodes=True)
+    job(["streams"], nodes=True)
+
+
 if __name__ == "__main__":
     need_torch()
     if not glob.glob(os.path.join(PKG, "pytorch_dc", "_C*.so")):
         skip(f"the dc extension was not built ({PKG}/pytorch_dc)")
     GPUS = probe()
-    main([test_collectives_on_cuda_tensors, test_stream_semantics, test_ddp_against_nccl])
+    main([test_collectives_on_cuda_tensors, test_stream_semantics, test_ddp_against_nccl,
+          test_simulated_nodes_on_one_gpu])

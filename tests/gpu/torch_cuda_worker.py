@@ -6,8 +6,11 @@ collectives  every collective on CUDA tensors against a host reference (each ran
              async; the native allreduce (float dtypes, contiguous) and the host-staged ones
 streams      stream semantics: a collective issued on a side stream after a long kernel
              (torch.cuda._sleep) sees that kernel's result; wait() returns before the GPU is
-             done and makes the current stream wait; isCompleted() and the Future follow the GPU
+             done (on one node: across nodes the host-staged step waits for the kernel, as
+             gloo's) and makes the current stream wait; isCompleted() and the Future follow the
+             GPU; a recv on a side stream lands after that stream's earlier work
 ddp STEPS    DDP on CUDA with "dc" and with "nccl" from the same start; parameters must agree
+The GPU is LOCAL_RANK's, modulo the GPUs there are (simulated nodes share one: PYTORCH_DC_NODE).
 Prints "ok MODE ..." on every rank.
 """
 import datetime
@@ -149,7 +152,8 @@ def streams(dev):
     if not torch.all(y == expect):
         raise SystemExit(f"rank {rank}: after wait() on the side stream: {y[:4].tolist()}, "
                          f"expected {expect}")
-    if host > 0.5 or done_early:
+    one_node = "PYTORCH_DC_NODE" not in os.environ
+    if (one_node and host > 0.5) or done_early:
         raise SystemExit(f"rank {rank}: wait() held the host {host:.3f} s (completed: "
                          f"{done_early}) while the GPU slept")
     if not work.is_completed():
@@ -174,6 +178,21 @@ def streams(dev):
     side.synchronize()
     if int(c) != w * n:
         raise SystemExit(f"rank {rank}: staged int8 allreduce on the side stream: {int(c)}")
+    # a recv on a side stream lands after the work queued there before it (a fill after a sleep)
+    if w > 1 and rank < 2:
+        with torch.cuda.stream(side):
+            r = torch.zeros(n, device=dev)
+            if rank == 0:
+                dist.send(torch.full((n,), 7.0, device=dev), dst=1)
+            else:
+                torch.cuda._sleep(int(1e9))
+                r.fill_(-5.0)
+                dist.recv(r, src=0)
+                r2 = r * 1  # ordered after the recv by its wait()
+        side.synchronize()
+        if rank == 1 and not torch.all(r2 == 7.0):
+            raise SystemExit(f"rank 1: recv on the side stream: {r2[:4].tolist()}, expected 7.0 "
+                             "(the copy landed before the stream's earlier fill)")
     print(f"ok streams rank {rank}: wait() held the host {host * 1e3:.1f} ms of a ~1 s kernel",
           flush=True)
 
@@ -209,7 +228,7 @@ def ddp(steps, dev):
 
 def main():
     mode = sys.argv[1]
-    local = int(os.environ.get("LOCAL_RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
     dist.init_process_group("cpu:gloo,cuda:dc" if mode == "ddp" else "dc",

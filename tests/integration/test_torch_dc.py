@@ -81,6 +81,29 @@ def test_ddp_against_gloo():
     print("   ", " / ".join(line for line in out.splitlines() if "ok" in line))
 
 
+def test_ddp_comm_hooks_against_gloo():
+    """DDP's comm hooks: allreduce, fp16/bf16 compression, and PowerSGD, whose Future callbacks
+    issue allreduces and wait for them on the backend's threads."""
+    out = job(2, ["hooks", "10"])
+    for name in ("allreduce", "fp16", "bf16", "powersgd"):
+        check(f"hook {name} ok" in out, out)
+    print("   ", " / ".join(line for line in out.splitlines() if "hook" in line))
+
+
+def test_callbacks_that_issue_collectives():
+    """A Future callback that makes another collective and waits for it, or a blocking recv
+    inside an irecv's callback: neither waits for itself (two simulated nodes of two)."""
+    out = job(4, ["callbacks"], nodes="/2", timeout=120)
+    check(out.count("callbacks ok") == 4, out)
+
+
+def test_copies_into_guarded_tensors():
+    """Results copied into Parameters (non-contiguous, channels_last; no_grad and grad enabled)
+    and into tensors under inference_mode, as gloo does them."""
+    out = job(3, ["autograd"], timeout=120)
+    check(out.count("autograd ok") == 3, out)
+
+
 def test_fsdp_against_gloo():
     out = job(2, ["fsdp", "10"])
     check("fsdp ok" in out or "fsdp skipped" in out, out)
@@ -204,6 +227,8 @@ if __name__ == "__main__":
              "see --with-torch)")
     main([test_collectives_two_ranks, test_collectives_three_ranks, test_collectives_four_ranks,
           test_collectives_two_simulated_nodes_of_two, test_collectives_host_staged,
-          test_ddp_against_gloo, test_fsdp_against_gloo, test_devices_and_spellings,
+          test_ddp_against_gloo, test_ddp_comm_hooks_against_gloo,
+          test_callbacks_that_issue_collectives, test_copies_into_guarded_tensors,
+          test_fsdp_against_gloo, test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,
           test_restart_with_a_fresh_init, test_torchrun, test_tcp_and_file_init_methods, test_mpirun])

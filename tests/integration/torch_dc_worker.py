@@ -4,6 +4,15 @@ collectives   every collective of the backend against gloo's result in the same 
               group over the same ranks), dtypes x ops x sizes, sync and async, non-contiguous
               tensors, a sub-group; prints "ok N checks" on rank 0
 ddp STEPS     DDP on dc and on gloo from the same start; parameters must agree
+hooks STEPS   the same with DDP's comm hooks: allreduce, fp16 and bf16 compression, PowerSGD
+              (whose callbacks issue collectives and wait for them)
+callbacks     a Future's callback that issues a collective (sync, or async and waits for it),
+              a recv inside an irecv's callback; results checked
+autograd      copies into tensors that autograd or inference mode guards: non-contiguous and
+              channels_last Parameters under no_grad (broadcast, allreduce sync and async,
+              allreduce_coalesced), a non-contiguous Parameter's allreduce without no_grad, a
+              recv into one, and all_gather (list), gather and a non-contiguous broadcast under
+              inference_mode; against gloo on the same tensors
 fsdp STEPS    the same with FSDP (fully_shard) where the installed torch has it
 fail VICTIM   allreduces in a loop; rank VICTIM exits in the middle; the others must raise
 mismatch      rank 0 calls allreduce, the others broadcast: every rank must raise
@@ -297,20 +306,39 @@ def collectives():
     dist.destroy_process_group()
 
 
-def train(backend, steps, fsdp=False):
-    """A small model trained from the same start; returns the final parameters."""
+def comm_hook(name, group):
+    """(state, hook) of DDP's comm hook `name` on `group`.  PowerSGD from the third step,
+    rank-1 approximation, its default seed: the same on both backends."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if name == "powersgd":
+        return (powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2), powerSGD_hook.powerSGD_hook)
+    return group, {"allreduce": default_hooks.allreduce_hook,
+                   "fp16": default_hooks.fp16_compress_hook,
+                   "bf16": default_hooks.bf16_compress_hook}[name]
+
+
+def train_hooked(group, steps, hook):
+    """train()'s model and data under DDP on `group` (None: the default, dc) with comm hook
+    `hook`; the final parameters.  One bucket: with several, PowerSGD's callbacks (on the
+    backend's threads) and the next bucket's allreduce (on autograd's) race for the order of the
+    calls on each rank, with any backend (gloo: "collective mismatch"; dc raises naming both)."""
+    model = small_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group, bucket_cap_mb=64)
+    ddp.register_comm_hook(*comm_hook(hook, group))
+    steps_of(ddp, steps)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def small_model():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
-    rank = dist.get_rank()
-    if fsdp:
-        from torch.distributed.fsdp import fully_shard
-        fully_shard(model)
-        wrapped = model
-    else:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+
+
+def steps_of(wrapped, steps):
+    """SGD steps of `wrapped` on this rank's data; the last loss."""
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.05)
-    g = torch.Generator().manual_seed(100 + rank)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())
     loss = None
     for _ in range(steps):
         x, y = torch.randn(16, 32, generator=g), torch.randn(16, 8, generator=g)
@@ -318,6 +346,20 @@ def train(backend, steps, fsdp=False):
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return float(loss)
+
+
+def train(backend, steps, fsdp=False):
+    """A small model trained from the same start; returns the final parameters."""
+    model = small_model()
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=60))
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        fully_shard(model)
+        wrapped = model
+    else:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+    loss = steps_of(wrapped, steps)
     if fsdp:
         params = [p.full_tensor().detach().clone() for p in model.parameters()]
     else:
@@ -328,9 +370,9 @@ def train(backend, steps, fsdp=False):
     # while Python finalized: taking the GIL then ends that thread inside a destructor and the
     # process aborts (core: ProcessGroupGloo::runLoop -> ~AsyncAllgatherCoalescedWork ->
     # decref_pyobject -> PyThread_exit_thread).  Freed here, while Python runs.
-    del model, wrapped, opt
+    del model, wrapped
     gc.collect()
-    return params, float(loss)
+    return params, loss
 
 
 def ddp(steps):
@@ -340,6 +382,121 @@ def ddp(steps):
     if worst > 1e-5:
         raise SystemExit(f"DDP: dc and gloo parameters differ by {worst}")
     print(f"ddp ok: {steps} steps, max difference {worst:.2e}, loss {la:.6f}", flush=True)
+
+
+def hooks(steps):
+    """dc (the default group) and gloo (a group over the same ranks) in one init: a process
+    cannot init gloo as its default group many times (torch's rendezvous times out)."""
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=60))
+    gloo = dist.new_group(backend="gloo")
+    for name in ("allreduce", "fp16", "bf16", "powersgd"):
+        a = train_hooked(None, steps, name)
+        b = train_hooked(gloo, steps, name)
+        worst = max(float((x - y).abs().max()) for x, y in zip(a, b))
+        if worst > 1e-4:
+            raise SystemExit(f"DDP with the {name} hook: dc and gloo parameters differ by {worst}")
+        print(f"hook {name} ok: {steps} steps, max difference {worst:.2e}", flush=True)
+    dist.destroy_process_group()
+
+
+def callbacks():
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
+    rank, w = dist.get_rank(), dist.get_world_size()
+    x, y = torch.ones(4), torch.ones(4)
+    fut = dist.all_reduce(x, async_op=True).get_future()
+    got = fut.then(lambda f: dist.all_reduce(y, async_op=True).get_future().wait()[0]).wait()
+    same(got, torch.full((4,), float(w)), "a callback that waits for an async allreduce")
+    y = torch.ones(4)
+    fut = dist.all_reduce(torch.ones(4), async_op=True).get_future()
+    got = fut.then(lambda f: (dist.all_reduce(y), y)[1]).wait()
+    same(got, torch.full((4,), float(w)), "a callback that makes a synchronous allreduce")
+    if rank == 0:
+        dist.send(torch.ones(2), 1)
+        dist.send(torch.full((2,), 2.0), 1)
+    elif rank == 1:
+        u = torch.zeros(2)
+        f = dist.irecv(torch.zeros(2), 0).get_future()
+        got = f.then(lambda fut: (dist.recv(u, 0), u)[1]).wait()
+        same(got, torch.full((2,), 2.0), "a recv inside an irecv's callback")
+    dist.barrier()
+    print(f"callbacks ok: rank {rank}", flush=True)
+    dist.destroy_process_group()
+
+
+def autograd():
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
+    rank = dist.get_rank()
+    gloo = dist.new_group(backend="gloo")
+
+    def param(shape, channels_last=False, transposed=False):
+        torch.manual_seed(rank)
+        t = torch.randn(*shape)
+        if channels_last:
+            t = t.contiguous(memory_format=torch.channels_last)
+        return torch.nn.Parameter(t.t() if transposed else t)
+
+    def both(what, fn, grad=False, inference=False):
+        out = []
+        for group in (None, gloo):
+            ctx = (torch.inference_mode() if inference else
+                   torch.enable_grad() if grad else torch.no_grad())
+            with ctx:
+                out.append(fn(group))
+        for a, b in zip(*out):
+            same(a, b, what)
+
+    def bcast(mk):
+        return lambda g: [(lambda p: (dist.broadcast(p, 0, group=g), p.detach().clone())[1])(mk())]
+
+    def allreduce(mk, async_op):
+        def f(g):
+            p = mk()
+            work = dist.all_reduce(p, group=g, async_op=async_op)
+            if work:
+                work.wait()
+            return [p.detach().clone()]
+        return f
+
+    both("broadcast of a channels_last Parameter", bcast(lambda: param((2, 3, 2, 2), True)))
+    both("broadcast of a transposed Parameter", bcast(lambda: param((3, 4), transposed=True)))
+    both("allreduce of a channels_last Parameter",
+         allreduce(lambda: param((2, 3, 2, 2), True), False))
+    both("async allreduce of a channels_last Parameter",
+         allreduce(lambda: param((2, 3, 2, 2), True), True))
+    both("allreduce of a transposed Parameter (grad enabled)",
+         allreduce(lambda: param((3, 4), transposed=True), False), grad=True)
+
+    def coalesced(g):
+        ps = [param((3,)), param((2,))]
+        dist.all_reduce_coalesced(ps, group=g)
+        return [p.detach().clone() for p in ps]
+    both("allreduce_coalesced of Parameters", coalesced)
+
+    def gathered(g):
+        outs = [torch.empty(4) for _ in range(dist.get_world_size())]
+        dist.all_gather(outs, torch.full((4,), float(rank)), group=g)
+        return outs
+    both("all_gather (list) in inference mode", gathered, inference=True)
+
+    def gather(g):
+        outs = [torch.empty(2) for _ in range(dist.get_world_size())] if rank == 0 else None
+        dist.gather(torch.full((2,), float(rank)), outs, dst=0, group=g)
+        return outs or []
+    both("gather in inference mode", gather, inference=True)
+    both("broadcast of a non-contiguous tensor in inference mode",
+         lambda g: [(lambda t: (dist.broadcast(t, 1, group=g), t.clone())[1])(
+             torch.full((4, 3), float(rank)).t())], inference=True)
+    if rank < 2:
+        p = param((3, 4), transposed=True)
+        with torch.no_grad():
+            if rank == 0:
+                dist.send(torch.full((4, 3), 5.0), 1)
+            else:
+                dist.recv(p, 0)
+                same(p.detach(), torch.full((4, 3), 5.0), "recv into a transposed Parameter")
+    dist.barrier()
+    print(f"autograd ok: rank {rank}", flush=True)
+    dist.destroy_process_group()
 
 
 def fsdp(steps):
@@ -485,6 +642,12 @@ if __name__ == "__main__":
         ddp(int(sys.argv[2]))
     elif mode == "fsdp":
         fsdp(int(sys.argv[2]))
+    elif mode == "hooks":
+        hooks(int(sys.argv[2]))
+    elif mode == "callbacks":
+        callbacks()
+    elif mode == "autograd":
+        autograd()
     elif mode == "fail":
         fail(int(sys.argv[2]))
     elif mode == "mismatch":
