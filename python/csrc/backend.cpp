@@ -304,30 +304,47 @@ void DcBackend::loop() {
       return stop_workers_ || !completions_.empty() || (!queue_.empty() && !busy_);
     });
     Task t;
-    if (!completions_.empty()) {  // a message's: its callbacks run here
+    if (!queue_.empty() && !busy_) {  // the collectives first: the next one waits for them
+      --idle_;
+      for (;;) {
+        t = std::move(queue_.front());
+        queue_.pop_front();
+        busy_ = true;
+        l.unlock();
+        std::exception_ptr error = run_task(t);
+        l.lock();
+        busy_ = false;
+        if (queue_.empty() && completions_.empty()) {
+          // Completed here, with a worker idle for whatever its callbacks issue.
+          spare_locked();
+          l.unlock();
+          finish_task(t, error);
+          break;
+        }
+        // Another worker completes it (its callbacks may block), in order after the earlier
+        // ones; this one goes on with the next collective, if any, at once.
+        completions_.push_back(Completion{std::move(t), error, -1, false});
+        spare_locked();
+        cv_.notify_one();
+        if (queue_.empty()) break;
+      }
+      if (!t.work) {  // handed over: nothing to release here
+        ++idle_;
+        continue;
+      }
+    } else if (!completions_.empty()) {
       Completion c = std::move(completions_.front());
       completions_.pop_front();
       --idle_;
       spare_locked();
       l.unlock();
-      if (c.task.stage)
+      if (!c.message)
+        finish_task(c.task, c.error);
+      else if (c.task.stage)
         c.task.stage->on_stream([&] { c.task.work->complete(c.error, c.source); });
       else
         c.task.work->complete(c.error, c.source);
       t = std::move(c.task);
-    } else if (!queue_.empty() && !busy_) {
-      t = std::move(queue_.front());
-      queue_.pop_front();
-      busy_ = true;
-      --idle_;
-      l.unlock();
-      std::exception_ptr error = run_task(t);
-      l.lock();
-      busy_ = false;
-      spare_locked();  // the next collective need not wait for this one's callbacks
-      l.unlock();
-      cv_.notify_one();
-      finish_task(t, error);
     } else {  // stop_workers_, and nothing left for this worker
       --idle_;
       return;
@@ -807,7 +824,7 @@ void DcBackend::finish(Message& m, std::exception_ptr e, int source) {
   m.task.keep = {std::move(m.user), std::move(m.wire)};
   {
     std::lock_guard<std::mutex> l(m_);
-    completions_.push_back(Completion{std::move(m.task), e, source});
+    completions_.push_back(Completion{std::move(m.task), e, source, true});
   }
   cv_.notify_one();
 }

@@ -204,10 +204,11 @@ class DcBackend : public c10d::Backend {
   // After busy_ is released: completes the Work (the Future's callbacks run here, and may issue
   // and wait for more collectives), then watches its GPU work.
   void finish_task(Task& t, std::exception_ptr error);
-  // A worker thread: runs the queued collectives one at a time, in order, and completes the
-  // mailbox thread's messages.  Before a worker completes anything (user callbacks, which may
-  // block), it makes sure another one is idle (spare_locked), so that the queue never waits for
-  // a callback.
+  // A worker thread: runs the queued collectives one at a time, in order, and completes them
+  // and the mailbox thread's messages.  A collective with more queued behind it is handed over
+  // to be completed by another worker while this one goes on; a worker that completes anything
+  // (user callbacks, which may block and may issue collectives) first makes sure another one is
+  // idle (spare_locked), so that the queue never waits for a callback.
   void loop();
   void spare_locked();
   c10::intrusive_ptr<c10d::Work> message(bool send, const std::vector<at::Tensor>& tensors,
@@ -231,12 +232,15 @@ class DcBackend : public c10d::Backend {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
+  // A collective run (finish_task) or a message moved (the Work's complete) that a worker is to
+  // complete.
   struct Completion {
     Task task;
     std::exception_ptr error;
     int source;
+    bool message;
   };
-  std::deque<Completion> completions_;  // messages the mailbox thread is done with
+  std::deque<Completion> completions_;
   std::vector<Task> done_;  // run by loop(), released by a caller's thread (see loop())
   bool stop_ = false;          // no more calls; the mailbox thread ends
   bool stop_workers_ = false;  // the workers end once nothing is left (after the mailbox thread)
