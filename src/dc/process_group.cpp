@@ -282,7 +282,14 @@ void ProcessGroup::barrier(double timeout) {
   Impl& g = *impl_;
   auto d = g.deadline(timeout, "barrier");
   g.guarded(d, [&] {
-    dissemination_barrier(g.world_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, ++g.seq), d);
+    auto h = make_header(Kind::Barrier, 0, DType::U8, Op::Sum, ++g.seq);
+    if (!g.engine || !g.blocks_by_level()) return dissemination_barrier(g.world_c, h, d);
+    // Level by level, through the levels the other collectives use (so that a rank in one of
+    // them meets this call's header and raises): the node's shared memory (everyone of the
+    // node is here), then among the ranks of this local rank across nodes (then everyone of
+    // every node is).
+    g.engine->barrier(h, d);
+    if (g.nodes > 1) dissemination_barrier(g.cross_c, h, d);
   });
 }
 

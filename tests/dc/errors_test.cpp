@@ -79,6 +79,30 @@ TEST_P(Errors, DifferentCollectivesAreReported) {
       << e[0] << " | " << e[1];
 }
 
+// One rank in an allreduce, the others in a barrier: raised (naming the calls), not a timeout,
+// on one node and on two.
+TEST_P(Errors, ABarrierAgainstAnAllreduceIsReported) {
+  for (std::vector<int> nodes : {std::vector<int>{}, std::vector<int>{0, 0, 1, 1}}) {
+    auto g = groups(4, GetParam(), nodes);
+    auto start = std::chrono::steady_clock::now();
+    auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+      std::vector<float> v(1000, 1.0f);
+      if (r == 1)
+        pg.allreduce(v.data(), v.size(), DType::F32, Op::Sum, 10);
+      else
+        pg.barrier(10);
+    });
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(took, 8.0) << nodes.size();
+    bool named = false;
+    for (auto& s : e) {
+      EXPECT_FALSE(s.empty()) << "every rank must get an error";
+      named |= s.find("mismatched") != std::string::npos && s.find("barrier") != std::string::npos;
+    }
+    EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2] << " | " << e[3];
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp"));
 
 // Each rank takes itself for the root: in shared memory both see the other's call (no rank

@@ -215,6 +215,17 @@ class EngineImpl : public AllreduceEngine {
       broadcast_round(b + off, std::min(slot_, bytes - off), root, d);
   }
 
+  void barrier(const CallHeader& h, const Deadline& d) override {
+    uint64_t seq = ++seq_;
+    if (seq > 2) wait_all(n_, &RankState::read, seq - 2, d, "to finish an earlier round");
+    states_[me_].in.call[seq & 1] = h;
+    states_[me_].in.v.store(seq, std::memory_order_release);
+    wait_all(n_, &RankState::in, seq, d, "to reach the barrier");
+    for (int r = 0; r < n_; ++r)
+      if (r != me_) check_header(h, states_[r].in.call[seq & 1], r);
+    states_[me_].read.v.store(seq, std::memory_order_release);
+  }
+
   void abort() override { states_[me_].failed.store(1, std::memory_order_release); }
 
  private:

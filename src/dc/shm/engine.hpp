@@ -69,6 +69,9 @@ class AllreduceEngine {
   // copies a piece into its slot, everyone else copies it out.
   virtual void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
                          const Deadline& d) = 0;
+  // Returns once every local rank has called it; a round of headers only, checked by everyone
+  // (a rank in another collective's round raises there and here).
+  virtual void barrier(const CallHeader& h, const Deadline& d) = 0;
   // Marks this rank failed so that the others stop waiting for it.
   virtual void abort() = 0;
 };
