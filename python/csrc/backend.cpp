@@ -138,6 +138,14 @@ bool is_sync(const O&, long) {
 
 }  // namespace
 
+namespace {
+
+// The backends alive, for drain_all().
+std::mutex live_m;
+std::vector<DcBackend*> live;
+
+}  // namespace
+
 DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size), timeout_s_(static_cast<double>(timeout.count()) / 1000) {
@@ -158,11 +166,28 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
     spare_locked();
   }
   p2p_thread_ = std::thread([this] { p2p_loop(); });
+  std::lock_guard<std::mutex> l(live_m);
+  live.push_back(this);
 }
 
 DcBackend::~DcBackend() { shutdown(); }
 
+bool DcBackend::drain(double seconds) {
+  std::unique_lock<std::mutex> l(m_);
+  auto settled = [&] { return queue_.empty() && !busy_ && completions_.empty() && !completing_; };
+  return settled_cv_.wait_for(l, std::chrono::duration<double>(std::max(seconds, 0.0)), settled);
+}
+
+void DcBackend::drain_all() {
+  std::lock_guard<std::mutex> l(live_m);
+  for (DcBackend* b : live) b->drain(b->timeout_s_ > 0 ? b->timeout_s_ : 60);
+}
+
 void DcBackend::shutdown() {
+  {
+    std::lock_guard<std::mutex> l(live_m);
+    live.erase(std::remove(live.begin(), live.end(), this), live.end());
+  }
   {
     std::lock_guard<std::mutex> l(m_);
     stop_ = true;
@@ -245,6 +270,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
     busy_ = false;
   }
   cv_.notify_one();  // what another thread queued meanwhile
+  settled_cv_.notify_all();
   finish_task(t, error);
   return work;
 }
@@ -317,6 +343,7 @@ void DcBackend::loop() {
         if (queue_.empty() && completions_.empty()) {
           // Completed here, with a worker idle for whatever its callbacks issue.
           spare_locked();
+          ++completing_;
           l.unlock();
           finish_task(t, error);
           break;
@@ -330,6 +357,7 @@ void DcBackend::loop() {
       }
       if (!t.work) {  // handed over: nothing to release here
         ++idle_;
+        settled_cv_.notify_all();
         continue;
       }
     } else if (!completions_.empty()) {
@@ -337,6 +365,7 @@ void DcBackend::loop() {
       completions_.pop_front();
       --idle_;
       spare_locked();
+      ++completing_;
       l.unlock();
       if (!c.message)
         finish_task(c.task, c.error);
@@ -355,6 +384,8 @@ void DcBackend::loop() {
     // thread in the middle of a destructor (std::terminate).  The caller's next call releases it.
     done_.push_back(std::move(t));
     ++idle_;
+    --completing_;
+    settled_cv_.notify_all();
   }
 }
 

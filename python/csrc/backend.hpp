@@ -211,6 +211,16 @@ class DcBackend : public c10d::Backend {
   // idle (spare_locked), so that the queue never waits for a callback.
   void loop();
   void spare_locked();
+
+ public:
+  // Waits, at most `seconds`, until nothing is queued, running or being completed (callbacks
+  // that issue more are waited for too); false at the limit.  drain_all() does it for every
+  // backend alive, for pytorch_dc's atexit handler: a Future's Python callback that ran while
+  // Python finalizes would end its thread mid-C++ (std::terminate), as with gloo.
+  bool drain(double seconds);
+  static void drain_all();
+
+ private:
   c10::intrusive_ptr<c10d::Work> message(bool send, const std::vector<at::Tensor>& tensors,
                                          int peer, int tag);
   void p2p_loop();
@@ -246,7 +256,9 @@ class DcBackend : public c10d::Backend {
   bool stop_workers_ = false;  // the workers end once nothing is left (after the mailbox thread)
   bool busy_ = false;  // a collective is running (on a worker, or inline on a caller's thread)
   std::vector<std::thread> workers_;
-  int idle_ = 0;  // workers waiting for something to do, or starting
+  int idle_ = 0;        // workers waiting for something to do, or starting
+  int completing_ = 0;  // workers completing a Work (running its Future's callbacks)
+  std::condition_variable settled_cv_;  // for drain(): a collective or a completion ended
   // Sends and receives: their own connections (a dc::Mailbox) and thread, so that they run
   // while collectives do and several are in flight at once (an exchange, a pipeline).
   std::unique_ptr<dc::Mailbox> mailbox_;

@@ -22,6 +22,8 @@ PYBIND11_MODULE(_C, m) {
   // Whether "dc" takes CUDA tensors: this build has CUDA support, libpytorch_dc the GPU path, and
   // PYTORCH_DC_CUDA is not 0 (__init__.py registers it for "cuda" then).
   m.def("cuda_support", &pytorch_dc::cuda_support);
+  // For the atexit handler (__init__.py): every backend's queued work done, callbacks included.
+  m.def("_drain", &pytorch_dc::DcBackend::drain_all, py::call_guard<py::gil_scoped_release>());
   // The check every collective makes of its tensors' devices, on a device by name ("cuda:0"),
   // so that tests without a GPU see its errors: the device, or ValueError naming `what`.
   m.def("_device_of", [](const std::string& what, const std::string& device) {

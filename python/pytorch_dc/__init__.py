@@ -12,10 +12,12 @@ The backend bootstraps through the store that init_process_group (or new_group) 
 which ranks share a machine (PYTORCH_DC_NODE, else PYTORCH_EXEC_NODEID, else the host), and runs
 every collective on its own thread in the order they were issued.  See pytorch_dc(7).
 """
+import atexit
+
 import torch
 import torch.distributed as dist
 
-from pytorch_dc._C import DcBackend, cuda_support
+from pytorch_dc._C import DcBackend, _drain, cuda_support
 
 __all__ = ["DcBackend", "cuda_support", "describe"]
 
@@ -36,6 +38,11 @@ def describe(group=None):
             return backend.describe()
     raise ValueError("pytorch_dc.describe: the group has no dc backend")
 
+
+# A program that ends with collectives still queued (no destroy_process_group, no wait()): they
+# finish, and their Futures' callbacks run, while Python can still run them (bounded by each
+# group's timeout).  Registered after torch's own handlers, so it runs before them.
+atexit.register(_drain)
 
 if "dc" not in dist.Backend.backend_list:
     dist.Backend.register_backend("dc", _create,

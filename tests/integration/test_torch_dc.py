@@ -97,6 +97,15 @@ def test_callbacks_that_issue_collectives():
     check(out.count("callbacks ok") == 4, out)
 
 
+def test_program_ends_with_callbacks_pending():
+    """A program that ends with async collectives and their Python callbacks still pending
+    exits 0: they run before Python finalizes (a callback run during finalization ends its
+    thread inside C++: std::terminate, as gloo does today)."""
+    for _ in range(3):
+        out = job(2, ["unfinished"], timeout=120)
+        check(out.count("ends") == 2, out)
+
+
 def test_copies_into_guarded_tensors():
     """Results copied into Parameters (non-contiguous, channels_last; no_grad and grad enabled)
     and into tensors under inference_mode, as gloo does them."""
@@ -228,7 +237,8 @@ if __name__ == "__main__":
     main([test_collectives_two_ranks, test_collectives_three_ranks, test_collectives_four_ranks,
           test_collectives_two_simulated_nodes_of_two, test_collectives_host_staged,
           test_ddp_against_gloo, test_ddp_comm_hooks_against_gloo,
-          test_callbacks_that_issue_collectives, test_copies_into_guarded_tensors,
+          test_callbacks_that_issue_collectives, test_program_ends_with_callbacks_pending,
+          test_copies_into_guarded_tensors,
           test_fsdp_against_gloo, test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,
           test_restart_with_a_fresh_init, test_torchrun, test_tcp_and_file_init_methods, test_mpirun])

@@ -8,6 +8,8 @@ hooks STEPS   the same with DDP's comm hooks: allreduce, fp16 and bf16 compressi
               (whose callbacks issue collectives and wait for them)
 callbacks     a Future's callback that issues a collective (sync, or async and waits for it),
               a recv inside an irecv's callback; results checked
+unfinished    async allreduces with Python callbacks, and the program ends at once (no wait, no
+              destroy_process_group): it must exit 0
 autograd      copies into tensors that autograd or inference mode guards: non-contiguous and
               channels_last Parameters under no_grad (broadcast, allreduce sync and async,
               allreduce_coalesced), a non-contiguous Parameter's allreduce without no_grad, a
@@ -423,6 +425,14 @@ def callbacks():
     dist.destroy_process_group()
 
 
+def unfinished():
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
+    for _ in range(20):
+        work = dist.all_reduce(torch.ones(1000), async_op=True)
+        work.get_future().then(lambda f: f.value()[0].sum())
+    print(f"unfinished: rank {dist.get_rank()} ends", flush=True)
+
+
 def autograd():
     dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
@@ -648,6 +658,8 @@ if __name__ == "__main__":
         callbacks()
     elif mode == "autograd":
         autograd()
+    elif mode == "unfinished":
+        unfinished()
     elif mode == "fail":
         fail(int(sys.argv[2]))
     elif mode == "mismatch":
