@@ -144,6 +144,8 @@ class ProcessGroup {
   // them on `stream` sees the result; allreduce_device_sync, or device_synchronize(stream), also
   // waits for it, at most `timeout`.  The first call, on every rank, creates the group's NCCL
   // communicator; it is cached, and aborted on an error or timeout, after which the calls throw.
+  // Destroying the group aborts it too (a finalize could wait for a dead peer): synchronize the
+  // streams first, or work still enqueued is cut off without an error.
   // No GPU visible: an Error on this rank before anything is exchanged.
   // On one node: plain NCCL over all ranks.  Across nodes: NCCL among the node's ranks, each of
   // which owns a shard that goes across nodes over the group's host ring (tcp or mpi) through
