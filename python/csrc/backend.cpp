@@ -140,9 +140,11 @@ bool is_sync(const O&, long) {
 
 namespace {
 
-// The backends alive, for drain_all().
+// The backends alive, for drain_all(), and how many drains each is in: its destructor waits
+// for them to leave it, then takes it out (drain_all() waits for that where it saw it stop).
 std::mutex live_m;
-std::vector<DcBackend*> live;
+std::condition_variable live_cv;
+std::vector<std::pair<DcBackend*, int>> live;
 
 }  // namespace
 
@@ -167,31 +169,65 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
   }
   p2p_thread_ = std::thread([this] { p2p_loop(); });
   std::lock_guard<std::mutex> l(live_m);
-  live.push_back(this);
+  live.emplace_back(this, 0);
 }
 
-DcBackend::~DcBackend() { shutdown(); }
+DcBackend::~DcBackend() {
+  shutdown();
+  {
+    std::unique_lock<std::mutex> l(live_m);
+    auto me = [&] {
+      return std::find_if(live.begin(), live.end(), [&](auto& e) { return e.first == this; });
+    };
+    live_cv.wait(l, [&] { return me()->second == 0; });  // no drain in this backend any more
+    live.erase(me());
+  }
+  live_cv.notify_all();
+  if (wake_fd_ >= 0) ::close(wake_fd_);  // here, not in shutdown(): a late send still writes it
+}
 
 bool DcBackend::drain(double seconds) {
   std::unique_lock<std::mutex> l(m_);
-  auto settled = [&] { return queue_.empty() && !busy_ && completions_.empty() && !completing_; };
-  return settled_cv_.wait_for(l, std::chrono::duration<double>(std::max(seconds, 0.0)), settled);
+  // Shut down (a callback destroyed the group): what is queued will not run; its callbacks
+  // being run are waited for all the same.
+  auto settled = [&] {
+    return !completing_ && (stop_ || (queue_.empty() && !busy_ && completions_.empty()));
+  };
+  settled_cv_.wait_for(l, std::chrono::duration<double>(std::max(seconds, 0.0)), settled);
+  return stop_;
 }
 
 void DcBackend::drain_all() {
-  std::lock_guard<std::mutex> l(live_m);
-  for (DcBackend* b : live) b->drain(b->timeout_s_ > 0 ? b->timeout_s_ : 60);
+  // Not under live_m while waiting: a callback being waited for may destroy a group.
+  std::vector<std::pair<DcBackend*, double>> all;
+  {
+    std::lock_guard<std::mutex> l(live_m);
+    for (auto& [b, drains] : live) {
+      ++drains;
+      all.emplace_back(b, b->timeout_s_ > 0 ? b->timeout_s_ : 60);
+    }
+  }
+  for (auto [b, seconds] : all) {
+    bool stopped = b->drain(seconds);
+    std::unique_lock<std::mutex> l(live_m);
+    auto in = [&] {
+      return std::find_if(live.begin(), live.end(), [&](auto& e) { return e.first == b; });
+    };
+    --in()->second;
+    live_cv.notify_all();
+    // Being destroyed (on a worker, after the callback that destroyed it): let it finish before
+    // Python does (pointers compared only: it may be gone).
+    if (stopped)
+      live_cv.wait_for(l, std::chrono::duration<double>(seconds), [&] { return in() == live.end(); });
+  }
 }
 
 void DcBackend::shutdown() {
   {
-    std::lock_guard<std::mutex> l(live_m);
-    live.erase(std::remove(live.begin(), live.end(), this), live.end());
-  }
-  {
     std::lock_guard<std::mutex> l(m_);
     stop_ = true;
   }
+  settled_cv_.notify_all();  // a drain of this backend stops waiting for the queue
   wake_mailbox_thread();
   if (p2p_thread_.joinable()) p2p_thread_.join();  // hands its last messages to the workers
   {
@@ -199,15 +235,23 @@ void DcBackend::shutdown() {
     stop_workers_ = true;  // no worker is started after this: workers_ stays as it is
   }
   cv_.notify_all();
-  for (auto& w : workers_)
-    if (w.joinable()) w.join();
-  if (wake_fd_ >= 0) ::close(wake_fd_);
-  wake_fd_ = -1;
+  for (auto& w : workers_) {
+    if (!w.joinable()) continue;
+    if (w.get_id() == std::this_thread::get_id())
+      w.detach();  // a Future callback on this worker shut the group down: it ends on return
+    else
+      w.join();
+  }
   std::vector<Task> done;
+  std::deque<Task> never;  // queued behind a callback that shut the group down: not run
   {
     std::lock_guard<std::mutex> l(m_);
     done.swap(done_);
+    never.swap(queue_);
   }
+  for (Task& t : never)
+    t.work->complete(std::make_exception_ptr(std::runtime_error(
+        std::string("pytorch_dc: ") + t.name + " not run: the process group was shut down")));
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DcBackend::getBackendOptions() {
@@ -316,8 +360,13 @@ void DcBackend::finish_task(Task& t, std::exception_ptr error) {
 
 void DcBackend::spare_locked() {
   if (idle_ > 0 || stop_workers_) return;
-  ++idle_;  // idle from the start: it goes straight to waiting
-  workers_.emplace_back([this] { loop(); });
+  try {
+    workers_.emplace_back([this] { loop(); });
+    ++idle_;  // idle from the start: it goes straight to waiting
+  } catch (const std::system_error&) {
+    // No thread to be had (a limit): the workers there are go on; only a callback that blocks
+    // on what a missing worker would have run waits (bounded by its own timeout).
+  }
 }
 
 void DcBackend::loop() {
@@ -327,11 +376,16 @@ void DcBackend::loop() {
   std::unique_lock<std::mutex> l(m_);
   for (;;) {
     cv_.wait(l, [&] {
-      return stop_workers_ || !completions_.empty() || (!queue_.empty() && !busy_);
+      return (stop_workers_ && queue_.empty()) || !completions_.empty() ||
+             (!queue_.empty() && !busy_);
     });
     Task t;
+    // Held while callbacks run here: one that destroys the group (destroy_process_group) leaves
+    // the backend's destructor to this worker, after them (see the end of the loop).
+    c10::intrusive_ptr<DcBackend> self;
     if (!queue_.empty() && !busy_) {  // the collectives first: the next one waits for them
       --idle_;
+      spare_locked();  // a message may complete while the collective waits for its peer
       for (;;) {
         t = std::move(queue_.front());
         queue_.pop_front();
@@ -340,16 +394,17 @@ void DcBackend::loop() {
         std::exception_ptr error = run_task(t);
         l.lock();
         busy_ = false;
-        if (queue_.empty() && completions_.empty()) {
+        if (queue_.empty() && completions_.empty() && !completing_) {
           // Completed here, with a worker idle for whatever its callbacks issue.
           spare_locked();
           ++completing_;
+          self = c10::intrusive_ptr<DcBackend>::unsafe_reclaim_from_nonowning(this);
           l.unlock();
           finish_task(t, error);
           break;
         }
-        // Another worker completes it (its callbacks may block), in order after the earlier
-        // ones; this one goes on with the next collective, if any, at once.
+        // Another worker completes it (its callbacks may block; completions start in issue
+        // order); this one goes on with the next collective, if any, at once.
         completions_.push_back(Completion{std::move(t), error, -1, false});
         spare_locked();
         cv_.notify_one();
@@ -366,6 +421,7 @@ void DcBackend::loop() {
       --idle_;
       spare_locked();
       ++completing_;
+      self = c10::intrusive_ptr<DcBackend>::unsafe_reclaim_from_nonowning(this);
       l.unlock();
       if (!c.message)
         finish_task(c.task, c.error);
@@ -386,6 +442,11 @@ void DcBackend::loop() {
     ++idle_;
     --completing_;
     settled_cv_.notify_all();
+    c10::weak_intrusive_ptr<DcBackend> alive(self);
+    l.unlock();
+    self.reset();
+    if (alive.expired()) return;  // this worker ran the destructor (which let it go): all gone
+    l.lock();
   }
 }
 

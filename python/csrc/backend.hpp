@@ -206,9 +206,12 @@ class DcBackend : public c10d::Backend {
   void finish_task(Task& t, std::exception_ptr error);
   // A worker thread: runs the queued collectives one at a time, in order, and completes them
   // and the mailbox thread's messages.  A collective with more queued behind it is handed over
-  // to be completed by another worker while this one goes on; a worker that completes anything
-  // (user callbacks, which may block and may issue collectives) first makes sure another one is
-  // idle (spare_locked), so that the queue never waits for a callback.
+  // to be completed by another worker while this one goes on; a worker that runs or completes
+  // anything (user callbacks, which may block and may issue collectives) first makes sure
+  // another one is idle (spare_locked), so that neither the queue nor a message waits for it.
+  // Completions start in issue order, but a Work whose Future's callbacks still run completes
+  // after later ones whose callbacks are done.  The workers are as many as callbacks block at
+  // once, plus one, and stay until shutdown.
   void loop();
   void spare_locked();
 

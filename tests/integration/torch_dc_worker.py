@@ -7,7 +7,8 @@ ddp STEPS     DDP on dc and on gloo from the same start; parameters must agree
 hooks STEPS   the same with DDP's comm hooks: allreduce, fp16 and bf16 compression, PowerSGD
               (whose callbacks issue collectives and wait for them)
 callbacks     a Future's callback that issues a collective (sync, or async and waits for it),
-              a recv inside an irecv's callback; results checked
+              a recv inside an irecv's callback, a recv while the group's first collective
+              waits for the sender, and a callback that destroys the group; results checked
 unfinished    async allreduces with Python callbacks, and the program ends at once (no wait, no
               destroy_process_group): it must exit 0
 autograd      copies into tensors that autograd or inference mode guards: non-contiguous and
@@ -31,6 +32,7 @@ import datetime
 import gc
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -421,8 +423,33 @@ def callbacks():
         got = f.then(lambda fut: (dist.recv(u, 0), u)[1]).wait()
         same(got, torch.full((2,), 2.0), "a recv inside an irecv's callback")
     dist.barrier()
+    # A fresh group whose first collective (rank 0: async) waits for rank 1, which first needs
+    # rank 0's recv: the recv must complete while the allreduce runs.
+    sub = dist.new_group(backend="dc")
+    y, x, z = torch.ones(4), torch.zeros(4), torch.zeros(4)
+    if rank == 0:
+        a = dist.all_reduce(y, group=sub, async_op=True)
+        dist.recv(x, 1, group=sub)
+        dist.send(z, 1, group=sub)
+        a.wait()
+    elif rank == 1:
+        time.sleep(0.3)
+        dist.send(x + 1, 0, group=sub)
+        dist.recv(z, 0, group=sub)
+        dist.all_reduce(y, group=sub)
+    else:
+        dist.all_reduce(y, group=sub)
+    same(y, torch.full((4,), float(w)), "an allreduce while a recv of the same group waits")
+    # A callback that destroys the default group.
+    ended = threading.Event()
+
+    def destroy(f):
+        dist.destroy_process_group()
+        ended.set()
+    dist.all_reduce(torch.ones(4), async_op=True).get_future().then(destroy)
+    if not ended.wait(20):
+        raise SystemExit(f"rank {rank}: a callback that destroys the group did not return")
     print(f"callbacks ok: rank {rank}", flush=True)
-    dist.destroy_process_group()
 
 
 def unfinished():
