@@ -131,6 +131,7 @@ gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* 
 // graph being captured never runs, and the waits of every call query the stream (an error during
 // capture).
 void require_not_capturing(const char* call, cudaStream_t stream) {
+  require_gpu(call);
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   gpu::check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
   if (status != cudaStreamCaptureStatusNone)
