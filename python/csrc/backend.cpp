@@ -342,12 +342,12 @@ std::exception_ptr DcBackend::run_task(Task& t) {
   return nullptr;
 }
 
-void DcBackend::finish_task(Task& t, std::exception_ptr error) {
+void DcBackend::finish_task(Task& t, std::exception_ptr error, int source) {
   if (!t.stage) {
-    t.work->complete(error);
+    t.work->complete(error, source);
     return;
   }
-  t.stage->on_stream([&] { t.work->complete(error); });  // the Future's events on our stream
+  t.stage->on_stream([&] { t.work->complete(error, source); });  // the Future's events there
   if (!t.watch || error) return;
   std::lock_guard<std::mutex> lib(lib_m_);
   try {
@@ -356,6 +356,12 @@ void DcBackend::finish_task(Task& t, std::exception_ptr error) {
     // Its Work has completed (the work was on the stream); the next collective raises this.
     gpu_failure_ = std::string("the GPU work of an earlier ") + t.name + " failed: " + e.what();
   }
+}
+
+c10::intrusive_ptr<DcBackend> DcBackend::start_completing_locked() {
+  spare_locked();
+  ++completing_;
+  return c10::intrusive_ptr<DcBackend>::unsafe_reclaim_from_nonowning(this);
 }
 
 void DcBackend::spare_locked() {
@@ -395,17 +401,14 @@ void DcBackend::loop() {
         l.lock();
         busy_ = false;
         if (queue_.empty() && completions_.empty() && !completing_) {
-          // Completed here, with a worker idle for whatever its callbacks issue.
-          spare_locked();
-          ++completing_;
-          self = c10::intrusive_ptr<DcBackend>::unsafe_reclaim_from_nonowning(this);
+          self = start_completing_locked();  // here
           l.unlock();
           finish_task(t, error);
           break;
         }
         // Another worker completes it (its callbacks may block; completions start in issue
         // order); this one goes on with the next collective, if any, at once.
-        completions_.push_back(Completion{std::move(t), error, -1, false});
+        completions_.push_back(Completion{std::move(t), error, -1});
         spare_locked();
         cv_.notify_one();
         if (queue_.empty()) break;
@@ -419,16 +422,9 @@ void DcBackend::loop() {
       Completion c = std::move(completions_.front());
       completions_.pop_front();
       --idle_;
-      spare_locked();
-      ++completing_;
-      self = c10::intrusive_ptr<DcBackend>::unsafe_reclaim_from_nonowning(this);
+      self = start_completing_locked();
       l.unlock();
-      if (!c.message)
-        finish_task(c.task, c.error);
-      else if (c.task.stage)
-        c.task.stage->on_stream([&] { c.task.work->complete(c.error, c.source); });
-      else
-        c.task.work->complete(c.error, c.source);
+      finish_task(c.task, c.error, c.source);
       t = std::move(c.task);
     } else {  // stop_workers_, and nothing left for this worker
       --idle_;
@@ -916,7 +912,7 @@ void DcBackend::finish(Message& m, std::exception_ptr e, int source) {
   m.task.keep = {std::move(m.user), std::move(m.wire)};
   {
     std::lock_guard<std::mutex> l(m_);
-    completions_.push_back(Completion{std::move(m.task), e, source, true});
+    completions_.push_back(Completion{std::move(m.task), e, source});
   }
   cv_.notify_one();
 }

@@ -202,8 +202,8 @@ class DcBackend : public c10d::Backend {
   // A collective's part under busy_: the library call (and its staging); its error, if any.
   std::exception_ptr run_task(Task& t);
   // After busy_ is released: completes the Work (the Future's callbacks run here, and may issue
-  // and wait for more collectives), then watches its GPU work.
-  void finish_task(Task& t, std::exception_ptr error);
+  // and wait for more collectives; `source`: a recv's sender), then watches its GPU work.
+  void finish_task(Task& t, std::exception_ptr error, int source = -1);
   // A worker thread: runs the queued collectives one at a time, in order, and completes them
   // and the mailbox thread's messages.  A collective with more queued behind it is handed over
   // to be completed by another worker while this one goes on; a worker that runs or completes
@@ -214,6 +214,9 @@ class DcBackend : public c10d::Backend {
   // once, plus one, and stay until shutdown.
   void loop();
   void spare_locked();
+  // Before a worker completes a Work: a spare worker, completing_ counted, and the backend held
+  // (see loop()).
+  c10::intrusive_ptr<DcBackend> start_completing_locked();
 
  public:
   // Waits, at most `seconds`, until nothing is queued, running or being completed (callbacks
@@ -245,13 +248,11 @@ class DcBackend : public c10d::Backend {
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<Task> queue_;
-  // A collective run (finish_task) or a message moved (the Work's complete) that a worker is to
-  // complete.
+  // A collective run or a message moved, for a worker to complete (finish_task).
   struct Completion {
     Task task;
     std::exception_ptr error;
     int source;
-    bool message;
   };
   std::deque<Completion> completions_;
   std::vector<Task> done_;  // run by loop(), released by a caller's thread (see loop())

@@ -671,29 +671,15 @@ def launcher(init):
     dist.destroy_process_group()
 
 
+MODES = {  # mode -> (function, converter of its argument, or None for none)
+    "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
+    "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
+    "unfinished": (unfinished, None), "fail": (fail, int), "mismatch": (mismatch, None),
+    "restart": (restart, None), "devices": (devices, None), "launcher": (launcher, str),
+}
+
 if __name__ == "__main__":
-    mode = sys.argv[1]
-    if mode == "collectives":
-        collectives()
-    elif mode == "ddp":
-        ddp(int(sys.argv[2]))
-    elif mode == "fsdp":
-        fsdp(int(sys.argv[2]))
-    elif mode == "hooks":
-        hooks(int(sys.argv[2]))
-    elif mode == "callbacks":
-        callbacks()
-    elif mode == "autograd":
-        autograd()
-    elif mode == "unfinished":
-        unfinished()
-    elif mode == "fail":
-        fail(int(sys.argv[2]))
-    elif mode == "mismatch":
-        mismatch()
-    elif mode == "restart":
-        restart()
-    elif mode == "devices":
-        devices()
-    elif mode == "launcher":
-        launcher(sys.argv[2])
+    if sys.argv[1] not in MODES:
+        sys.exit(f"torch_dc_worker.py: unknown mode {sys.argv[1]}")
+    fn, arg = MODES[sys.argv[1]]
+    fn(arg(sys.argv[2])) if arg else fn()

@@ -79,11 +79,25 @@ void require_gpu(const char* call) {
               ")");
 }
 
+// One Error on this rank, before anything is enqueued or exchanged, when `stream` is being
+// captured into a CUDA graph: a call across nodes waits on the host for its copies, which a
+// graph being captured never runs, and the waits of every call query the stream (an error during
+// capture).
+void require_not_capturing(const char* call, cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  gpu::check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  if (status != cudaStreamCaptureStatusNone)
+    throw Error(std::string(call) +
+                ": the stream is being captured into a CUDA graph; DataChannel's device calls "
+                "cannot be captured");
+}
+
 // The group's communicator (of the node's ranks when the group spans nodes), made collectively
 // at the first call, with the domain and rail levels split from it where they nest.
 gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
-                           double timeout) {
+                           cudaStream_t stream, double timeout) {
   require_gpu(call);
+  require_not_capturing(call, stream);
   int dev = -1;
   gpu::check_cuda(cudaGetDevice(&dev), "cudaGetDevice");
   if (g.gpu && g.gpu->comm) {
@@ -126,20 +140,6 @@ gpu::NcclComm& device_comm(ProcessGroup& pg, ProcessGroup::Impl& g, const char* 
   return *state->comm;
 }
 
-// One Error on this rank, before anything is enqueued or exchanged, when `stream` is being
-// captured into a CUDA graph: a call across nodes waits on the host for its copies, which a
-// graph being captured never runs, and the waits of every call query the stream (an error during
-// capture).
-void require_not_capturing(const char* call, cudaStream_t stream) {
-  require_gpu(call);
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  gpu::check_cuda(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
-  if (status != cudaStreamCaptureStatusNone)
-    throw Error(std::string(call) +
-                ": the stream is being captured into a CUDA graph; DataChannel's device calls "
-                "cannot be captured");
-}
-
 Deadline call_deadline(ProcessGroup::Impl& g, double timeout, const char* call, size_t count,
                        DType t, Op op) {
   return Deadline::call(g.seconds(timeout), call, count, static_cast<int>(t),
@@ -155,8 +155,7 @@ void device_allreduce(ProcessGroup& pg, ProcessGroup::Impl& g, const char* call,
                       size_t count, DType t, Op op, void* stream, double timeout,
                       bool user_allreduce = false) {
   auto s = static_cast<cudaStream_t>(stream);
-  require_not_capturing(call, s);
-  gpu::NcclComm& c = device_comm(pg, g, call, timeout);
+  gpu::NcclComm& c = device_comm(pg, g, call, s, timeout);
   Deadline d = call_deadline(g, timeout, call, count, t, op);
   if (g.nodes == 1) {
     c.allreduce(buf, count, t, op, s, d);
@@ -269,8 +268,7 @@ void ProcessGroup::reduce_scatter_device(const void* in, void* out, size_t count
   const char* call = "reduce_scatter_device";
   Impl& g = *impl_;
   auto s = static_cast<cudaStream_t>(stream);
-  require_not_capturing(call, s);
-  gpu::NcclComm& c = device_comm(*this, g, call, timeout);
+  gpu::NcclComm& c = device_comm(*this, g, call, s, timeout);
   if (g.nodes == 1) {
     c.reduce_scatter(in, out, count, t, op, s, call_deadline(g, timeout, call, count, t, op));
     return;
@@ -298,8 +296,7 @@ void ProcessGroup::allgather_device(const void* in, void* out, size_t count, DTy
   const char* call = "allgather_device";
   Impl& g = *impl_;
   auto s = static_cast<cudaStream_t>(stream);
-  require_not_capturing(call, s);
-  gpu::NcclComm& c = device_comm(*this, g, call, timeout);
+  gpu::NcclComm& c = device_comm(*this, g, call, s, timeout);
   if (g.nodes == 1) {
     c.allgather(in, out, count, t, s, call_deadline(g, timeout, call, count, t, Op::Sum));
     return;
@@ -331,8 +328,7 @@ void ProcessGroup::broadcast_device(void* buf, size_t count, DType t, int root, 
     throw Error(std::string(call) + ": root " + std::to_string(root) + " is not a rank of the " +
                 std::to_string(g.size) + "-rank group");
   auto s = static_cast<cudaStream_t>(stream);
-  require_not_capturing(call, s);
-  gpu::NcclComm& c = device_comm(*this, g, call, timeout);
+  gpu::NcclComm& c = device_comm(*this, g, call, s, timeout);
   if (g.nodes == 1) {
     c.broadcast(buf, count, t, root, s, call_deadline(g, timeout, call, count, t, Op::Sum));
     return;
