@@ -150,7 +150,9 @@ std::vector<std::pair<DcBackend*, int>> live;
 
 DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                      std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size), timeout_s_(static_cast<double>(timeout.count()) / 1000) {
+    : c10d::Backend(rank, size),
+      timeout_s_(static_cast<double>(timeout.count()) / 1000),
+      order_(std::make_shared<CompletionOrder>(timeout_s_ > 0 ? timeout_s_ : 60)) {
   streams_ = device_streams();
   dc::Options o;
   o.timeout = timeout_s_ > 0 ? timeout_s_ : 0;
@@ -289,7 +291,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
                                                   std::function<void()> run, bool sync,
                                                   std::shared_ptr<DeviceStage> stage,
                                                   std::function<void()> watch) {
-  auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs), stage);
+  auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs), stage,
+                                                 order_);
   // GPU work always goes to the thread: its watch must not hold up the caller (wait() returns
   // once the work is on the stream, as ProcessGroupNCCL's).
   if (stage) sync = false;
@@ -305,6 +308,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
       return work;  // `done` goes here, on the caller's thread
     }
     busy_ = true;  // nothing queued or running before it: issue order holds
+    t.ticket = ++ran_;
   }
   // A synchronous call (async_op=False) that would only wait for the thread: run here, without
   // the two hand-offs between threads.
@@ -344,10 +348,10 @@ std::exception_ptr DcBackend::run_task(Task& t) {
 
 void DcBackend::finish_task(Task& t, std::exception_ptr error, int source) {
   if (!t.stage) {
-    t.work->complete(error, source);
+    t.work->complete(error, source, t.ticket);
     return;
   }
-  t.stage->on_stream([&] { t.work->complete(error, source); });  // the Future's events there
+  t.stage->on_stream([&] { t.work->complete(error, source, t.ticket); });  // the Future's events there
   if (!t.watch || error) return;
   std::lock_guard<std::mutex> lib(lib_m_);
   try {
@@ -396,6 +400,7 @@ void DcBackend::loop() {
         t = std::move(queue_.front());
         queue_.pop_front();
         busy_ = true;
+        t.ticket = ++ran_;
         l.unlock();
         std::exception_ptr error = run_task(t);
         l.lock();
@@ -861,7 +866,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<a
   auto work = c10::make_intrusive<DcWork>(getRank(), send ? c10d::OpType::SEND
                                           : peer < 0       ? c10d::OpType::RECVANYSOURCE
                                                            : c10d::OpType::RECV,
-                                          name, std::vector<at::Tensor>{t}, st);
+                                          name, std::vector<at::Tensor>{t}, st, order_);
   at::Tensor wire =
       !t.is_cuda() ? flat(t)
       : send       ? t.reshape({-1}).to(at::kCPU)

@@ -82,11 +82,28 @@ std::shared_ptr<DeviceStage> device_stage(const std::shared_ptr<DeviceStreams>& 
                                           at::Device d, const char* what);
 std::shared_ptr<DeviceStreams> device_streams();
 
+// The order in which a backend's collectives complete: the order they ran, which is the order
+// they were issued.  Each gets a ticket (1, 2, ...) when it runs; its completion waits for the
+// one before to be marked completed (not for that one's callbacks to return), at most `limit`
+// seconds (then it goes on out of order rather than hang).
+class CompletionOrder {
+ public:
+  explicit CompletionOrder(double limit) : limit_(limit) {}
+  void wait_turn(uint64_t ticket);
+  void done(uint64_t ticket);
+
+ private:
+  double limit_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  uint64_t next_ = 1;
+};
+
 // One queued operation: completes with its output tensors (the Future's value) or an error.
 class DcWork : public c10d::Work {
  public:
   DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-         std::shared_ptr<DeviceStage> stage = nullptr);
+         std::shared_ptr<DeviceStage> stage, std::shared_ptr<CompletionOrder> order);
   std::vector<at::Tensor> result() override { return outputs_; }
   // GPU tensors: the host waits until the backend's thread has issued the work (or failed), the
   // current stream until the GPU has done it.
@@ -97,10 +114,14 @@ class DcWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   // The rank a receive took its message from (recv from any source).
   int sourceRank() const override { return source_; }
-  void complete(std::exception_ptr error, int source = -1);
+  // Marks the Future (value or error), then the Work, before the Future's callbacks run.
+  // ticket: a collective's place in the completion order (0: a message, in no order).
+  void complete(std::exception_ptr error, int source = -1, uint64_t ticket = 0);
 
  private:
   std::vector<at::Tensor> outputs_;
+  std::shared_ptr<CompletionOrder> order_;
+  uint64_t ticket_ = 0;
   std::shared_ptr<DeviceStage> stage_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_ = -1;
@@ -181,6 +202,7 @@ class DcBackend : public c10d::Backend {
     // After the Work completed, on the backend's thread: waits for the GPU to finish what the
     // library enqueued (bounded; an error fails the group).  nullptr: nothing to watch.
     std::function<void()> watch;
+    uint64_t ticket = 0;  // a collective's place in order_, given when it runs
   };
   // A send or receive for the mailbox thread (p2p_loop).
   struct Message {
@@ -209,8 +231,8 @@ class DcBackend : public c10d::Backend {
   // to be completed by another worker while this one goes on; a worker that runs or completes
   // anything (user callbacks, which may block and may issue collectives) first makes sure
   // another one is idle (spare_locked), so that neither the queue nor a message waits for it.
-  // Completions start in issue order, but a Work whose Future's callbacks still run completes
-  // after later ones whose callbacks are done.  The workers are as many as callbacks block at
+  // Works and their Futures complete in issue order (order_); the callbacks of several may run
+  // at once, on different workers.  The workers are as many as callbacks block at
   // once, plus one, and stay until shutdown.
   void loop();
   void spare_locked();
@@ -259,6 +281,8 @@ class DcBackend : public c10d::Backend {
   bool stop_ = false;          // no more calls; the mailbox thread ends
   bool stop_workers_ = false;  // the workers end once nothing is left (after the mailbox thread)
   bool busy_ = false;  // a collective is running (on a worker, or inline on a caller's thread)
+  uint64_t ran_ = 0;   // collectives run so far: the last ticket given
+  std::shared_ptr<CompletionOrder> order_;
   std::vector<std::thread> workers_;
   int idle_ = 0;        // workers waiting for something to do, or starting
   int completing_ = 0;  // workers completing a Work (running its Future's callbacks)

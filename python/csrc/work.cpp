@@ -17,13 +17,38 @@ std::vector<c10::Device> devices(const std::vector<at::Tensor>& ts) {
 
 }  // namespace
 
+void CompletionOrder::wait_turn(uint64_t ticket) {
+  std::unique_lock<std::mutex> l(m_);
+  cv_.wait_for(l, std::chrono::duration<double>(limit_), [&] { return next_ >= ticket; });
+}
+
+void CompletionOrder::done(uint64_t ticket) {
+  {
+    std::lock_guard<std::mutex> l(m_);
+    next_ = std::max(next_, ticket + 1);
+  }
+  cv_.notify_all();
+}
+
 DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
-               std::shared_ptr<DeviceStage> stage)
+               std::shared_ptr<DeviceStage> stage, std::shared_ptr<CompletionOrder> order)
     : c10d::Work(rank, type, title),
       outputs_(std::move(outputs)),
+      order_(std::move(order)),
       stage_(std::move(stage)),
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()), devices(outputs_))) {}
+          c10::ListType::create(c10::TensorType::get()), devices(outputs_))) {
+  // The Future's first callback, before any of the program's: the Work completes once its value
+  // is there (so that after wait() it is), and the next collective's turn comes, whatever the
+  // program's callbacks then do (they may wait for later collectives).  Run from complete(),
+  // while this Work is alive.
+  future_->addCallback(
+      [this](c10::ivalue::Future& f) {
+        finish(f.hasError() ? f.exception_ptr() : nullptr);
+        if (ticket_) order_->done(ticket_);
+      },
+      /*uses_future=*/false);
+}
 
 bool DcWork::wait(std::chrono::milliseconds timeout) {
   bool done = c10d::Work::wait(timeout);
@@ -44,19 +69,20 @@ void DcWork::synchronize() {
 
 bool DcWork::isCompleted() { return c10d::Work::isCompleted() && (!stage_ || stage_->query()); }
 
-void DcWork::complete(std::exception_ptr error, int source) {
+void DcWork::complete(std::exception_ptr error, int source, uint64_t ticket) {
   source_ = source;
+  ticket_ = ticket;
+  if (ticket) order_->wait_turn(ticket);
   {
     std::lock_guard<std::mutex> l(issued_m_);
     issued_ = true;
   }
   issued_cv_.notify_all();
-  // The future first: once wait() returns, its value must be there.
+  // The Work completes in the Future's first callback (see the constructor).
   if (error)
     future_->setError(error);
   else
     future_->markCompleted(c10::IValue(outputs_));
-  finish(error);
 }
 
 namespace {

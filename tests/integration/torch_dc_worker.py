@@ -277,13 +277,19 @@ def collectives():
     gloo = dist.new_group(backend="gloo")
     seed = int(os.environ.get("PE_TEST_SEED", "1"))
     t0 = time.monotonic()
-    # async: several in flight, completed in issue order, futures carry the outputs
-    ts = [torch.full((1000,), float(i + dist.get_rank())) for i in range(5)]
-    works = [dist.all_reduce(t, async_op=True) for t in ts]
-    fut = works[-1].get_future()
-    works[-1].wait()
-    if not all(w.is_completed() for w in works):
-        raise SystemExit("an earlier allreduce is not completed after a later one's wait()")
+    # async: several in flight, completed in issue order (Works and Futures; repeated, as the
+    # completions are spread over several threads), futures carry the outputs
+    for rep in range(40):
+        ts = [torch.full((1000,), float(i + dist.get_rank())) for i in range(5)]
+        works = [dist.all_reduce(t, async_op=True) for t in ts]
+        futs = [w.get_future() for w in works]
+        fut = futs[-1]
+        # (a Future is done a moment before its Work, as with gloo)
+        (works[-1].wait() if rep % 2 else fut.wait())
+        if not all(w.is_completed() for w in (works if rep % 2 else works[:-1])):
+            raise SystemExit("an earlier allreduce is not completed after a later one's wait()")
+        if not all(f.done() for f in futs):
+            raise SystemExit("an earlier allreduce's future is not done after a later one's wait()")
     w = dist.get_world_size()
     for i, t in enumerate(ts):
         same(t, torch.full((1000,), float(i * w + w * (w - 1) / 2)), "async allreduce")
