@@ -140,11 +140,36 @@ bool is_sync(const O&, long) {
 
 namespace {
 
-// The backends alive, for drain_all(), and how many drains each is in: its destructor waits
-// for them to leave it, then takes it out (drain_all() waits for that where it saw it stop).
+// The backends alive, for drain_all().  drains: how many drains are in it (its destructor waits
+// for them to leave it, then takes it out).  holds: workers that hold it while completing a Work
+// (a callback that shut the group down leaves the destructor to one of them; drain_all() waits
+// for that, not for references the program still has).  serial tells a backend from a later one
+// at the same address.
+struct Live {
+  DcBackend* backend;
+  uint64_t serial;
+  int drains = 0;
+  int holds = 0;
+};
 std::mutex live_m;
 std::condition_variable live_cv;
-std::vector<std::pair<DcBackend*, int>> live;
+std::vector<Live> live;
+uint64_t live_serials = 0;
+
+Live* live_entry(const DcBackend* b, uint64_t serial) {
+  for (auto& e : live)
+    if (e.backend == b && e.serial == serial) return &e;
+  return nullptr;
+}
+
+// A worker let go of the backend `b` (see start_completing_locked()), which may be gone now.
+void release_hold(const DcBackend* b, uint64_t serial) {
+  {
+    std::lock_guard<std::mutex> l(live_m);
+    if (Live* e = live_entry(b, serial)) --e->holds;
+  }
+  live_cv.notify_all();
+}
 
 }  // namespace
 
@@ -171,18 +196,17 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
   }
   p2p_thread_ = std::thread([this] { p2p_loop(); });
   std::lock_guard<std::mutex> l(live_m);
-  live.emplace_back(this, 0);
+  serial_ = ++live_serials;
+  live.push_back(Live{this, serial_});
 }
 
 DcBackend::~DcBackend() {
   shutdown();
   {
     std::unique_lock<std::mutex> l(live_m);
-    auto me = [&] {
-      return std::find_if(live.begin(), live.end(), [&](auto& e) { return e.first == this; });
-    };
-    live_cv.wait(l, [&] { return me()->second == 0; });  // no drain in this backend any more
-    live.erase(me());
+    live_cv.wait(l, [&] { return live_entry(this, serial_)->drains == 0; });  // no drain in it
+    Live* me = live_entry(this, serial_);
+    live.erase(live.begin() + (me - live.data()));
   }
   live_cv.notify_all();
   if (wake_fd_ >= 0) ::close(wake_fd_);  // here, not in shutdown(): a late send still writes it
@@ -201,26 +225,31 @@ bool DcBackend::drain(double seconds) {
 
 void DcBackend::drain_all() {
   // Not under live_m while waiting: a callback being waited for may destroy a group.
-  std::vector<std::pair<DcBackend*, double>> all;
+  struct Drain {
+    DcBackend* backend;
+    uint64_t serial;
+    double seconds;
+  };
+  std::vector<Drain> all;
   {
     std::lock_guard<std::mutex> l(live_m);
-    for (auto& [b, drains] : live) {
-      ++drains;
-      all.emplace_back(b, b->timeout_s_ > 0 ? b->timeout_s_ : 60);
+    for (auto& e : live) {
+      ++e.drains;
+      all.push_back({e.backend, e.serial, e.backend->timeout_s_ > 0 ? e.backend->timeout_s_ : 60});
     }
   }
-  for (auto [b, seconds] : all) {
+  for (auto [b, serial, seconds] : all) {
     bool stopped = b->drain(seconds);
     std::unique_lock<std::mutex> l(live_m);
-    auto in = [&] {
-      return std::find_if(live.begin(), live.end(), [&](auto& e) { return e.first == b; });
-    };
-    --in()->second;
+    --live_entry(b, serial)->drains;
     live_cv.notify_all();
-    // Being destroyed (on a worker, after the callback that destroyed it): let it finish before
-    // Python does (pointers compared only: it may be gone).
+    // Shut down by a callback: a worker that still holds it may be about to destroy it; let
+    // that finish before Python does (it may be gone: looked up, not touched).
     if (stopped)
-      live_cv.wait_for(l, std::chrono::duration<double>(seconds), [&] { return in() == live.end(); });
+      live_cv.wait_for(l, std::chrono::duration<double>(seconds), [&] {
+        Live* e = live_entry(b, serial);
+        return !e || e->holds == 0;
+      });
   }
 }
 
@@ -365,6 +394,10 @@ void DcBackend::finish_task(Task& t, std::exception_ptr error, int source) {
 c10::intrusive_ptr<DcBackend> DcBackend::start_completing_locked() {
   spare_locked();
   ++completing_;
+  {
+    std::lock_guard<std::mutex> l(live_m);
+    ++live_entry(this, serial_)->holds;
+  }
   return c10::intrusive_ptr<DcBackend>::unsafe_reclaim_from_nonowning(this);
 }
 
@@ -444,9 +477,13 @@ void DcBackend::loop() {
     --completing_;
     settled_cv_.notify_all();
     c10::weak_intrusive_ptr<DcBackend> alive(self);
+    const uint64_t serial = serial_;
     l.unlock();
     self.reset();
-    if (alive.expired()) return;  // this worker ran the destructor (which let it go): all gone
+    bool gone = alive.expired();
+    alive.reset();  // the last reference gone: the destructor runs here, on this worker
+    release_hold(this, serial);  // `this` as a name only: it may be gone
+    if (gone) return;  // this worker ran the destructor (which let it go): all gone
     l.lock();
   }
 }

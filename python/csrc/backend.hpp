@@ -242,9 +242,11 @@ class DcBackend : public c10d::Backend {
 
  public:
   // Waits, at most `seconds`, until nothing is queued, running or being completed (callbacks
-  // that issue more are waited for too); false at the limit.  drain_all() does it for every
-  // backend alive, for pytorch_dc's atexit handler: a Future's Python callback that ran while
-  // Python finalizes would end its thread mid-C++ (std::terminate), as with gloo.
+  // that issue more are waited for too); whether the backend is shut down.  drain_all() does it
+  // for every backend alive, for pytorch_dc's atexit handler: a Future's Python callback that
+  // ran while Python finalizes would end its thread mid-C++ (std::terminate), as with gloo.  Of
+  // a backend shut down, it also waits for the workers that hold it (one may be about to destroy
+  // it, releasing tensors that Python knows), not for references the program holds.
   bool drain(double seconds);
   static void drain_all();
 
@@ -283,6 +285,7 @@ class DcBackend : public c10d::Backend {
   bool busy_ = false;  // a collective is running (on a worker, or inline on a caller's thread)
   uint64_t ran_ = 0;   // collectives run so far: the last ticket given
   std::shared_ptr<CompletionOrder> order_;
+  uint64_t serial_ = 0;  // in the registry of backends alive (drain_all())
   std::vector<std::thread> workers_;
   int idle_ = 0;        // workers waiting for something to do, or starting
   int completing_ = 0;  // workers completing a Work (running its Future's callbacks)

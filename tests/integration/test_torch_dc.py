@@ -106,6 +106,14 @@ def test_program_ends_with_callbacks_pending():
         check(out.count("ends") == 2, out)
 
 
+def test_program_ends_holding_destroyed_groups():
+    """A program that still holds groups after destroy_process_group() (a DDP model, a
+    new_group's handle) exits at once, not after their timeout (600 s here; the job's limit is
+    120 s): the exit waits only for callbacks and for a group that a callback destroyed."""
+    out = job(2, ["kept"], timeout=120)
+    check(out.count("kept: rank") == 2, out)
+
+
 def test_copies_into_guarded_tensors():
     """Results copied into Parameters (non-contiguous, channels_last; no_grad and grad enabled)
     and into tensors under inference_mode, as gloo does them."""
@@ -238,6 +246,7 @@ if __name__ == "__main__":
           test_collectives_two_simulated_nodes_of_two, test_collectives_host_staged,
           test_ddp_against_gloo, test_ddp_comm_hooks_against_gloo,
           test_callbacks_that_issue_collectives, test_program_ends_with_callbacks_pending,
+          test_program_ends_holding_destroyed_groups,
           test_copies_into_guarded_tensors,
           test_fsdp_against_gloo, test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,

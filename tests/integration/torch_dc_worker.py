@@ -402,6 +402,10 @@ def hooks(steps):
     for name in ("allreduce", "fp16", "bf16", "powersgd"):
         a = train_hooked(None, steps, name)
         b = train_hooked(gloo, steps, name)
+        # The models' garbage holds the groups (the hooks' state): collected here.  A collection
+        # in a callback on one of gloo's threads that freed the gloo group's last reference
+        # would make it join itself (std::terminate; ProcessGroupGloo in torch 2.15 does).
+        gc.collect()
         worst = max(float((x - y).abs().max()) for x, y in zip(a, b))
         if worst > 1e-4:
             raise SystemExit(f"DDP with the {name} hook: dc and gloo parameters differ by {worst}")
@@ -446,6 +450,18 @@ def callbacks():
     else:
         dist.all_reduce(y, group=sub)
     same(y, torch.full((4,), float(w)), "an allreduce while a recv of the same group waits")
+    # A group whose last reference goes in a garbage collection in a callback on one of its own
+    # threads: it is destroyed there, after the callback (gloo's joins itself: std::terminate).
+    g = dist.new_group(backend="dc")
+    cycle = [g]
+    cycle.append(cycle)
+    gc.disable()  # the collection happens in the callback, not before on this thread
+    f = dist.all_reduce(torch.ones(4), group=g, async_op=True).get_future()
+    f = f.then(lambda f: (time.sleep(0.3), gc.collect())[1])
+    dist.destroy_process_group(g)
+    del g, cycle
+    f.wait()
+    gc.enable()
     # A callback that destroys the default group.
     ended = threading.Event()
 
@@ -464,6 +480,20 @@ def unfinished():
         work = dist.all_reduce(torch.ones(1000), async_op=True)
         work.get_future().then(lambda f: f.value()[0].sum())
     print(f"unfinished: rank {dist.get_rank()} ends", flush=True)
+
+
+def kept():
+    # Groups shut down by destroy_process_group() while the program still holds them (a DDP
+    # model, a new_group's handle): the exit does not wait for them (the timeout is long).
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=600))
+    sub = dist.new_group(backend="dc", timeout=datetime.timedelta(seconds=600))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    model(torch.ones(4, 8)).sum().backward()
+    dist.all_reduce(torch.ones(4), group=sub, async_op=True).get_future().then(lambda f: None)
+    rank = dist.get_rank()
+    dist.destroy_process_group()
+    print(f"kept: rank {rank} ends, holding {type(model).__name__} and {type(sub).__name__}",
+          flush=True)
 
 
 def autograd():
@@ -680,7 +710,7 @@ def launcher(init):
 MODES = {  # mode -> (function, converter of its argument, or None for none)
     "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
-    "unfinished": (unfinished, None), "fail": (fail, int), "mismatch": (mismatch, None),
+    "unfinished": (unfinished, None), "kept": (kept, None), "fail": (fail, int), "mismatch": (mismatch, None),
     "restart": (restart, None), "devices": (devices, None), "launcher": (launcher, str),
 }
 
