@@ -327,26 +327,35 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
   if (stage) sync = false;
   Task t{work, name, std::move(run), {}, std::move(stage), std::move(watch)};
   std::vector<Task> done;
+  bool queue;
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
     done.swap(done_);
-    if (!sync || busy_ || !queue_.empty()) {
+    queue = !sync || busy_ || !queue_.empty();
+    if (queue) {
       queue_.push_back(std::move(t));
-      cv_.notify_one();
-      return work;  // `done` goes here, on the caller's thread
+    } else {
+      busy_ = true;  // nothing queued or running before it: issue order holds
+      t.ticket = ++ran_;
     }
-    busy_ = true;  // nothing queued or running before it: issue order holds
-    t.ticket = ++ran_;
+  }
+  if (queue) {
+    cv_.notify_one();  // unlocked: the worker it wakes does not wait for this thread's lock
+    return work;       // `done` goes here, on the caller's thread
   }
   // A synchronous call (async_op=False) that would only wait for the thread: run here, without
   // the two hand-offs between threads.
   std::exception_ptr error = run_task(t);
+  bool queued;
   {
     std::lock_guard<std::mutex> l(m_);
     busy_ = false;
+    queued = !queue_.empty();
   }
-  cv_.notify_one();  // what another thread queued meanwhile
+  // What another thread queued meanwhile (not otherwise: a wake-up that finds nothing costs
+  // an idle worker's context switch per call, on a processor the peers may need).
+  if (queued) cv_.notify_one();
   settled_cv_.notify_all();
   finish_task(t, error);
   return work;
@@ -438,14 +447,16 @@ void DcBackend::loop() {
         std::exception_ptr error = run_task(t);
         l.lock();
         busy_ = false;
-        if (queue_.empty() && completions_.empty() && !completing_) {
-          self = start_completing_locked();  // here
+        if (queue_.empty() && completions_.empty()) {
+          // Completed here, even while another worker still completes an earlier one (order_
+          // keeps the order): a hand-over would cost a wake-up per call.
+          self = start_completing_locked();
           l.unlock();
           finish_task(t, error);
           break;
         }
-        // Another worker completes it (its callbacks may block; completions start in issue
-        // order); this one goes on with the next collective, if any, at once.
+        // Another worker completes it (its callbacks may block); this one goes on with the
+        // next collective, if any, at once.
         completions_.push_back(Completion{std::move(t), error, -1});
         spare_locked();
         cv_.notify_one();
