@@ -232,8 +232,9 @@ class DcBackend : public c10d::Backend {
   // anything (user callbacks, which may block and may issue collectives) first makes sure
   // another one is idle (spare_locked), so that neither the queue nor a message waits for it.
   // Works and their Futures complete in issue order (order_); the callbacks of several may run
-  // at once, on different workers.  The workers are as many as callbacks block at
-  // once, plus one, and stay until shutdown.
+  // at once, on different workers.  The workers are at least as many as callbacks block at
+  // once, plus one (a few more start when calls follow closely: a worker still returning from
+  // a completion is not idle yet), and stay until shutdown.
   void loop();
   void spare_locked();
   // Before a worker completes a Work: a spare worker, completing_ counted, and the backend held
