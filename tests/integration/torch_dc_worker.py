@@ -284,9 +284,13 @@ def collectives():
         works = [dist.all_reduce(t, async_op=True) for t in ts]
         futs = [w.get_future() for w in works]
         fut = futs[-1]
-        # (a Future is done a moment before its Work, as with gloo)
-        (works[-1].wait() if rep % 2 else fut.wait())
-        if not all(w.is_completed() for w in (works if rep % 2 else works[:-1])):
+        if rep % 2:
+            works[-1].wait()
+            earlier = works
+        else:
+            fut.wait()
+            earlier = works[:-1]  # a Future is done a moment before its Work, as with gloo
+        if not all(w.is_completed() for w in earlier):
             raise SystemExit("an earlier allreduce is not completed after a later one's wait()")
         if not all(f.done() for f in futs):
             raise SystemExit("an earlier allreduce's future is not done after a later one's wait()")
@@ -710,8 +714,9 @@ def launcher(init):
 MODES = {  # mode -> (function, converter of its argument, or None for none)
     "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
-    "unfinished": (unfinished, None), "kept": (kept, None), "fail": (fail, int), "mismatch": (mismatch, None),
-    "restart": (restart, None), "devices": (devices, None), "launcher": (launcher, str),
+    "unfinished": (unfinished, None), "kept": (kept, None), "fail": (fail, int),
+    "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
+    "launcher": (launcher, str),
 }
 
 if __name__ == "__main__":
