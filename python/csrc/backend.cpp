@@ -16,6 +16,7 @@
 // receives of CUDA tensors go through host memory synchronously (message()).
 #include "backend.hpp"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -195,6 +196,7 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
     spare_locked();
   }
   p2p_thread_ = std::thread([this] { p2p_loop(); });
+  ::pthread_setname_np(p2p_thread_.native_handle(), "pt_dc mailbox");
   std::lock_guard<std::mutex> l(live_m);
   serial_ = ++live_serials;
   live.push_back(Live{this, serial_});
@@ -264,8 +266,8 @@ void DcBackend::shutdown() {
   {
     std::lock_guard<std::mutex> l(m_);
     stop_workers_ = true;  // no worker is started after this: workers_ stays as it is
+    while (std::condition_variable* cv = wake_one_locked()) cv->notify_one();
   }
-  cv_.notify_all();
   for (auto& w : workers_) {
     if (!w.joinable()) continue;
     if (w.get_id() == std::this_thread::get_id())
@@ -282,7 +284,8 @@ void DcBackend::shutdown() {
   }
   for (Task& t : never)
     t.work->complete(std::make_exception_ptr(std::runtime_error(
-        std::string("pytorch_dc: ") + t.name + " not run: the process group was shut down")));
+        std::string("pytorch_dc: ") + t.name + " not run: the process group was shut down")),
+        -1, 0, false);
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DcBackend::getBackendOptions() {
@@ -328,6 +331,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
   Task t{work, name, std::move(run), {}, std::move(stage), std::move(watch)};
   std::vector<Task> done;
   bool queue;
+  std::condition_variable* wake = nullptr;
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
@@ -335,29 +339,31 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
     queue = !sync || busy_ || !queue_.empty();
     if (queue) {
       queue_.push_back(std::move(t));
+      // Not while a worker is on its way back from a completion: it finds this (and waking
+      // another costs a context switch per call, the caller waiting for it).
+      if (order_->returning.load() == 0) wake = wake_one_locked();
     } else {
       busy_ = true;  // nothing queued or running before it: issue order holds
       t.ticket = ++ran_;
     }
   }
   if (queue) {
-    cv_.notify_one();  // unlocked: the worker it wakes does not wait for this thread's lock
-    return work;       // `done` goes here, on the caller's thread
+    if (wake) wake->notify_one();  // unlocked: the worker it wakes does not wait for this lock
+    return work;                 // `done` goes here, on the caller's thread
   }
   // A synchronous call (async_op=False) that would only wait for the thread: run here, without
   // the two hand-offs between threads.
   std::exception_ptr error = run_task(t);
-  bool queued;
   {
     std::lock_guard<std::mutex> l(m_);
     busy_ = false;
-    queued = !queue_.empty();
+    // What another thread queued meanwhile (not otherwise: a wake-up that finds nothing costs
+    // an idle worker's context switch per call, on a processor the peers may need).
+    if (!queue_.empty()) wake = wake_one_locked();
   }
-  // What another thread queued meanwhile (not otherwise: a wake-up that finds nothing costs
-  // an idle worker's context switch per call, on a processor the peers may need).
-  if (queued) cv_.notify_one();
+  if (wake) wake->notify_one();
   settled_cv_.notify_all();
-  finish_task(t, error);
+  finish_task(t, error, -1, false);
   return work;
 }
 
@@ -384,12 +390,14 @@ std::exception_ptr DcBackend::run_task(Task& t) {
   return nullptr;
 }
 
-void DcBackend::finish_task(Task& t, std::exception_ptr error, int source) {
+void DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool worker) {
+  // A worker goes back to the queue right after, unless it watches GPU work.
+  bool back = worker && (!t.watch || error);
   if (!t.stage) {
-    t.work->complete(error, source, t.ticket);
+    t.work->complete(error, source, t.ticket, back);
     return;
   }
-  t.stage->on_stream([&] { t.work->complete(error, source, t.ticket); });  // the Future's events there
+  t.stage->on_stream([&] { t.work->complete(error, source, t.ticket, back); });  // events there
   if (!t.watch || error) return;
   std::lock_guard<std::mutex> lib(lib_m_);
   try {
@@ -413,7 +421,15 @@ c10::intrusive_ptr<DcBackend> DcBackend::start_completing_locked() {
 void DcBackend::spare_locked() {
   if (idle_ > 0 || stop_workers_) return;
   try {
-    workers_.emplace_back([this] { loop(); });
+    Sleeper* me = &sleepers_.emplace_back();
+    try {
+      workers_.emplace_back([this, me] { loop(me); });
+    } catch (...) {
+      sleepers_.pop_back();
+      throw;
+    }
+    // Named as it starts (top -H, py-spy, debuggers; the tests count them).
+    ::pthread_setname_np(workers_.back().native_handle(), "pt_dc worker");
     ++idle_;  // idle from the start: it goes straight to waiting
   } catch (const std::system_error&) {
     // No thread to be had (a limit): the workers there are go on; only a callback that blocks
@@ -421,16 +437,26 @@ void DcBackend::spare_locked() {
   }
 }
 
-void DcBackend::loop() {
+std::condition_variable* DcBackend::wake_one_locked() {
+  if (asleep_.empty()) return nullptr;
+  Sleeper* s = asleep_.back();
+  asleep_.pop_back();
+  s->woken = true;
+  return &s->cv;
+}
+
+void DcBackend::loop(Sleeper* me) {
   // Collectives run here while the caller's thread computes (DDP's backward): a wait that spins
   // would take a processor from it.
   dc::set_thread_spinning(false);
   std::unique_lock<std::mutex> l(m_);
   for (;;) {
-    cv_.wait(l, [&] {
-      return (stop_workers_ && queue_.empty()) || !completions_.empty() ||
-             (!queue_.empty() && !busy_);
-    });
+    while (!(stop_workers_ && queue_.empty()) && completions_.empty() &&
+           (queue_.empty() || busy_)) {
+      me->woken = false;
+      asleep_.push_back(me);
+      me->cv.wait(l, [&] { return me->woken; });
+    }
     Task t;
     // Held while callbacks run here: one that destroys the group (destroy_process_group) leaves
     // the backend's destructor to this worker, after them (see the end of the loop).
@@ -452,14 +478,14 @@ void DcBackend::loop() {
           // keeps the order): a hand-over would cost a wake-up per call.
           self = start_completing_locked();
           l.unlock();
-          finish_task(t, error);
+          finish_task(t, error, -1, true);
           break;
         }
         // Another worker completes it (its callbacks may block); this one goes on with the
         // next collective, if any, at once.
         completions_.push_back(Completion{std::move(t), error, -1});
         spare_locked();
-        cv_.notify_one();
+        if (std::condition_variable* cv = wake_one_locked()) cv->notify_one();
         if (queue_.empty()) break;
       }
       if (!t.work) {  // handed over: nothing to release here
@@ -473,13 +499,14 @@ void DcBackend::loop() {
       --idle_;
       self = start_completing_locked();
       l.unlock();
-      finish_task(c.task, c.error, c.source);
+      finish_task(c.task, c.error, c.source, true);
       t = std::move(c.task);
     } else {  // stop_workers_, and nothing left for this worker
       --idle_;
       return;
     }
     l.lock();
+    bool returning = t.work && t.work->returning();
     // Not released here: the last reference to a tensor that Python also knows takes the GIL,
     // and once the caller, woken by complete(), has let Python finalize, taking it ends this
     // thread in the middle of a destructor (std::terminate).  The caller's next call releases it.
@@ -496,6 +523,7 @@ void DcBackend::loop() {
     release_hold(this, serial);  // `this` as a name only: it may be gone
     if (gone) return;  // this worker ran the destructor (which let it go): all gone
     l.lock();
+    if (returning) order_->returning.fetch_sub(1);  // back: it looks at the queue next
   }
 }
 
@@ -963,11 +991,13 @@ void DcBackend::finish(Message& m, std::exception_ptr e, int source) {
   // Completed by a worker: a callback of its Future may wait for another message, which this
   // thread must be free to move.
   m.task.keep = {std::move(m.user), std::move(m.wire)};
+  std::condition_variable* wake;
   {
     std::lock_guard<std::mutex> l(m_);
     completions_.push_back(Completion{std::move(m.task), e, source});
+    wake = wake_one_locked();
   }
-  cv_.notify_one();
+  if (wake) wake->notify_one();
 }
 
 // The mailbox thread: posts what callers queued, moves every message in flight, completes what

@@ -91,6 +91,11 @@ class CompletionOrder {
   explicit CompletionOrder(double limit) : limit_(limit) {}
   void wait_turn(uint64_t ticket);
   void done(uint64_t ticket);
+  // Workers that completed a Work whose Future the program never took (so no callback of the
+  // program runs on them) and are on their way back to the queue, from just before the Work
+  // completed until they are back (counted down under the backend's lock).  While there are
+  // any, a call queued meanwhile wakes no idle worker: one of these finds it.
+  std::atomic<int> returning{0};
 
  private:
   double limit_;
@@ -111,12 +116,20 @@ class DcWork : public c10d::Work {
   void synchronize() override;
   void blockCurrentStream() override { synchronize(); }
   bool isCompleted() override;
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    future_taken_.store(true);
+    return future_;
+  }
   // The rank a receive took its message from (recv from any source).
   int sourceRank() const override { return source_; }
   // Marks the Future (value or error), then the Work, before the Future's callbacks run.
   // ticket: a collective's place in the completion order (0: a message, in no order).
-  void complete(std::exception_ptr error, int source = -1, uint64_t ticket = 0);
+  // back: called on a worker that goes back to the queue right after (see returning()).
+  void complete(std::exception_ptr error, int source, uint64_t ticket, bool back);
+  // complete() counted its worker in CompletionOrder::returning: `back`, and the Future was not
+  // taken, so nothing but the Work's own completion ran on it.  The worker counts itself out
+  // once back.
+  bool returning() const { return returning_; }
 
  private:
   std::vector<at::Tensor> outputs_;
@@ -130,6 +143,8 @@ class DcWork : public c10d::Work {
   std::mutex issued_m_;
   std::condition_variable issued_cv_;
   bool issued_ = false;
+  std::atomic<bool> future_taken_{false};  // getFuture() was called: callbacks may be added
+  bool back_ = false, returning_ = false;
 };
 
 class DcBackend : public c10d::Backend {
@@ -225,7 +240,9 @@ class DcBackend : public c10d::Backend {
   std::exception_ptr run_task(Task& t);
   // After busy_ is released: completes the Work (the Future's callbacks run here, and may issue
   // and wait for more collectives; `source`: a recv's sender), then watches its GPU work.
-  void finish_task(Task& t, std::exception_ptr error, int source = -1);
+  // worker: called by loop(), which goes back to the queue after (a caller's thread, also a
+  // worker's in a callback that runs a collective inline, goes back to the program instead).
+  void finish_task(Task& t, std::exception_ptr error, int source, bool worker);
   // A worker thread: runs the queued collectives one at a time, in order, and completes them
   // and the mailbox thread's messages.  A collective with more queued behind it is handed over
   // to be completed by another worker while this one goes on; a worker that runs or completes
@@ -233,9 +250,12 @@ class DcBackend : public c10d::Backend {
   // another one is idle (spare_locked), so that neither the queue nor a message waits for it.
   // Works and their Futures complete in issue order (order_); the callbacks of several may run
   // at once, on different workers.  The workers are at least as many as callbacks block at
-  // once, plus one (a few more start when calls follow closely: a worker still returning from
-  // a completion is not idle yet), and stay until shutdown.
-  void loop();
+  // once, plus one (a few more start when many calls are queued at once: completions are
+  // handed over), and stay until shutdown.  The worker that went to sleep last is woken first,
+  // and none is woken for a call queued while a worker returns from a completion that ran no
+  // program code (CompletionOrder::returning): that one takes it.
+  struct Sleeper;
+  void loop(Sleeper* me);
   void spare_locked();
   // Before a worker completes a Work: a spare worker, completing_ counted, and the backend held
   // (see loop()).
@@ -271,7 +291,6 @@ class DcBackend : public c10d::Backend {
   double timeout_s_;
   std::mutex lib_m_;  // pg_ is used by one thread at a time: a collective's run, a GPU watch
   std::mutex m_;
-  std::condition_variable cv_;
   std::deque<Task> queue_;
   // A collective run or a message moved, for a worker to complete (finish_task).
   struct Completion {
@@ -288,6 +307,19 @@ class DcBackend : public c10d::Backend {
   std::shared_ptr<CompletionOrder> order_;
   uint64_t serial_ = 0;  // in the registry of backends alive (drain_all())
   std::vector<std::thread> workers_;
+  // An idle worker's wait.  The one that went to sleep last is woken first (wake_one_locked):
+  // its caches are warm, and the others stay asleep as spares.  (One condition variable for
+  // all would wake the one asleep longest: the workers took turns, which cost a quarter more
+  // per small asynchronous call.)
+  struct Sleeper {
+    std::condition_variable cv;
+    bool woken = false;  // under m_
+  };
+  std::deque<Sleeper> sleepers_;  // one per worker, for the backend's life
+  std::vector<Sleeper*> asleep_;  // under m_: the idle workers waiting, the last asleep last
+  // Under m_: takes the last worker asleep off asleep_; its condition variable, to be notified
+  // (after unlocking; nullptr: none asleep).
+  std::condition_variable* wake_one_locked();
   int idle_ = 0;        // workers waiting for something to do, or starting
   int completing_ = 0;  // workers completing a Work (running its Future's callbacks)
   std::condition_variable settled_cv_;  // for drain(): a collective or a completion ended

@@ -44,6 +44,12 @@ DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::T
   // while this Work is alive.
   future_->addCallback(
       [this](c10::ivalue::Future& f) {
+        // The callbacks that run on this thread were fixed when the Future was marked: one of
+        // the program's among them needed getFuture() first.
+        if (back_ && !future_taken_.load()) {
+          returning_ = true;
+          order_->returning.fetch_add(1);
+        }
         finish(f.hasError() ? f.exception_ptr() : nullptr);
         if (ticket_) order_->done(ticket_);
       },
@@ -69,9 +75,10 @@ void DcWork::synchronize() {
 
 bool DcWork::isCompleted() { return c10d::Work::isCompleted() && (!stage_ || stage_->query()); }
 
-void DcWork::complete(std::exception_ptr error, int source, uint64_t ticket) {
+void DcWork::complete(std::exception_ptr error, int source, uint64_t ticket, bool back) {
   source_ = source;
   ticket_ = ticket;
+  back_ = back;
   if (ticket) order_->wait_turn(ticket);
   {
     std::lock_guard<std::mutex> l(issued_m_);

@@ -272,11 +272,33 @@ def check_subgroup(seed):
     dist.barrier()
 
 
+def workers():
+    """The dc backends' worker threads in this process (pytorch_dc names them)."""
+    n = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                n += f.read().strip() == "pt_dc worker"
+        except OSError:  # the thread ended
+            pass
+    return n
+
+
 def collectives():
     dist.init_process_group("dc")
     gloo = dist.new_group(backend="gloo")
     seed = int(os.environ.get("PE_TEST_SEED", "1"))
     t0 = time.monotonic()
+    # a loop of async calls, each waited for, keeps to the workers there are (one running, one
+    # spare): the worker back from a completion takes the next call
+    t = torch.ones(8)
+    dist.all_reduce(t, async_op=True).wait()
+    before = workers()
+    for _ in range(300):
+        dist.all_reduce(t, async_op=True).wait()
+    if workers() != before or before < 1:
+        raise SystemExit(f"300 async all_reduce().wait() went from {before} to {workers()} worker "
+                         "threads")
     # async: several in flight, completed in issue order (Works and Futures; repeated, as the
     # completions are spread over several threads), futures carry the outputs
     for rep in range(40):
