@@ -266,7 +266,7 @@ void DcBackend::shutdown() {
   {
     std::lock_guard<std::mutex> l(m_);
     stop_workers_ = true;  // no worker is started after this: workers_ stays as it is
-    while (std::condition_variable* cv = wake_one_locked()) cv->notify_one();
+    wake_all_locked();
   }
   for (auto& w : workers_) {
     if (!w.joinable()) continue;
@@ -445,6 +445,10 @@ std::condition_variable* DcBackend::wake_one_locked() {
   return &s->cv;
 }
 
+void DcBackend::wake_all_locked() {
+  while (std::condition_variable* cv = wake_one_locked()) cv->notify_one();
+}
+
 void DcBackend::loop(Sleeper* me) {
   // Collectives run here while the caller's thread computes (DDP's backward): a wait that spins
   // would take a processor from it.
@@ -503,6 +507,7 @@ void DcBackend::loop(Sleeper* me) {
       t = std::move(c.task);
     } else {  // stop_workers_, and nothing left for this worker
       --idle_;
+      wake_all_locked();  // one that went back to sleep while the queue was busy ends too
       return;
     }
     l.lock();
@@ -516,12 +521,16 @@ void DcBackend::loop(Sleeper* me) {
     settled_cv_.notify_all();
     c10::weak_intrusive_ptr<DcBackend> alive(self);
     const uint64_t serial = serial_;
+    // Shut down, nothing left: this worker ends here, without touching the backend once it lets
+    // go of it (another thread may then destroy it, not waiting for a worker that detached).
+    bool last = stop_workers_ && queue_.empty() && completions_.empty();
+    if (last) wake_all_locked();
     l.unlock();
     self.reset();
     bool gone = alive.expired();
     alive.reset();  // the last reference gone: the destructor runs here, on this worker
     release_hold(this, serial);  // `this` as a name only: it may be gone
-    if (gone) return;  // this worker ran the destructor (which let it go): all gone
+    if (gone || last) return;  // gone: this worker ran the destructor (which let it go)
     l.lock();
     if (returning) order_->returning.fetch_sub(1);  // back: it looks at the queue next
   }

@@ -92,8 +92,8 @@ class CompletionOrder {
   void wait_turn(uint64_t ticket);
   void done(uint64_t ticket);
   // Workers that completed a Work whose Future the program never took (so no callback of the
-  // program runs on them) and are on their way back to the queue, from just before the Work
-  // completed until they are back (counted down under the backend's lock).  While there are
+  // program runs on them) and are on their way back to the queue (not to watch GPU work), from
+  // just before the Work completed until they are back (counted down under the backend's lock).  While there are
   // any, a call queued meanwhile wakes no idle worker: one of these finds it.
   std::atomic<int> returning{0};
 
@@ -251,7 +251,8 @@ class DcBackend : public c10d::Backend {
   // Works and their Futures complete in issue order (order_); the callbacks of several may run
   // at once, on different workers.  The workers are at least as many as callbacks block at
   // once, plus one (a few more start when many calls are queued at once: completions are
-  // handed over), and stay until shutdown.  The worker that went to sleep last is woken first,
+  // handed over; and when calls follow closely whose Futures were taken or whose GPU work a
+  // worker watches after: it is not idle yet), and stay until shutdown.  The worker that went to sleep last is woken first,
   // and none is woken for a call queued while a worker returns from a completion that ran no
   // program code (CompletionOrder::returning): that one takes it.
   struct Sleeper;
@@ -320,6 +321,7 @@ class DcBackend : public c10d::Backend {
   // Under m_: takes the last worker asleep off asleep_; its condition variable, to be notified
   // (after unlocking; nullptr: none asleep).
   std::condition_variable* wake_one_locked();
+  void wake_all_locked();  // every worker asleep (shutdown, and workers ending after it)
   int idle_ = 0;        // workers waiting for something to do, or starting
   int completing_ = 0;  // workers completing a Work (running its Future's callbacks)
   std::condition_variable settled_cv_;  // for drain(): a collective or a completion ended

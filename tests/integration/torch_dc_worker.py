@@ -273,7 +273,9 @@ def check_subgroup(seed):
 
 
 def workers():
-    """The dc backends' worker threads in this process (pytorch_dc names them)."""
+    """The dc backends' worker threads in this process (pytorch_dc names them).  A thread that
+    a worker starts (torch's intra-op pool, on a large copy) inherits the name: count them before
+    anything of the sort runs."""
     n = 0
     for tid in os.listdir("/proc/self/task"):
         try:
