@@ -157,6 +157,9 @@ std::condition_variable live_cv;
 std::vector<Live> live;
 uint64_t live_serials = 0;
 
+// The backend whose destructor ran last on this thread (loop(): whether it was its own).
+thread_local const DcBackend* t_destroyed = nullptr;
+
 Live* live_entry(const DcBackend* b, uint64_t serial) {
   for (auto& e : live)
     if (e.backend == b && e.serial == serial) return &e;
@@ -203,6 +206,7 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
 }
 
 DcBackend::~DcBackend() {
+  t_destroyed = this;
   shutdown();
   {
     std::unique_lock<std::mutex> l(live_m);
@@ -390,15 +394,15 @@ std::exception_ptr DcBackend::run_task(Task& t) {
   return nullptr;
 }
 
-void DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool worker) {
+bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool worker) {
   // A worker goes back to the queue right after, unless it watches GPU work.
-  bool back = worker && (!t.watch || error);
-  if (!t.stage) {
-    t.work->complete(error, source, t.ticket, back);
-    return;
-  }
-  t.stage->on_stream([&] { t.work->complete(error, source, t.ticket, back); });  // events there
-  if (!t.watch || error) return;
+  const bool watches = t.watch && !error;
+  if (!t.stage) return t.work->complete(error, source, t.ticket, worker && !watches);
+  bool returning = false;
+  t.stage->on_stream([&] {  // the Future's events there
+    returning = t.work->complete(error, source, t.ticket, worker && !watches);
+  });
+  if (!watches) return returning;
   std::lock_guard<std::mutex> lib(lib_m_);
   try {
     t.stage->on_stream(t.watch);
@@ -406,6 +410,7 @@ void DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool 
     // Its Work has completed (the work was on the stream); the next collective raises this.
     gpu_failure_ = std::string("the GPU work of an earlier ") + t.name + " failed: " + e.what();
   }
+  return false;
 }
 
 c10::intrusive_ptr<DcBackend> DcBackend::start_completing_locked() {
@@ -455,8 +460,7 @@ void DcBackend::loop(Sleeper* me) {
   dc::set_thread_spinning(false);
   std::unique_lock<std::mutex> l(m_);
   for (;;) {
-    while (!(stop_workers_ && queue_.empty()) && completions_.empty() &&
-           (queue_.empty() || busy_)) {
+    while (!finished_locked() && completions_.empty() && (queue_.empty() || busy_)) {
       me->woken = false;
       asleep_.push_back(me);
       me->cv.wait(l, [&] { return me->woken; });
@@ -465,6 +469,7 @@ void DcBackend::loop(Sleeper* me) {
     // Held while callbacks run here: one that destroys the group (destroy_process_group) leaves
     // the backend's destructor to this worker, after them (see the end of the loop).
     c10::intrusive_ptr<DcBackend> self;
+    bool returning = false;  // counted in order_->returning (finish_task)
     if (!queue_.empty() && !busy_) {  // the collectives first: the next one waits for them
       --idle_;
       spare_locked();  // a message may complete while the collective waits for its peer
@@ -482,7 +487,7 @@ void DcBackend::loop(Sleeper* me) {
           // keeps the order): a hand-over would cost a wake-up per call.
           self = start_completing_locked();
           l.unlock();
-          finish_task(t, error, -1, true);
+          returning = finish_task(t, error, -1, true);
           break;
         }
         // Another worker completes it (its callbacks may block); this one goes on with the
@@ -503,15 +508,14 @@ void DcBackend::loop(Sleeper* me) {
       --idle_;
       self = start_completing_locked();
       l.unlock();
-      finish_task(c.task, c.error, c.source, true);
+      returning = finish_task(c.task, c.error, c.source, true);
       t = std::move(c.task);
-    } else {  // stop_workers_, and nothing left for this worker
+    } else {  // shut down, and nothing left for this worker
       --idle_;
       wake_all_locked();  // one that went back to sleep while the queue was busy ends too
       return;
     }
     l.lock();
-    bool returning = t.work && t.work->returning();
     // Not released here: the last reference to a tensor that Python also knows takes the GIL,
     // and once the caller, woken by complete(), has let Python finalize, taking it ends this
     // thread in the middle of a destructor (std::terminate).  The caller's next call releases it.
@@ -519,16 +523,15 @@ void DcBackend::loop(Sleeper* me) {
     ++idle_;
     --completing_;
     settled_cv_.notify_all();
-    c10::weak_intrusive_ptr<DcBackend> alive(self);
     const uint64_t serial = serial_;
     // Shut down, nothing left: this worker ends here, without touching the backend once it lets
     // go of it (another thread may then destroy it, not waiting for a worker that detached).
-    bool last = stop_workers_ && queue_.empty() && completions_.empty();
+    bool last = finished_locked();
     if (last) wake_all_locked();
     l.unlock();
-    self.reset();
-    bool gone = alive.expired();
-    alive.reset();  // the last reference gone: the destructor runs here, on this worker
+    t_destroyed = nullptr;
+    self.reset();  // the last reference: the destructor runs here, on this worker
+    bool gone = t_destroyed == this;
     release_hold(this, serial);  // `this` as a name only: it may be gone
     if (gone || last) return;  // gone: this worker ran the destructor (which let it go)
     l.lock();

@@ -85,7 +85,9 @@ std::shared_ptr<DeviceStreams> device_streams();
 // The order in which a backend's collectives complete: the order they ran, which is the order
 // they were issued.  Each gets a ticket (1, 2, ...) when it runs; its completion waits for the
 // one before to be marked completed (not for that one's callbacks to return), at most `limit`
-// seconds (then it goes on out of order rather than hang).
+// seconds (then it goes on out of order rather than hang).  Shared by a backend and its Works,
+// it also holds the count of workers returning to the queue (the one thing of the pool that a
+// Work must reach).
 class CompletionOrder {
  public:
   explicit CompletionOrder(double limit) : limit_(limit) {}
@@ -93,8 +95,9 @@ class CompletionOrder {
   void done(uint64_t ticket);
   // Workers that completed a Work whose Future the program never took (so no callback of the
   // program runs on them) and are on their way back to the queue (not to watch GPU work), from
-  // just before the Work completed until they are back (counted down under the backend's lock).  While there are
-  // any, a call queued meanwhile wakes no idle worker: one of these finds it.
+  // just before the Work completed until they are back (counted down under the backend's
+  // lock).  While there are any, a call queued meanwhile wakes no idle worker: one of these
+  // finds it.
   std::atomic<int> returning{0};
 
  private:
@@ -124,12 +127,10 @@ class DcWork : public c10d::Work {
   int sourceRank() const override { return source_; }
   // Marks the Future (value or error), then the Work, before the Future's callbacks run.
   // ticket: a collective's place in the completion order (0: a message, in no order).
-  // back: called on a worker that goes back to the queue right after (see returning()).
-  void complete(std::exception_ptr error, int source, uint64_t ticket, bool back);
-  // complete() counted its worker in CompletionOrder::returning: `back`, and the Future was not
-  // taken, so nothing but the Work's own completion ran on it.  The worker counts itself out
-  // once back.
-  bool returning() const { return returning_; }
+  // back: called on a worker that goes back to the queue right after.  Returns whether it
+  // counted that worker in CompletionOrder::returning: `back`, and the Future was not taken, so
+  // nothing but the Work's own completion ran on it.  The worker counts itself out once back.
+  bool complete(std::exception_ptr error, int source, uint64_t ticket, bool back);
 
  private:
   std::vector<at::Tensor> outputs_;
@@ -144,7 +145,7 @@ class DcWork : public c10d::Work {
   std::condition_variable issued_cv_;
   bool issued_ = false;
   std::atomic<bool> future_taken_{false};  // getFuture() was called: callbacks may be added
-  bool back_ = false, returning_ = false;
+  bool back_ = false;  // complete()'s, until the first callback finds the Future taken
 };
 
 class DcBackend : public c10d::Backend {
@@ -242,7 +243,8 @@ class DcBackend : public c10d::Backend {
   // and wait for more collectives; `source`: a recv's sender), then watches its GPU work.
   // worker: called by loop(), which goes back to the queue after (a caller's thread, also a
   // worker's in a callback that runs a collective inline, goes back to the program instead).
-  void finish_task(Task& t, std::exception_ptr error, int source, bool worker);
+  // Returns whether the worker was counted in CompletionOrder::returning (DcWork::complete).
+  bool finish_task(Task& t, std::exception_ptr error, int source, bool worker);
   // A worker thread: runs the queued collectives one at a time, in order, and completes them
   // and the mailbox thread's messages.  A collective with more queued behind it is handed over
   // to be completed by another worker while this one goes on; a worker that runs or completes
@@ -252,9 +254,9 @@ class DcBackend : public c10d::Backend {
   // at once, on different workers.  The workers are at least as many as callbacks block at
   // once, plus one (a few more start when many calls are queued at once: completions are
   // handed over; and when calls follow closely whose Futures were taken or whose GPU work a
-  // worker watches after: it is not idle yet), and stay until shutdown.  The worker that went to sleep last is woken first,
-  // and none is woken for a call queued while a worker returns from a completion that ran no
-  // program code (CompletionOrder::returning): that one takes it.
+  // worker watches after: it is not idle yet), and stay until shutdown.  The worker that went
+  // to sleep last is woken first, and none is woken for a call queued while a worker returns
+  // from a completion that ran no program code (CompletionOrder::returning): that one takes it.
   struct Sleeper;
   void loop(Sleeper* me);
   void spare_locked();
@@ -319,9 +321,11 @@ class DcBackend : public c10d::Backend {
   std::deque<Sleeper> sleepers_;  // one per worker, for the backend's life
   std::vector<Sleeper*> asleep_;  // under m_: the idle workers waiting, the last asleep last
   // Under m_: takes the last worker asleep off asleep_; its condition variable, to be notified
-  // (after unlocking; nullptr: none asleep).
+  // (best after unlocking, where the caller unlocks next; nullptr: none asleep).
   std::condition_variable* wake_one_locked();
   void wake_all_locked();  // every worker asleep (shutdown, and workers ending after it)
+  // Shut down, and nothing left to run or complete: the workers end.
+  bool finished_locked() const { return stop_workers_ && queue_.empty() && completions_.empty(); }
   int idle_ = 0;        // workers waiting for something to do, or starting
   int completing_ = 0;  // workers completing a Work (running its Future's callbacks)
   std::condition_variable settled_cv_;  // for drain(): a collective or a completion ended

@@ -46,10 +46,8 @@ DcWork::DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::T
       [this](c10::ivalue::Future& f) {
         // The callbacks that run on this thread were fixed when the Future was marked: one of
         // the program's among them needed getFuture() first.
-        if (back_ && !future_taken_.load()) {
-          returning_ = true;
-          order_->returning.fetch_add(1);
-        }
+        if (back_ && future_taken_.load()) back_ = false;
+        if (back_) order_->returning.fetch_add(1);
         finish(f.hasError() ? f.exception_ptr() : nullptr);
         if (ticket_) order_->done(ticket_);
       },
@@ -75,7 +73,7 @@ void DcWork::synchronize() {
 
 bool DcWork::isCompleted() { return c10d::Work::isCompleted() && (!stage_ || stage_->query()); }
 
-void DcWork::complete(std::exception_ptr error, int source, uint64_t ticket, bool back) {
+bool DcWork::complete(std::exception_ptr error, int source, uint64_t ticket, bool back) {
   source_ = source;
   ticket_ = ticket;
   back_ = back;
@@ -90,6 +88,7 @@ void DcWork::complete(std::exception_ptr error, int source, uint64_t ticket, boo
     future_->setError(error);
   else
     future_->markCompleted(c10::IValue(outputs_));
+  return back_;  // as the first callback left it, on this thread
 }
 
 namespace {
