@@ -396,12 +396,11 @@ std::exception_ptr DcBackend::run_task(Task& t) {
 
 bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool worker) {
   // A worker goes back to the queue right after, unless it watches GPU work.
-  const bool watches = t.watch && !error;
-  if (!t.stage) return t.work->complete(error, source, t.ticket, worker && !watches);
+  const bool watches = t.watch && !error, back = worker && !watches;
+  if (!t.stage) return t.work->complete(error, source, t.ticket, back);
   bool returning = false;
-  t.stage->on_stream([&] {  // the Future's events there
-    returning = t.work->complete(error, source, t.ticket, worker && !watches);
-  });
+  // On the stage's stream: the Future records its events there.
+  t.stage->on_stream([&] { returning = t.work->complete(error, source, t.ticket, back); });
   if (!watches) return returning;
   std::lock_guard<std::mutex> lib(lib_m_);
   try {
@@ -410,7 +409,7 @@ bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool 
     // Its Work has completed (the work was on the stream); the next collective raises this.
     gpu_failure_ = std::string("the GPU work of an earlier ") + t.name + " failed: " + e.what();
   }
-  return false;
+  return returning;  // false: a worker that watches was not counted
 }
 
 c10::intrusive_ptr<DcBackend> DcBackend::start_completing_locked() {
