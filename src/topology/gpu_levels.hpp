@@ -7,7 +7,7 @@
 // the shm alternative is not built); with other layouts, one NCCL communicator of each node's
 // ranks for levels 1 and 2 together; one node: one NCCL communicator of all ranks.  Its tcp ring
 // runs from each rank's first rail NIC that has an IPv4 address (dc::transport_address).
-// Compiled, never run on a GPU in this project's tests.
+// Levels of several GPUs have not run on GPUs in this project's tests (one GPU has: tests/gpu).
 //
 //   level 1  inside each locality domain (NVLink island, root complex): NCCL among its ranks;
 //   level 2  across the domains of a node: "rail" p joins the p-th rank of every domain (p below

@@ -13,7 +13,7 @@
 //      not wait for, reads or leaves stale data, which the checks see;
 //   4. the same two nodes, rank 1 stops before a collective: rank 0 gets an Error within its 5 s
 //      timeout (a thread cannot be killed; a killed process fails its tcp peer sooner).
-// Written for a GPU machine (make check-gpu); it has not run on one yet.
+// For a GPU machine (make check-gpu); has passed on one H100 (NCCL 2.28.9).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

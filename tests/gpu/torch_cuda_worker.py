@@ -152,8 +152,10 @@ def streams(dev):
     if not torch.all(y == expect):
         raise SystemExit(f"rank {rank}: after wait() on the side stream: {y[:4].tolist()}, "
                          f"expected {expect}")
+    # across nodes the host-staged step holds wait() until the kernel is done, so the work may
+    # be complete when wait() returns
     one_node = "PYTORCH_DC_NODE" not in os.environ
-    if (one_node and host > 0.5) or done_early:
+    if one_node and (host > 0.5 or done_early):
         raise SystemExit(f"rank {rank}: wait() held the host {host:.3f} s (completed: "
                          f"{done_early}) while the GPU slept")
     if not work.is_completed():

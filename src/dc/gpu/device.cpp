@@ -24,7 +24,7 @@
 // the node's communicator, CudaCopy, and a stream-ordered work buffer.  Otherwise: allreduces of
 // a stream-ordered scratch buffer (Sum; zeros where a rank has nothing): correct, at about twice
 // the traffic of dedicated algorithms.
-// Compiled here (no GPU), never run on one.
+// Has run on one GPU (tests/gpu: one rank, and two simulated nodes sharing it).
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 

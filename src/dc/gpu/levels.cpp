@@ -70,7 +70,10 @@ void NcclIntra::allreduce(void* buf, size_t count, DType t, Op op, int owners, c
   };
   with_op(t, op, avg_divisor, d, [&](ncclRedOp_t rop) {
     per_shard("ncclReduce (one per shard, grouped)", [&](char* p, size_t k, int j, ncclComm_t c) {
-      return ncclReduce(p, p, k, nccl_type(t), rop, j, c, stream_);
+      return one_rank_split(n_ == 1 && op == Op::Avg, k, t, [&](size_t off, size_t m) {
+        char* q = p + off * es;
+        return ncclReduce(q, q, m, nccl_type(t), rop, j, c, stream_);
+      });
     });
   });
   // The owner's shard across nodes (the copy engine orders its copies after the reduce).
@@ -87,9 +90,12 @@ bool NcclIntra::reduce_scatter(const void* in, void* out, size_t block, size_t g
   with_op(t, op, avg_divisor, d, [&](ncclRedOp_t rop) {
     grouped("ncclReduceScatter (one per node's group, grouped)", groups, d, [&](size_t g,
                                                                               ncclComm_t c) {
-      return ncclReduceScatter(static_cast<const char*>(in) + g * static_cast<size_t>(n_) * bb,
-                               static_cast<char*>(out) + g * bb, block, nccl_type(t), rop, c,
-                               stream_);
+      const char* from = static_cast<const char*>(in) + g * static_cast<size_t>(n_) * bb;
+      char* to = static_cast<char*>(out) + g * bb;
+      return one_rank_split(n_ == 1 && op == Op::Avg, block, t, [&](size_t off, size_t m) {
+        size_t skip = off * dtype_size(t);  // one rank: its block is the whole group
+        return ncclReduceScatter(from + skip, to + skip, m, nccl_type(t), rop, c, stream_);
+      });
     });
   });
   return true;  // an Avg was pre-multiplied

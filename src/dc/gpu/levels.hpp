@@ -14,7 +14,8 @@
 //              copies back.  Waits poll the event, the asynchronous errors of the call's
 //              communicators (every level's) and the deadline: an error or timeout aborts them
 //              all and throws.
-// Both are compiled here (no GPU) and have never run on one.  Threads: the group's.
+// Both have run on one GPU (tests/gpu: NCCL levels of one rank, two simulated nodes); a level of
+// several GPUs has not run yet.  Threads: the group's.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -12,7 +12,7 @@ void pause() { std::this_thread::sleep_for(std::chrono::microseconds(50)); }
 
 }  // namespace
 
-NcclComm::NcclComm(int rank, int size, const ncclUniqueId& id, const Deadline& d) {
+NcclComm::NcclComm(int rank, int size, const ncclUniqueId& id, const Deadline& d) : size_(size) {
   check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -30,7 +30,7 @@ NcclComm::NcclComm(int rank, int size, const ncclUniqueId& id, const Deadline& d
 }
 
 NcclComm::NcclComm(NcclComm& parent, int color, int key, int rank, int size, const Deadline& d)
-    : device_(parent.device_) {
+    : device_(parent.device_), size_(size) {
   parent.require_live();
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;
@@ -127,14 +127,21 @@ void NcclComm::enqueue(const char* call, const std::function<ncclResult_t(ncclCo
 void NcclComm::allreduce(void* buf, size_t count, DType t, Op op, cudaStream_t stream,
                          const Deadline& d) {
   enqueue("ncclAllReduce", [&](ncclComm_t c) {
-    return ncclAllReduce(buf, buf, count, nccl_type(t), nccl_op(op), c, stream);
+    return one_rank_split(size_ == 1 && op == Op::Avg, count, t, [&](size_t off, size_t k) {
+      char* p = static_cast<char*>(buf) + off * dtype_size(t);
+      return ncclAllReduce(p, p, k, nccl_type(t), nccl_op(op), c, stream);
+    });
   }, d);
 }
 
 void NcclComm::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op,
                               cudaStream_t stream, const Deadline& d) {
   enqueue("ncclReduceScatter", [&](ncclComm_t c) {
-    return ncclReduceScatter(in, out, count, nccl_type(t), nccl_op(op), c, stream);
+    return one_rank_split(size_ == 1 && op == Op::Avg, count, t, [&](size_t off, size_t k) {
+      size_t skip = off * dtype_size(t);  // one rank: its block is the whole input
+      return ncclReduceScatter(static_cast<const char*>(in) + skip, static_cast<char*>(out) + skip,
+                               k, nccl_type(t), nccl_op(op), c, stream);
+    });
   }, d);
 }
 

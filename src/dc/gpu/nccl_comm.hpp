@@ -63,6 +63,7 @@ class NcclComm {
 
   ncclComm_t comm_ = nullptr;
   int device_ = -1;
+  int size_ = 0;
   std::string aborted_why_;
 };
 

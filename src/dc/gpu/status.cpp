@@ -1,5 +1,7 @@
 #include "dc/gpu/status.hpp"
 
+#include <algorithm>
+
 namespace pytorch_exec::dc::gpu {
 
 std::string cuda_error_text(const char* call, cudaError_t e) {
@@ -55,6 +57,26 @@ ncclRedOp_t nccl_op(Op o) {
       return ncclAvg;
   }
   throw Error("nccl_op: unknown op " + std::to_string(static_cast<int>(o)));
+}
+
+size_t one_rank_covered(size_t count, size_t elem_size) {
+  if (count == 0) return 0;
+  size_t blocks = std::min<size_t>(32, (count * elem_size + (16 << 10) - 1) / (16 << 10));
+  size_t pack = std::max<size_t>(1, 16 / elem_size);
+  size_t per = (count / blocks + pack - 1) / pack * pack;
+  return std::min(count, blocks * per);
+}
+
+ncclResult_t one_rank_split(bool split, size_t count, DType t,
+                            const std::function<ncclResult_t(size_t, size_t)>& f) {
+  size_t head = split ? one_rank_covered(count, dtype_size(t)) : count;
+  if (head == count) return f(0, count);
+  ncclResult_t r = ncclGroupStart();
+  if (r != ncclSuccess) return r;
+  r = f(0, head);
+  if (r == ncclSuccess) r = f(head, count - head);
+  ncclResult_t end = ncclGroupEnd();
+  return r != ncclSuccess ? r : end;
 }
 
 }  // namespace pytorch_exec::dc::gpu

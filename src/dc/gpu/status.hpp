@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include <functional>
 #include <string>
 
 #include "pytorch_exec/dc.hpp"
@@ -26,5 +27,17 @@ void check_nccl(ncclResult_t r, const char* call);
 // ncclAvg, which NCCL has had since 2.10).
 ncclDataType_t nccl_type(DType t);
 ncclRedOp_t nccl_op(Op o);
+
+// NCCL before 2.29.7 leaves the last elements of a PreMulSum (ncclAvg, or an op made by
+// ncclRedOpCreatePreMulSum) reduction on a one-rank communicator unwritten when the count does
+// not split evenly over its one-rank kernel's blocks (min(32, ceil(bytes / 16 KiB)) blocks of
+// count / blocks elements rounded down, then up to 16 bytes).  one_rank_split calls f(offset,
+// count) for the elements such a call covers and, where a tail is left (fewer than 32
+// elements, which one block covers), again for the tail, both in one NCCL group; otherwise once.
+// `split`: the communicator has one rank and the op is PreMulSum.  Applied on every NCCL version
+// (the second call costs a launch), so that each runs the same calls.
+size_t one_rank_covered(size_t count, size_t elem_size);
+ncclResult_t one_rank_split(bool split, size_t count, DType t,
+                            const std::function<ncclResult_t(size_t, size_t)>& f);
 
 }  // namespace pytorch_exec::dc::gpu
