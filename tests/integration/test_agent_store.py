@@ -13,7 +13,7 @@ from test_multinode import agent, job_env
 # Before torch: can the port still be taken?  A stranger (here a rank) tries to bind it as the
 # old race would have let it; then strangers talk garbage to the store; then DDP trains a step.
 DDP = script("""#!/usr/bin/env python3
-import errno, os, socket, struct, sys
+import errno, os, socket, struct, sys, time
 import torch, torch.distributed as dist
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 rank = int(os.environ["RANK"])
@@ -45,6 +45,14 @@ dist.all_gather(ws, w)
 same = all(torch.equal(ws[0], x) for x in ws)
 print(f"rank {rank} ddp step done, replicas equal {same}", flush=True)
 dist.destroy_process_group()
+# gloo's worker lets go of a Work (and of the Python tensors it holds, taking the GIL) only after
+# wait() returned, and the DDP model keeps the group and its threads past destroy_process_group.
+# Should Python be finalizing by then, the thread ends inside a destructor: std::terminate
+# (core: ProcessGroupGloo::runLoop -> ~AsyncAllgatherWork -> decref_pyobject ->
+# PyThread_exit_thread).  Exit only once gloo holds all_gather's tensors no more.
+deadline = time.monotonic() + 30
+while any(t._use_count() > 1 for t in (w, *ws)) and time.monotonic() < deadline:
+    time.sleep(0.01)
 """, ".py")
 
 # A script with its own TCPStore, as under torchrun: rank 0 asks to serve, finds the port the
