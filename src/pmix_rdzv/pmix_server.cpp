@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "common/log.hpp"
+#include "common/stale_dirs.hpp"
 #include "common/strings.hpp"
 
 namespace pe::pmix {
@@ -38,11 +39,13 @@ namespace {
 // A private directory in /dev/shm for the ranks' shared-memory files (Open MPI's vader
 // segments), removed with the server or by the orphan guard; "" without a writable /dev/shm.
 std::string make_shm_dir() {
+  remove_stale("/dev/shm");
   char templ[] = "/dev/shm/pytorch_exec.XXXXXX";
   if (!::mkdtemp(templ)) {
     logger("pmix")->debug("no private directory in /dev/shm: {}", std::strerror(errno));
     return "";
   }
+  mark_owner(templ);
   return templ;
 }
 
@@ -53,11 +56,16 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
     : impl_(std::make_unique<Impl>(loop, listener, router)) {
   if (g_impl) throw Error("only one PMIx server per process");
   const char* base = std::getenv("TMPDIR");
-  std::string templ = std::string(base && *base ? base : "/tmp") + "/pytorch_exec.XXXXXX";
+  const std::string parent = base && *base ? base : "/tmp";
+  // Those of servers that died with their orphan guard (stale_dirs.hpp), then this one's.
+  if (int n = remove_stale(parent))
+    logger("pmix")->debug("removed {} directories of jobs that died in {}", n, parent);
+  std::string templ = parent + "/pytorch_exec.XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) throw SystemError("mkdtemp " + templ, errno);
   impl_->tmpdir = buf.data();
+  mark_owner(impl_->tmpdir);
   impl_->shm_dir = make_shm_dir();
   static pmix_server_module_t module;
   std::memset(&module, 0, sizeof module);

@@ -1,10 +1,12 @@
-"""No orphans: SIGKILL pytorch_exec and every worker, and what the workers started, is gone."""
+"""No orphans: SIGKILL pytorch_exec and every worker, and what the workers started, is gone; a
+job killed whole (its orphan guard too) leaves its directories to the next job, which removes
+them."""
 import os
 import signal
 import subprocess
 
-from harness import (assert_no_leftovers, check, main, marker_env, processes_with_marker, start,
-                     tmpdir, wait_until)
+from harness import (EXEC, assert_no_leftovers, check, main, marker_env, processes_with_marker,
+                     start, tmpdir, wait_until)
 
 
 def test_sigkill_of_pytorch_exec_leaves_nothing():
@@ -35,5 +37,59 @@ def test_normal_end_leaves_nothing():
     check(not os.listdir(env["TMPDIR"]), f"temporary files left behind: {os.listdir(env['TMPDIR'])}")
 
 
+def marked_by(parent, pid):
+    """The directories pytorch_exec.* in `parent` whose owner mark names `pid`."""
+    found = []
+    for e in os.listdir(parent):
+        try:
+            with open(os.path.join(parent, e, ".pytorch_exec_owner")) as f:
+                if e.startswith("pytorch_exec.") and f.read().split()[1] == str(pid):
+                    found.append(e)
+        except (OSError, IndexError):
+            pass
+    return found
+
+
+def test_a_later_job_removes_what_a_killed_one_left():
+    # Every process of the job SIGKILLed at once (stopped first, so that none cleans up), the
+    # orphan guard with them: their directories stay until the next job on the machine.
+    env = marker_env({"TMPDIR": tmpdir()})
+    marker = env["PE_TEST_MARKER"]
+    p = start(["-n", "2", "sleep", "300"], env=env, stdout=subprocess.DEVNULL,
+              stderr=subprocess.DEVNULL)
+    check(wait_until(lambda: len(processes_with_marker(marker)) >= 1 + 1 + 2, 30),
+          f"only {len(processes_with_marker(marker))} processes started")
+    try:
+        tmp = marked_by(env["TMPDIR"], p.pid)
+        shm = marked_by("/dev/shm", p.pid) if os.path.isdir("/dev/shm") else []
+        check(tmp, f"no marked directory of pytorch_exec in {env['TMPDIR']}: "
+                   f"{os.listdir(env['TMPDIR'])}")
+        pids = processes_with_marker(marker)
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+        p.wait(timeout=10)
+        check(wait_until(lambda: not processes_with_marker(marker), 10), "processes left")
+    finally:  # a failed check leaves no job behind
+        for pid in processes_with_marker(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    check(marked_by(env["TMPDIR"], p.pid) == tmp, "the killed job's directory went already")
+    env2 = marker_env({"TMPDIR": env["TMPDIR"]})
+    r = subprocess.run([EXEC, "-n", "1", "true"], env=env2, capture_output=True, text=True,
+                       timeout=60)
+    check(r.returncode == 0, f"the later job failed: {r.stderr}")
+    check(not os.listdir(env["TMPDIR"]), f"left in the temporary directory after the later job: "
+                                         f"{os.listdir(env['TMPDIR'])}")
+    left = marked_by("/dev/shm", p.pid) if shm else []
+    check(not left, f"left in /dev/shm after the later job: {left}")
+
+
 if __name__ == "__main__":
-    main([test_sigkill_of_pytorch_exec_leaves_nothing, test_normal_end_leaves_nothing])
+    main([test_sigkill_of_pytorch_exec_leaves_nothing, test_normal_end_leaves_nothing,
+          test_a_later_job_removes_what_a_killed_one_left])
