@@ -176,10 +176,6 @@ class ProcessGroup {
   // The same for a cudaEvent_t recorded after this group's device calls (the work up to it on
   // its stream, not what came later on that stream).
   void device_wait_event(void* event, double timeout = -1);
-  // Whether that work is done, without waiting: false while it runs; an NCCL error aborts the
-  // group's communicator and throws, as the waits do.  For a caller that bounds its own wait and
-  // must not hold the group meanwhile (the torch backend's watch of each collective).
-  bool device_event_done(void* event);
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);

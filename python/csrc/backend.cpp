@@ -51,6 +51,15 @@ std::vector<at::Tensor> natives(DeviceStage* st, const std::vector<at::Tensor>& 
   return out;
 }
 
+// The watch of a collective on the GPU: waits, bounded, for its end event (the library aborts
+// its NCCL communicators on an error or at the timeout).  Not for the whole backend stream:
+// torch hands out its pool's streams round robin, and a user's stream may be the same one.
+std::function<void()> stream_watch(std::shared_ptr<dc::ProcessGroup> pg, DeviceStage* d, double s) {
+  return [pg = std::move(pg), d, s] {
+    if (void* e = d->end_event()) pg->device_wait_event(e, s);
+  };
+}
+
 // The host of the TCPStore under `store`, which every rank reaches; "" for other stores.
 std::string store_host(const c10::intrusive_ptr<c10d::Store>& store) {
   c10d::Store* s = store.get();
@@ -304,34 +313,6 @@ std::string DcBackend::describe() const {
          pg_->inter_transport();
 }
 
-// The watch of a collective on the GPU: waits, bounded, for its end event (the library aborts
-// its NCCL communicators on an error or at the timeout).  Not for the whole backend stream:
-// torch hands out its pool's streams round robin, and a user's stream may be the same one.  It
-// polls, holding the library (lib_m_) only for each look, so that the next collective is issued
-// while the GPU still runs this one (as ProcessGroupNCCL's, whose watchdog holds nothing back).
-std::function<void()> DcBackend::stream_watch(std::shared_ptr<dc::ProcessGroup> pg,
-                                              DeviceStage* d, double s) {
-  const double limit = s > 0 ? s : timeout_s_;
-  return [this, pg = std::move(pg), d, limit] {
-    void* e = d->end_event();
-    if (!e) return;
-    if (limit <= 0) {  // no bound here: the group's own, holding the library
-      std::lock_guard<std::mutex> lib(lib_m_);
-      return pg->device_wait_event(e, -1);
-    }
-    auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(limit);
-    for (;;) {
-      {
-        std::lock_guard<std::mutex> lib(lib_m_);
-        if (pg->device_event_done(e)) return;
-        // past the bound: a last look that fails the group (aborts its communicators)
-        if (std::chrono::steady_clock::now() >= end) return pg->device_wait_event(e, 0);
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));  // as the library's waits
-    }
-  };
-}
-
 double DcBackend::seconds(std::chrono::milliseconds t) const {
   return t.count() < 0 ? -1 : static_cast<double>(t.count()) / 1000;
 }
@@ -421,11 +402,11 @@ bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool 
   // On the stage's stream: the Future records its events there.
   t.stage->on_stream([&] { returning = t.work->complete(error, source, t.ticket, back); });
   if (!watches) return returning;
+  std::lock_guard<std::mutex> lib(lib_m_);
   try {
-    t.stage->on_stream(t.watch);  // it holds the library for each look (stream_watch)
+    t.stage->on_stream(t.watch);
   } catch (const std::exception& e) {
     // Its Work has completed (the work was on the stream); the next collective raises this.
-    std::lock_guard<std::mutex> lib(lib_m_);
     gpu_failure_ = std::string("the GPU work of an earlier ") + t.name + " failed: " + e.what();
   }
   return returning;  // false: a worker that watches was not counted

@@ -285,8 +285,6 @@ class DcBackend : public c10d::Backend {
   void finish(Message& m, std::exception_ptr e, int source = -1);
   std::exception_ptr failure(const char* name, const std::exception& e) const;
   double seconds(std::chrono::milliseconds t) const;
-  std::function<void()> stream_watch(std::shared_ptr<dc::ProcessGroup> pg, DeviceStage* d,
-                                     double s);
   c10::intrusive_ptr<c10d::Work> allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
                                                std::chrono::milliseconds timeout, bool sync);
 

@@ -357,27 +357,14 @@ void ProcessGroup::device_synchronize(void* stream, double timeout) {
   gpu::wait(s, g.gpu->all(), Deadline::after(g.seconds(timeout), call));
 }
 
-namespace {
-
-// The group's communicators, once a device call made them, and `event`; throws naming `call`.
-gpu::NcclComms event_comms(ProcessGroup::Impl& g, const void* event, const char* call) {
+void ProcessGroup::device_wait_event(void* event, double timeout) {
+  const char* call = "device_wait_event";
+  Impl& g = *impl_;
   if (!g.gpu || !g.gpu->comm)
     throw Error(std::string(call) + ": no device-memory call has been made on this group");
   if (!event) throw Error(std::string(call) + ": no event");
-  return g.gpu->all();
-}
-
-}  // namespace
-
-void ProcessGroup::device_wait_event(void* event, double timeout) {
-  const char* call = "device_wait_event";
-  gpu::wait(static_cast<cudaEvent_t>(event), event_comms(*impl_, event, call),
-            Deadline::after(impl_->seconds(timeout), call));
-}
-
-bool ProcessGroup::device_event_done(void* event) {
-  return gpu::event_done(static_cast<cudaEvent_t>(event),
-                         event_comms(*impl_, event, "device_event_done"));
+  gpu::wait(static_cast<cudaEvent_t>(event), g.gpu->all(),
+            Deadline::after(g.seconds(timeout), call));
 }
 
 }  // namespace pytorch_exec::dc

@@ -178,26 +178,20 @@ void abort(const NcclComms& cs, const std::string& why) {
 
 namespace {
 
-// One look at query() (cudaStreamQuery or cudaEventQuery, named `call`): whether the work is
-// done; an error of the query or of a communicator aborts them all and throws.
-template <typename Query>
-bool done(Query query, const char* call, const NcclComms& cs) {
-  cudaError_t e = query();
-  if (e == cudaSuccess) return true;
-  if (e != cudaErrorNotReady) {
-    std::string what = cuda_error_text(call, e);
-    abort(cs, what);
-    throw Error(what);
-  }
-  check_async(cs, "an enqueued NCCL operation");
-  return false;
-}
-
-// Polls query() until the work is done, watching the communicators and the deadline.
+// Polls query() (cudaStreamQuery or cudaEventQuery, named `call`) until the work is done,
+// watching the communicators and the deadline.
 template <typename Query>
 void wait_for(Query query, const char* call, const NcclComms& cs, const Deadline& d) {
   for (NcclComm* c : cs) c->require_live();
-  while (!done(query, call, cs)) {
+  for (;;) {
+    cudaError_t e = query();
+    if (e == cudaSuccess) return;
+    if (e != cudaErrorNotReady) {
+      std::string what = cuda_error_text(call, e);
+      abort(cs, what);
+      throw Error(what);
+    }
+    check_async(cs, "an enqueued NCCL operation");
     if (d.passed()) {
       abort(cs, "an enqueued NCCL operation: timed out");
       d.expire("the other ranks' part of the enqueued NCCL operations");
@@ -214,11 +208,6 @@ void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d) {
 
 void wait(cudaEvent_t event, const NcclComms& cs, const Deadline& d) {
   wait_for([event] { return cudaEventQuery(event); }, "cudaEventQuery", cs, d);
-}
-
-bool event_done(cudaEvent_t event, const NcclComms& cs) {
-  for (NcclComm* c : cs) c->require_live();
-  return done([event] { return cudaEventQuery(event); }, "cudaEventQuery", cs);
 }
 
 }  // namespace pytorch_exec::dc::gpu

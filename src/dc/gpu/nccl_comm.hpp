@@ -77,7 +77,5 @@ void abort(const NcclComms& cs, const std::string& why);
 void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d);
 // The same for the work before `event` (recorded) completes.
 void wait(cudaEvent_t event, const NcclComms& cs, const Deadline& d);
-// One look at that: whether it is done (an error aborts them all and throws, as the waits).
-bool event_done(cudaEvent_t event, const NcclComms& cs);
 
 }  // namespace pytorch_exec::dc::gpu
