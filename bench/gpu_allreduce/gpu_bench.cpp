@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -67,12 +68,18 @@ int main(int argc, char** argv) {
     pg->broadcast(&id, sizeof id, dc::DType::U8, 0);
     // NCCL takes one rank per GPU: where ranks share one (simulated nodes on a one-GPU
     // machine) its init fails on every rank, and only dc is timed.
+    // The ranks agree: where it failed on any, none times NCCL.
     ncclComm_t nccl = nullptr;
     ncclResult_t init = ncclCommInitRank(&nccl, n, id, r);
-    if (init != ncclSuccess) {
-      if (r == 0)
-        std::printf("# ncclCommInitRank failed (%s: %s); timing dc alone\n",
-                    ncclGetErrorString(init), ncclGetLastError(nullptr));
+    int32_t failed = init != ncclSuccess;
+    pg->allreduce(&failed, 1, dc::DType::I32, dc::Op::Max);
+    if (init != ncclSuccess)
+      std::fprintf(stderr, "gpu_bench: rank %d: ncclCommInitRank: %s (%s)\n", r,
+                   ncclGetErrorString(init), ncclGetLastError(nullptr));
+    else if (failed)
+      (void)ncclCommAbort(nccl);
+    if (failed) {
+      if (r == 0) std::printf("# ncclCommInitRank failed (see stderr); timing dc alone\n");
       nccl = nullptr;
     }
     cudaStream_t s = nullptr;

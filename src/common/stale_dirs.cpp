@@ -3,8 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 namespace pe {
@@ -14,25 +16,36 @@ namespace {
 const char kMark[] = ".pytorch_exec_owner";
 const char kMagic[] = "pytorch_exec-owner-1";
 
-std::string read_line(const std::string& path) {
+std::string read_all(const std::string& path) {
   std::ifstream f(path);
-  std::string s;
-  std::getline(f, s);
-  return s;
+  return std::string(std::istreambuf_iterator<char>(f), {});
 }
 
-// Field 22 of /proc/PID/stat (the start time in clock ticks since boot); "" if there is no such
-// process.
-std::string start_time(long pid) {
-  std::string s = read_line("/proc/" + std::to_string(pid) + "/stat");
-  size_t close = s.rfind(')');  // the command name may hold blanks and parentheses
-  if (close == std::string::npos) return "";
+std::string read_line(const std::string& path) {
+  std::string s = read_all(path);
+  return s.substr(0, s.find('\n'));
+}
+
+// Field 22 of /proc/WHO/stat (the start time in clock ticks since boot); "" if there is no such
+// process.  `pid`, if given, gets field 1.
+std::string start_time(const std::string& who, long* pid = nullptr) {
+  std::string s = read_all("/proc/" + who + "/stat");
+  size_t open = s.find(' '), close = s.rfind(')');  // the name may hold blanks, ')' and newlines
+  if (open == std::string::npos || close == std::string::npos) return "";
+  if (pid) *pid = std::atol(s.substr(0, open).c_str());
   std::istringstream in(s.substr(close + 1));
   std::string field;
   for (int i = 3; i <= 22 && (in >> field); ++i) {
     if (i == 22) return field;
   }
   return "";
+}
+
+// Whether /proc is this process's PID namespace's (it may be another's, as after
+// `unshare --pid --fork` without --mount-proc): then pids read there are not ours.
+bool own_proc() {
+  long pid = 0;
+  return !start_time("self", &pid).empty() && pid == ::getpid();
 }
 
 std::string pid_namespace() {
@@ -58,7 +71,8 @@ bool read_mark(const std::string& dir, Mark& m) {
 }  // namespace
 
 bool mark_owner(const std::string& dir) {
-  std::string start = start_time(::getpid()), ns = pid_namespace(), boot = boot_id();
+  if (!own_proc()) return false;
+  std::string start = start_time("self"), ns = pid_namespace(), boot = boot_id();
   if (start.empty() || ns.empty() || boot.empty()) return false;
   std::ofstream f(dir + "/" + kMark);
   f << kMagic << ' ' << ::getpid() << ' ' << start << ' ' << ns << ' ' << boot << '\n';
@@ -67,7 +81,7 @@ bool mark_owner(const std::string& dir) {
 
 int remove_stale(const std::string& parent) {
   const std::string ns = pid_namespace(), boot = boot_id();
-  if (ns.empty() || boot.empty()) return 0;
+  if (ns.empty() || boot.empty() || !own_proc()) return 0;
   int removed = 0;
   std::error_code ec;
   for (std::filesystem::directory_iterator it(parent, ec), end; !ec && it != end;
@@ -80,7 +94,7 @@ int remove_stale(const std::string& parent) {
       continue;
     Mark m;
     if (!read_mark(dir, m) || m.pidns != ns || m.boot != boot) continue;
-    if (start_time(m.pid) == m.start) continue;  // its maker is alive
+    if (start_time(std::to_string(m.pid)) == m.start) continue;  // its maker is alive
     std::error_code rm;
     if (std::filesystem::remove_all(dir, rm) > 0 && !rm) ++removed;
   }

@@ -7,7 +7,10 @@
 // A directory counts as stale only when the boot id and the namespace match the caller's, the
 // directory is the caller's user's, and no process with that pid and start time exists.  So
 // nothing is taken from another machine that shares the directory, from another container, or
-// from a live job.  Directories without a mark (made by an older version) are left alone.
+// from a live job.  Directories without a mark (made by an older version) are left alone, and
+// nothing is marked or removed where /proc is not this PID namespace's.  The maker is the
+// node's agent (pytorch_exec or pytorch_execd): ranks that outlive it and its orphan guard (both
+// killed, the ranks not) lose the directories at the next job, as they lost their PMIx server.
 #pragma once
 
 #include <string>
