@@ -107,7 +107,9 @@ PmixServer::Impl::Impl(EventLoop& l, ServerListener& s, ModexRouter& r)
     : loop(l), listener(s), router(r) {}
 
 // Lookups still waiting are dropped unanswered: PMIx is finalized by now, their clients gone.
-PmixServer::Impl::~Impl() = default;
+PmixServer::Impl::~Impl() {
+  if (sweep.joinable()) sweep.join();
+}
 
 pmix_status_t PmixServer::Impl::publish(const pmix_proc_t* p, const pmix_info_t info[],
                                         size_t ninfo, pmix_op_cbfunc_t, void*) {

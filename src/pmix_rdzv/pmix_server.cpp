@@ -39,7 +39,6 @@ namespace {
 // A private directory in /dev/shm for the ranks' shared-memory files (Open MPI's vader
 // segments), removed with the server or by the orphan guard; "" without a writable /dev/shm.
 std::string make_shm_dir() {
-  remove_stale("/dev/shm");
   char templ[] = "/dev/shm/pytorch_exec.XXXXXX";
   if (!::mkdtemp(templ)) {
     logger("pmix")->debug("no private directory in /dev/shm: {}", std::strerror(errno));
@@ -57,9 +56,6 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   if (g_impl) throw Error("only one PMIx server per process");
   const char* base = std::getenv("TMPDIR");
   const std::string parent = base && *base ? base : "/tmp";
-  // Those of servers that died with their orphan guard (stale_dirs.hpp), then this one's.
-  if (int n = remove_stale(parent))
-    logger("pmix")->debug("removed {} directories of jobs that died in {}", n, parent);
   std::string templ = parent + "/pytorch_exec.XXXXXX";
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
@@ -67,6 +63,13 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   impl_->tmpdir = buf.data();
   mark_owner(impl_->tmpdir);
   impl_->shm_dir = make_shm_dir();
+  try {
+    impl_->sweep = std::thread([parent] {
+      remove_stale(parent);
+      remove_stale("/dev/shm");
+    });
+  } catch (const std::system_error&) {  // no thread to be had: the next server sweeps
+  }
   static pmix_server_module_t module;
   std::memset(&module, 0, sizeof module);
   module.client_connected = Impl::client_connected;

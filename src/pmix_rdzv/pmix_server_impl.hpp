@@ -13,6 +13,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "common/log.hpp"
 #include "pmix_rdzv/pmix_server.hpp"
@@ -87,6 +88,10 @@ struct PmixServer::Impl {
   ModexRouter& router;
   std::string tmpdir;
   std::string shm_dir;  // in /dev/shm; "" when there is none
+  // Removes the directories of servers that died with their orphan guard (stale_dirs.hpp), off
+  // the start-up path (milliseconds where many are left); joined when this goes, also when the
+  // server's constructor throws.
+  std::thread sweep;
   // The machine's topology without I/O objects, handed to PMIx so that it does not run a
   // discovery of its own (with PCI probing, tens of milliseconds on some machines).
   hwloc_topology_t topo = nullptr;
