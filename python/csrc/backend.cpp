@@ -27,6 +27,10 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
 
 namespace pytorch_dc {
 namespace {
@@ -137,6 +141,20 @@ bool is_sync(const O&, long) {
   return false;
 }
 
+// PYTORCH_DC_WORKER_IDLE: seconds, more than 0 (default 10).
+double worker_idle_seconds() {
+  const char* e = std::getenv("PYTORCH_DC_WORKER_IDLE");
+  if (!e || !*e) return 10;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(e, &end);
+  if (errno || *end || !(v > 0) || v > 1e9)
+    throw std::invalid_argument(std::string("pytorch_dc: PYTORCH_DC_WORKER_IDLE=") + e +
+                                ": expected the seconds an idle worker thread waits before it "
+                                "ends, more than 0");
+  return v;
+}
+
 }  // namespace
 
 namespace {
@@ -181,7 +199,8 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
                      std::chrono::milliseconds timeout)
     : c10d::Backend(rank, size),
       timeout_s_(static_cast<double>(timeout.count()) / 1000),
-      order_(std::make_shared<CompletionOrder>(timeout_s_ > 0 ? timeout_s_ : 60)) {
+      order_(std::make_shared<CompletionOrder>(timeout_s_ > 0 ? timeout_s_ : 60)),
+      idle_limit_(worker_idle_seconds()) {
   streams_ = device_streams();
   dc::Options o;
   o.timeout = timeout_s_ > 0 ? timeout_s_ : 0;
@@ -273,11 +292,11 @@ void DcBackend::shutdown() {
     wake_all_locked();
   }
   for (auto& w : workers_) {
-    if (!w.joinable()) continue;
-    if (w.get_id() == std::this_thread::get_id())
-      w.detach();  // a Future callback on this worker shut the group down: it ends on return
+    if (!w.thread.joinable()) continue;
+    if (w.thread.get_id() == std::this_thread::get_id())
+      w.thread.detach();  // a Future callback on this worker shut the group down: it ends on return
     else
-      w.join();
+      w.thread.join();
   }
   std::vector<Task> done;
   std::deque<Task> never;  // queued behind a callback that shut the group down: not run
@@ -424,21 +443,38 @@ c10::intrusive_ptr<DcBackend> DcBackend::start_completing_locked() {
 
 void DcBackend::spare_locked() {
   if (idle_ > 0 || stop_workers_) return;
+  reap_locked(nullptr);
   try {
-    Sleeper* me = &sleepers_.emplace_back();
+    // A worker that ended and was joined leaves its Sleeper for the next one: a notify_one()
+    // that a waker makes after unlocking may still come to its condition variable.
+    auto unused = std::find_if(workers_.begin(), workers_.end(),
+                             [](const Sleeper& w) { return w.ended && !w.thread.joinable(); });
+    const bool reused = unused != workers_.end();
+    Sleeper* me = reused ? &*unused : &workers_.emplace_back();
+    me->ended = false;
     try {
-      workers_.emplace_back([this, me] { loop(me); });
+      me->thread = std::thread([this, me] { loop(me); });
     } catch (...) {
-      sleepers_.pop_back();
+      if (reused)
+        me->ended = true;
+      else
+        workers_.pop_back();
       throw;
     }
     // Named as it starts (top -H, py-spy, debuggers; the tests count them).
-    ::pthread_setname_np(workers_.back().native_handle(), "pt_dc worker");
+    ::pthread_setname_np(me->thread.native_handle(), "pt_dc worker");
     ++idle_;  // idle from the start: it goes straight to waiting
   } catch (const std::system_error&) {
     // No thread to be had (a limit): the workers there are go on; only a callback that blocks
     // on what a missing worker would have run waits (bounded by its own timeout).
   }
+}
+
+void DcBackend::reap_locked(const Sleeper* self) {
+  // An ended worker let go of m_ for the last time before it was seen ended here: the join
+  // waits only for its thread's exit (its thread-local buffers freed).
+  for (Sleeper& w : workers_)
+    if (&w != self && w.ended && w.thread.joinable()) w.thread.join();
 }
 
 std::condition_variable* DcBackend::wake_one_locked() {
@@ -462,7 +498,17 @@ void DcBackend::loop(Sleeper* me) {
     while (!finished_locked() && completions_.empty() && (queue_.empty() || busy_)) {
       me->woken = false;
       asleep_.push_back(me);
-      me->cv.wait(l, [&] { return me->woken; });
+      if (me->cv.wait_for(l, std::chrono::duration<double>(idle_limit_), [&] { return me->woken; }))
+        continue;
+      // Idle too long: it ends if another worker is idle too (it takes what comes), else it
+      // goes back to sleep.
+      asleep_.erase(std::find(asleep_.begin(), asleep_.end(), me));
+      if (idle_ > 1 && !stop_workers_) {
+        --idle_;
+        me->ended = true;
+        reap_locked(me);  // one ended before: at most one ended worker is left unjoined
+        return;
+      }
     }
     Task t;
     // Held while callbacks run here: one that destroys the group (destroy_process_group) leaves

@@ -254,12 +254,16 @@ class DcBackend : public c10d::Backend {
   // at once, on different workers.  The workers are at least as many as callbacks block at
   // once, plus one (a few more start when many calls are queued at once: completions are
   // handed over; and when calls follow closely whose Futures were taken or whose GPU work a
-  // worker watches after: it is not idle yet), and stay until shutdown.  The worker that went
-  // to sleep last is woken first, and none is woken for a call queued while a worker returns
-  // from a completion that ran no program code (CompletionOrder::returning): that one takes it.
+  // worker watches after: it is not idle yet).  The worker that went to sleep last is woken
+  // first, and none is woken for a call queued while a worker returns from a completion that ran
+  // no program code (CompletionOrder::returning): that one takes it.  A worker asleep for
+  // idle_limit_ while another is idle too ends (so a burst of blocking callbacks does not leave
+  // its threads for the process's life); the others stay until shutdown.
   struct Sleeper;
   void loop(Sleeper* me);
   void spare_locked();
+  // Joins the workers that ended (Sleeper::ended), `self` aside; their Sleepers are reused.
+  void reap_locked(const Sleeper* self);
   // Before a worker completes a Work: a spare worker, completing_ counted, and the backend held
   // (see loop()).
   c10::intrusive_ptr<DcBackend> start_completing_locked();
@@ -309,16 +313,22 @@ class DcBackend : public c10d::Backend {
   uint64_t ran_ = 0;   // collectives run so far: the last ticket given
   std::shared_ptr<CompletionOrder> order_;
   uint64_t serial_ = 0;  // in the registry of backends alive (drain_all())
-  std::vector<std::thread> workers_;
-  // An idle worker's wait.  The one that went to sleep last is woken first (wake_one_locked):
-  // its caches are warm, and the others stay asleep as spares.  (One condition variable for
-  // all would wake the one asleep longest: the workers took turns, which cost a quarter more
-  // per small asynchronous call.)
+  // A worker: its thread, and its wait while idle.  The one that went to sleep last is woken
+  // first (wake_one_locked): its caches are warm, and the others stay asleep as spares.  (One
+  // condition variable for all would wake the one asleep longest: the workers took turns, which
+  // cost a quarter more per small asynchronous call.)
   struct Sleeper {
     std::condition_variable cv;
     bool woken = false;  // under m_
+    bool ended = false;  // under m_: it left loop() (idle too long); joined: free for reuse
+    std::thread thread;
   };
-  std::deque<Sleeper> sleepers_;  // one per worker, for the backend's life
+  // Under m_ until stop_workers_, then only shutdown() touches it.  Never shrinks (a Sleeper
+  // stays where it is for the backend's life): as many as workers were alive at once.
+  std::deque<Sleeper> workers_;
+  // PYTORCH_DC_WORKER_IDLE (seconds; default 10): how long a worker waits idle before it ends,
+  // when another is idle too.
+  double idle_limit_ = 10;
   std::vector<Sleeper*> asleep_;  // under m_: the idle workers waiting, the last asleep last
   // Under m_: takes the last worker asleep off asleep_; its condition variable, to be notified
   // (best after unlocking, where the caller unlocks next; nullptr: none asleep).

@@ -106,6 +106,18 @@ def test_program_ends_with_callbacks_pending():
         check(out.count("ends") == 2, out)
 
 
+def test_idle_workers_end():
+    """The worker threads that a burst of blocking callbacks started end once idle for
+    PYTORCH_DC_WORKER_IDLE, all but one; the group goes on.  A bad value is one error."""
+    out = job(2, ["reaped"], timeout=120, extra={"PYTORCH_DC_WORKER_IDLE": "0.3"})
+    check(out.count("reaped ok") == 2, out)
+    print("   ", out.strip().splitlines()[-1], flush=True)
+    e = env({"PYTORCH_DC_WORKER_IDLE": "soon"})
+    r = run(["-n", "1", TORCH_PYTHON, WORKER, "reaped"], env=e, timeout=120)
+    check(r.returncode != 0 and "PYTORCH_DC_WORKER_IDLE=soon: expected" in r.stderr,
+          f"a bad PYTORCH_DC_WORKER_IDLE: exit {r.returncode}: {r.stderr[-2000:]}")
+
+
 def test_program_ends_holding_destroyed_groups():
     """A program that still holds groups after destroy_process_group() (a DDP model, a
     new_group's handle) exits at once, not after their timeout (600 s here; the job's limit is
@@ -246,7 +258,7 @@ if __name__ == "__main__":
           test_collectives_two_simulated_nodes_of_two, test_collectives_host_staged,
           test_ddp_against_gloo, test_ddp_comm_hooks_against_gloo,
           test_callbacks_that_issue_collectives, test_program_ends_with_callbacks_pending,
-          test_program_ends_holding_destroyed_groups,
+          test_idle_workers_end, test_program_ends_holding_destroyed_groups,
           test_copies_into_guarded_tensors,
           test_fsdp_against_gloo, test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,

@@ -502,6 +502,43 @@ def callbacks():
     print(f"callbacks ok: rank {rank}", flush=True)
 
 
+def reaped():
+    """Bursts of Future callbacks that block at once: each burst grows the workers (one per
+    blocked callback, and a spare); idle for PYTORCH_DC_WORKER_IDLE (set short by the test), all
+    but one end; the group goes on, and the next burst grows them again."""
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
+    rank, w = dist.get_rank(), dist.get_world_size()
+    if workers() != 1:
+        raise SystemExit(f"rank {rank}: {workers()} worker threads after init, expected 1")
+
+    def until(cond, seconds):
+        deadline = time.monotonic() + seconds
+        while not cond() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return cond()
+
+    seen = []
+    for k in (6, 3):
+        gate = threading.Event()
+        futs = [dist.all_reduce(torch.full((4,), float(i)), async_op=True).get_future()
+                .then(lambda f: (gate.wait(20), f.value()[0])[1]) for i in range(k)]
+        if not until(lambda: workers() >= k + 1, 20):
+            raise SystemExit(f"rank {rank}: {k} blocked callbacks, {workers()} worker threads")
+        grown = workers()
+        gate.set()
+        for i, f in enumerate(futs):
+            same(f.wait(), torch.full((4,), float(i * w)), "an allreduce of a burst")
+        if not until(lambda: workers() == 1, 20):
+            raise SystemExit(f"rank {rank}: {workers()} worker threads left 20 s after a burst "
+                             f"that grew them to {grown}")
+        seen.append(f"{grown} -> 1")
+        t = torch.ones(8)
+        dist.all_reduce(t)  # the one left takes calls
+        same(t, torch.full((8,), float(w)), "an allreduce after the workers ended")
+    dist.destroy_process_group()
+    print(f"reaped ok: rank {rank}: workers {', '.join(seen)}", flush=True)
+
+
 def unfinished():
     dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
     for _ in range(20):
@@ -738,7 +775,7 @@ def launcher(init):
 MODES = {  # mode -> (function, converter of its argument, or None for none)
     "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
-    "unfinished": (unfinished, None), "kept": (kept, None), "fail": (fail, int),
+    "unfinished": (unfinished, None), "reaped": (reaped, None), "kept": (kept, None), "fail": (fail, int),
     "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
     "launcher": (launcher, str),
 }
