@@ -242,7 +242,8 @@ bool DcBackend::drain(double seconds) {
   // Shut down (a callback destroyed the group): what is queued will not run; its callbacks
   // being run are waited for all the same.
   auto settled = [&] {
-    return !completing_ && (stop_ || (queue_.empty() && !busy_ && completions_.empty()));
+    return !completing_ && (stop_ || (queue_.empty() && !busy_ && completions_.empty() &&
+                                      sends_open_ == 0));
   };
   settled_cv_.wait_for(l, std::chrono::duration<double>(std::max(seconds, 0.0)), settled);
   return stop_;
@@ -280,7 +281,11 @@ void DcBackend::drain_all() {
 
 void DcBackend::shutdown() {
   {
-    std::lock_guard<std::mutex> l(m_);
+    // Sends the program did not wait for still go (as an MPI_Finalize delivers them): the peer's
+    // mailbox takes a message before its recv, so this waits only for a live peer to read it.
+    std::unique_lock<std::mutex> l(m_);
+    settled_cv_.wait_for(l, std::chrono::duration<double>(timeout_s_ > 0 ? timeout_s_ : 60),
+                         [&] { return sends_open_ == 0; });
     stop_ = true;
   }
   settled_cv_.notify_all();  // a drain of this backend stops waiting for the queue
@@ -1009,6 +1014,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<a
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
+    sends_open_ += send;
     messages_.push_back(std::move(m));
     done.swap(done_);
   }
@@ -1052,9 +1058,11 @@ void DcBackend::finish(Message& m, std::exception_ptr e, int source) {
   {
     std::lock_guard<std::mutex> l(m_);
     completions_.push_back(Completion{std::move(m.task), e, source});
+    sends_open_ -= m.send;
     wake = wake_one_locked();
   }
   if (wake) wake->notify_one();
+  if (m.send) settled_cv_.notify_all();  // a drain or a shutdown may wait for the sends
 }
 
 // The mailbox thread: posts what callers queued, moves every message in flight, completes what

@@ -269,8 +269,9 @@ class DcBackend : public c10d::Backend {
   c10::intrusive_ptr<DcBackend> start_completing_locked();
 
  public:
-  // Waits, at most `seconds`, until nothing is queued, running or being completed (callbacks
-  // that issue more are waited for too); whether the backend is shut down.  drain_all() does it
+  // Waits, at most `seconds`, until nothing is queued, running or being completed, and no send
+  // is in flight (callbacks that issue more are waited for too; receives are not: nothing may
+  // come); whether the backend is shut down.  drain_all() does it
   // for every backend alive, for pytorch_dc's atexit handler: a Future's Python callback that
   // ran while Python finalizes would end its thread mid-C++ (std::terminate), as with gloo.  Of
   // a backend shut down, it also waits for the workers that hold it (one may be about to destroy
@@ -343,6 +344,7 @@ class DcBackend : public c10d::Backend {
   // while collectives do and several are in flight at once (an exchange, a pipeline).
   std::unique_ptr<dc::Mailbox> mailbox_;
   std::deque<Message> messages_;  // posted by callers, under m_
+  int sends_open_ = 0;  // under m_: sends queued or in flight, not yet completed
   int wake_fd_ = -1;              // an eventfd: wakes the mailbox thread
   std::thread p2p_thread_;
 };

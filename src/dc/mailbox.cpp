@@ -194,10 +194,18 @@ struct Mailbox::Impl {
     }
   }
 
-  // A new request, its arguments checked.
+  // Whether a kept message would match a receive from `peer` with `tag`.
+  bool has_early(int peer, int tag) const {
+    for (const Early& e : early)
+      if (e.tag == tag && (peer == kAnySource || e.peer == peer)) return true;
+    return false;
+  }
+
+  // A new request, its arguments checked.  After a failure only a receive that a kept message
+  // satisfies (it came whole before, as a peer's last words before it exited) may be posted.
   uint64_t add(bool send, void* buf, size_t bytes, int peer, int tag, double secs) {
     const char* what = send ? "send" : "receive";
-    usable();
+    if (send || !has_early(peer, tag)) usable();
     check_peer(peer, !send, what);
     if (!buf && bytes)
       throw Error(std::string("mailbox: ") + what + " of " + std::to_string(bytes) +

@@ -118,6 +118,15 @@ def test_idle_workers_end():
           f"a bad PYTORCH_DC_WORKER_IDLE: exit {r.returncode}: {r.stderr[-2000:]}")
 
 
+def test_sends_not_waited_for_arrive():
+    """A rank that isends (8 MiB and 4 bytes) and ends without waiting for them, at once or after
+    destroy_process_group(): its peer receives both whole a while later (gloo loses them:
+    "Connection closed by peer")."""
+    for how in ("exit", "destroy"):
+        out = job(2, ["unsent", how], timeout=120)
+        check(f"unsent {how}: rank 1 received both" in out, out)
+
+
 def test_program_ends_holding_destroyed_groups():
     """A program that still holds groups after destroy_process_group() (a DDP model, a
     new_group's handle) exits at once, not after their timeout (600 s here; the job's limit is
@@ -258,7 +267,8 @@ if __name__ == "__main__":
           test_collectives_two_simulated_nodes_of_two, test_collectives_host_staged,
           test_ddp_against_gloo, test_ddp_comm_hooks_against_gloo,
           test_callbacks_that_issue_collectives, test_program_ends_with_callbacks_pending,
-          test_idle_workers_end, test_program_ends_holding_destroyed_groups,
+          test_idle_workers_end, test_sends_not_waited_for_arrive,
+          test_program_ends_holding_destroyed_groups,
           test_copies_into_guarded_tensors,
           test_fsdp_against_gloo, test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,

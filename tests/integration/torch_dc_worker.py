@@ -502,6 +502,31 @@ def callbacks():
     print(f"callbacks ok: rank {rank}", flush=True)
 
 
+def unsent(how):
+    """Rank 0 isends 8 MiB and 4 bytes to rank 1 and ends without waiting for them (how
+    "exit": at once; "destroy": after destroy_process_group(); "waited": after waiting for the
+    first); rank 1 receives them a while later: they arrive whole."""
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    big = torch.arange(2 << 20, dtype=torch.float32)
+    if rank == 0:
+        w = dist.isend(big, 1)
+        dist.isend(torch.tensor([7]), 1, tag=3)
+        if how == "waited":
+            w.wait()
+        if how == "destroy":
+            dist.destroy_process_group()
+        print(f"unsent {how}: rank 0 ends", flush=True)
+        return
+    time.sleep(1.5)
+    got, last = torch.zeros_like(big), torch.zeros(1, dtype=torch.int64)
+    dist.recv(got, 0)
+    dist.recv(last, 0, tag=3)
+    same(got, big, "an isend that its sender did not wait for")
+    same(last, torch.tensor([7]), "a second isend that its sender did not wait for")
+    print(f"unsent {how}: rank 1 received both", flush=True)
+
+
 def reaped():
     """Bursts of Future callbacks that block at once: each burst grows the workers (one per
     blocked callback, and a spare); idle for PYTORCH_DC_WORKER_IDLE (set short by the test), all
@@ -775,7 +800,8 @@ def launcher(init):
 MODES = {  # mode -> (function, converter of its argument, or None for none)
     "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
-    "unfinished": (unfinished, None), "reaped": (reaped, None), "kept": (kept, None), "fail": (fail, int),
+    "unfinished": (unfinished, None), "reaped": (reaped, None),
+    "unsent": (unsent, str), "kept": (kept, None), "fail": (fail, int),
     "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
     "launcher": (launcher, str),
 }
