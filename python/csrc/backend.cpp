@@ -281,8 +281,9 @@ void DcBackend::drain_all() {
 
 void DcBackend::shutdown() {
   {
-    // Sends the program did not wait for still go (as an MPI_Finalize delivers them): the peer's
-    // mailbox takes a message before its recv, so this waits only for a live peer to read it.
+    // Sends the program did not wait for still go (as an MPI_Finalize delivers them): a peer's
+    // mailbox takes a message before its recv, and one shut down has closed its connections
+    // (below), so this waits only on a peer whose group is up but that does not read (stopped).
     std::unique_lock<std::mutex> l(m_);
     settled_cv_.wait_for(l, std::chrono::duration<double>(timeout_s_ > 0 ? timeout_s_ : 60),
                          [&] { return sends_open_ == 0; });
@@ -291,6 +292,9 @@ void DcBackend::shutdown() {
   settled_cv_.notify_all();  // a drain of this backend stops waiting for the queue
   wake_mailbox_thread();
   if (p2p_thread_.joinable()) p2p_thread_.join();  // hands its last messages to the workers
+  // Closed now, not with the backend (which the program may hold on to): a peer still sending
+  // to this rank gets an error at once instead of waiting for its timeout in its own shutdown.
+  mailbox_.reset();
   {
     std::lock_guard<std::mutex> l(m_);
     stop_workers_ = true;  // no worker is started after this: workers_ stays as it is
@@ -1014,8 +1018,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<a
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
-    sends_open_ += send;
     messages_.push_back(std::move(m));
+    sends_open_ += send;
     done.swap(done_);
   }
   wake_mailbox_thread();

@@ -125,6 +125,11 @@ def test_sends_not_waited_for_arrive():
     for how in ("exit", "destroy"):
         out = job(2, ["unsent", how], timeout=120)
         check(f"unsent {how}: rank 1 received both" in out, out)
+    # A send to a rank whose group was destroyed (it reads no more) does not hold up the
+    # sender's destroy_process_group() for the group's timeout (600 s; the job's limit: 120 s).
+    with tempfile.TemporaryDirectory() as where:
+        out = job(2, ["unread", where], timeout=120)
+    check(out.count("ends") == 2 and "unread: the send failed" in out, out)
 
 
 def test_program_ends_holding_destroyed_groups():

@@ -527,6 +527,40 @@ def unsent(how):
     print(f"unsent {how}: rank 1 received both", flush=True)
 
 
+def unread(where):
+    """Rank 1 destroys its group, still holding it, and stays (it reads nothing more); rank 0
+    then isends 64 MiB to
+    it, more than the sockets hold, and destroys its group: that returns without waiting out
+    the group's timeout (600 s; the test's limit is shorter), the send failing."""
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=600))
+    rank = dist.get_rank()
+    mark = lambda name: open(os.path.join(where, name), "w").close()  # noqa: E731
+
+    def wait_for(name):
+        for _ in range(10000):
+            if os.path.exists(os.path.join(where, name)):
+                return
+            time.sleep(0.01)
+        raise SystemExit(f"rank {rank}: {name} never came")
+    if rank == 1:
+        held = dist.group.WORLD  # the backend stays, shut down (as a DDP model holds it)
+        dist.destroy_process_group()
+        mark("destroyed")
+        wait_for("done")
+        del held
+    else:
+        wait_for("destroyed")
+        w = dist.isend(torch.ones(16 << 20), 1)
+        dist.destroy_process_group()
+        try:
+            w.wait()
+            raise SystemExit("a send to a rank that destroyed its group completed")
+        except RuntimeError as e:
+            print(f"unread: the send failed: {str(e)[:160]}", flush=True)
+        mark("done")
+    print(f"unread: rank {rank} ends", flush=True)
+
+
 def reaped():
     """Bursts of Future callbacks that block at once: each burst grows the workers (one per
     blocked callback, and a spare); idle for PYTORCH_DC_WORKER_IDLE (set short by the test), all
@@ -801,7 +835,7 @@ MODES = {  # mode -> (function, converter of its argument, or None for none)
     "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
     "unfinished": (unfinished, None), "reaped": (reaped, None),
-    "unsent": (unsent, str), "kept": (kept, None), "fail": (fail, int),
+    "unsent": (unsent, str), "unread": (unread, str), "kept": (kept, None), "fail": (fail, int),
     "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
     "launcher": (launcher, str),
 }
