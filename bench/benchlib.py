@@ -1,9 +1,12 @@
 """Helpers shared by the benchmarks: find the binaries, time commands, summarise."""
+import atexit
 import os
+import re
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -99,3 +102,25 @@ def report(title, times, ours, theirs, budget, runs):
     verdict = "within" if ratio <= budget else "OVER"
     print(f"  ratio {ours} / {theirs} = {ratio:.3f}  (budget <= {budget}: {verdict} budget)")
     return ratio
+
+
+def core_copy():
+    """bench/core_copy.c, built once into a temporary directory: a function of seconds that runs
+    it and returns (median, fastest, slowest window) in microseconds to move 1 MiB between two
+    processors (see core_copy.c), or None where it cannot run; None without a C compiler."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    tmp = tempfile.mkdtemp(prefix="pe_bench_core_copy_")
+    atexit.register(shutil.rmtree, tmp, True)
+    exe = os.path.join(tmp, "core_copy")
+    r = subprocess.run([cc, "-O2", "-pthread", "-o", exe, os.path.join(HERE, "core_copy.c")],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        return None
+
+    def probe(seconds=0.3):
+        out = subprocess.run([exe, str(seconds)], capture_output=True, text=True, timeout=60).stdout
+        m = re.search(r"median (\d+) us \(windows: (\d+)\.\.(\d+)", out)
+        return tuple(float(x) for x in m.groups()) if m else None
+    return probe
