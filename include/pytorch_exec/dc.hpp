@@ -203,10 +203,10 @@ class ProcessGroup {
 //
 // Errors: a lost peer, or a request that was in flight when its deadline passed, makes the
 // mailbox unusable: every request not yet complete, and every later isend, irecv and test,
-// throws Error naming the first cause, except a receive of a message that had come whole before (a peer that sent
-// and then exited: what it sent is still received).  A receive still waiting for its message
-// when its deadline passes only fails itself (TimeoutError).  Thread safety: one thread at a
-// time.
+// throws Error naming the first cause, except a receive of a message that had come whole
+// before (a peer that sent and then exited: what it sent is still received).  A receive still
+// waiting for its message when its deadline passes only fails itself (TimeoutError).  Thread
+// safety: one thread at a time.
 class Mailbox {
  public:
   static constexpr int kAnySource = -1;

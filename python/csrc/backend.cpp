@@ -303,7 +303,7 @@ void DcBackend::shutdown() {
   for (auto& w : workers_) {
     if (!w.thread.joinable()) continue;
     if (w.thread.get_id() == std::this_thread::get_id())
-      w.thread.detach();  // a Future callback on this worker shut the group down: it ends on return
+      w.thread.detach();  // a Future callback on this worker shut the group down: it ends soon
     else
       w.thread.join();
   }
@@ -457,7 +457,7 @@ void DcBackend::spare_locked() {
     // A worker that ended and was joined leaves its Sleeper for the next one: a notify_one()
     // that a waker makes after unlocking may still come to its condition variable.
     auto unused = std::find_if(workers_.begin(), workers_.end(),
-                             [](const Sleeper& w) { return w.ended && !w.thread.joinable(); });
+                               [](const Sleeper& w) { return w.ended && !w.thread.joinable(); });
     const bool reused = unused != workers_.end();
     Sleeper* me = reused ? &*unused : &workers_.emplace_back();
     me->ended = false;
@@ -507,8 +507,8 @@ void DcBackend::loop(Sleeper* me) {
     while (!finished_locked() && completions_.empty() && (queue_.empty() || busy_)) {
       me->woken = false;
       asleep_.push_back(me);
-      if (me->cv.wait_for(l, std::chrono::duration<double>(idle_limit_), [&] { return me->woken; }))
-        continue;
+      const std::chrono::duration<double> limit(idle_limit_);
+      if (me->cv.wait_for(l, limit, [&] { return me->woken; })) continue;
       // Idle too long: it ends if another worker is idle too (it takes what comes), else it
       // goes back to sleep.
       asleep_.erase(std::find(asleep_.begin(), asleep_.end(), me));
