@@ -179,8 +179,8 @@ class ProcessGroup {
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);
-  // Collective over this group: the ranks' Mailboxes (below), connected to each other.  They
-  // outlive the group if kept.
+  // Collective over this group: the ranks' Mailboxes (below), connected to each other; it
+  // returns once every rank's are connected.  They outlive the group if kept.
   std::unique_ptr<Mailbox> mailbox(double timeout = -1);
 
   struct Impl;

@@ -326,6 +326,9 @@ std::unique_ptr<Mailbox> ProcessGroup::mailbox(double timeout) {
   m->in.resize(static_cast<size_t>(g.size));
   for (int p = 0; p < g.size; ++p)
     if (p != g.rank) m->post_header(p);
+  // Every rank's connections are made before any rank goes on: one that closes its mailbox at
+  // once (a group destroyed right after it was made) must not fail a peer still connecting.
+  barrier(timeout);
   return std::make_unique<Mailbox>(std::move(m));
 }
 
