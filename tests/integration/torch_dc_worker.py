@@ -578,11 +578,31 @@ def reaped():
 
     seen = []
     for k in (6, 3):
-        gate = threading.Event()
+        # A callback attached to a Future already done runs at once on this thread (torch): it
+        # must not block here.  Rank 0's Futures cannot be done before rank 1 calls, a second
+        # later: all of its k callbacks run on the backend's threads.  Rank 1's may or may not.
+        gate, lock = threading.Event(), threading.Lock()
+        entered = {"worker": 0, "inline": 0}
+
+        def blocked(f):
+            inline = threading.current_thread() is threading.main_thread()
+            with lock:
+                entered["inline" if inline else "worker"] += 1
+            if not inline:
+                gate.wait(20)
+            return f.value()[0]
+        if rank == 1:
+            time.sleep(1)
         futs = [dist.all_reduce(torch.full((4,), float(i)), async_op=True).get_future()
-                .then(lambda f: (gate.wait(20), f.value()[0])[1]) for i in range(k)]
-        if not until(lambda: workers() >= k + 1, 20):
-            raise SystemExit(f"rank {rank}: {k} blocked callbacks, {workers()} worker threads")
+                .then(blocked) for i in range(k)]
+        if not until(lambda: sum(entered.values()) == k, 20):
+            raise SystemExit(f"rank {rank}: of {k} callbacks only {entered} ran")
+        if rank == 0 and entered["worker"] != k:
+            raise SystemExit(f"rank 0: {entered['inline']} of {k} callbacks ran on the caller's "
+                             "thread, though rank 1 had not called yet")
+        if not until(lambda: workers() >= entered["worker"] + 1, 20):
+            raise SystemExit(f"rank {rank}: {entered['worker']} blocked callbacks, {workers()} "
+                             "worker threads")
         grown = workers()
         gate.set()
         for i, f in enumerate(futs):
