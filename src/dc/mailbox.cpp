@@ -9,6 +9,7 @@
 // Nothing here blocks except idle() and wait(): step() is one pass of nonblocking progress.
 #include <poll.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -194,11 +195,13 @@ struct Mailbox::Impl {
     }
   }
 
-  // Whether a kept message would match a receive from `peer` with `tag`.
+  // Whether kept message `e` is for a receive from `peer` (or kAnySource) with `tag`.
+  static bool fits(const Early& e, int peer, int tag) {
+    return e.tag == tag && (peer == kAnySource || e.peer == peer);
+  }
   bool has_early(int peer, int tag) const {
-    for (const Early& e : early)
-      if (e.tag == tag && (peer == kAnySource || e.peer == peer)) return true;
-    return false;
+    return std::any_of(early.begin(), early.end(),
+                       [&](const Early& e) { return fits(e, peer, tag); });
   }
 
   // A new request, its arguments checked.  After a failure only a receive that a kept message
@@ -225,7 +228,7 @@ struct Mailbox::Impl {
   // Takes a kept message for receive `id` if one matches.
   bool take_early(Req& r) {
     for (auto it = early.begin(); it != early.end(); ++it) {
-      if (it->tag != r.tag || (r.peer != kAnySource && it->peer != r.peer)) continue;
+      if (!fits(*it, r.peer, r.tag)) continue;
       r.matched = r.done = true;
       r.source = it->peer;
       if (it->data.size() == r.bytes)

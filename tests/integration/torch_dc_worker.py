@@ -527,21 +527,26 @@ def unsent(how):
     print(f"unsent {how}: rank 1 received both", flush=True)
 
 
+def until(cond, seconds):
+    """Polls cond() every 10 ms for at most `seconds`; its last value."""
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return cond()
+
+
 def unread(where):
     """Rank 1 destroys its group, still holding it, and stays (it reads nothing more); rank 0
-    then isends 64 MiB to
-    it, more than the sockets hold, and destroys its group: that returns without waiting out
-    the group's timeout (600 s; the test's limit is shorter), the send failing."""
+    then isends 64 MiB to it, more than the sockets hold, and destroys its group: that returns
+    without waiting out the group's timeout (600 s; the test's limit is shorter), the send
+    failing."""
     dist.init_process_group("dc", timeout=datetime.timedelta(seconds=600))
     rank = dist.get_rank()
     mark = lambda name: open(os.path.join(where, name), "w").close()  # noqa: E731
 
     def wait_for(name):
-        for _ in range(10000):
-            if os.path.exists(os.path.join(where, name)):
-                return
-            time.sleep(0.01)
-        raise SystemExit(f"rank {rank}: {name} never came")
+        if not until(lambda: os.path.exists(os.path.join(where, name)), 100):
+            raise SystemExit(f"rank {rank}: {name} never came")
     if rank == 1:
         held = dist.group.WORLD  # the backend stays, shut down (as a DDP model holds it)
         dist.destroy_process_group()
@@ -569,12 +574,6 @@ def reaped():
     rank, w = dist.get_rank(), dist.get_world_size()
     if workers() != 1:
         raise SystemExit(f"rank {rank}: {workers()} worker threads after init, expected 1")
-
-    def until(cond, seconds):
-        deadline = time.monotonic() + seconds
-        while not cond() and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return cond()
 
     seen = []
     for k in (6, 3):
