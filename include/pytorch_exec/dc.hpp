@@ -116,6 +116,8 @@ class ProcessGroup {
   int domain_of(int rank) const;
   const std::string& intra_transport() const;
   const std::string& inter_transport() const;
+  // The default timeout of its operations, seconds (Options::timeout or PYTORCH_DC_TIMEOUT).
+  double timeout() const;
 
   // timeout < 0: the group's default.  `count` is in elements.
   void allreduce(void* buf, size_t count, DType t, Op op, double timeout = -1);
@@ -176,6 +178,9 @@ class ProcessGroup {
   // The same for a cudaEvent_t recorded after this group's device calls (the work up to it on
   // its stream, not what came later on that stream).
   void device_wait_event(void* event, double timeout = -1);
+  // Whether that work is done, without waiting (for a thread that watches several); an NCCL
+  // error aborts the communicator and throws, as device_wait_event.
+  bool device_event_done(void* event);
   // Collective over this group: ranks with the same color form a new group, ordered by (key,
   // rank).  A negative color returns nullptr.
   std::shared_ptr<ProcessGroup> split(int color, int key = 0, double timeout = -1);

@@ -31,6 +31,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <stdexcept>
+#include <thread>
 
 namespace pytorch_dc {
 namespace {
@@ -53,15 +54,6 @@ std::vector<at::Tensor> natives(DeviceStage* st, const std::vector<at::Tensor>& 
   std::vector<at::Tensor> out;
   for (const auto& t : ts) out.push_back(st->native(t));
   return out;
-}
-
-// The watch of a collective on the GPU: waits, bounded, for its end event (the library aborts
-// its NCCL communicators on an error or at the timeout).  Not for the whole backend stream:
-// torch hands out its pool's streams round robin, and a user's stream may be the same one.
-std::function<void()> stream_watch(std::shared_ptr<dc::ProcessGroup> pg, DeviceStage* d, double s) {
-  return [pg = std::move(pg), d, s] {
-    if (void* e = d->end_event()) pg->device_wait_event(e, s);
-  };
 }
 
 // The host of the TCPStore under `store`, which every rank reaches; "" for other stores.
@@ -243,7 +235,7 @@ bool DcBackend::drain(double seconds) {
   // being run are waited for all the same.
   auto settled = [&] {
     return !completing_ && (stop_ || (queue_.empty() && !busy_ && completions_.empty() &&
-                                      sends_open_ == 0));
+                                      sends_open_ == 0 && watches_.empty()));
   };
   settled_cv_.wait_for(l, std::chrono::duration<double>(std::max(seconds, 0.0)), settled);
   return stop_;
@@ -307,6 +299,13 @@ void DcBackend::shutdown() {
     else
       w.thread.join();
   }
+  // The GPU work on the streams is waited for (each watch is bounded by its timeout).
+  {
+    std::lock_guard<std::mutex> l(m_);
+    stop_watcher_ = true;
+  }
+  watch_cv_.notify_all();
+  if (watcher_.joinable()) watcher_.join();
   std::vector<Task> done;
   std::deque<Task> never;  // queued behind a callback that shut the group down: not run
   {
@@ -354,13 +353,10 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
                                                   std::vector<at::Tensor> outputs,
                                                   std::function<void()> run, bool sync,
                                                   std::shared_ptr<DeviceStage> stage,
-                                                  std::function<void()> watch) {
+                                                  std::optional<double> watch) {
   auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs), stage,
                                                  order_);
-  // GPU work always goes to the thread: its watch must not hold up the caller (wait() returns
-  // once the work is on the stream, as ProcessGroupNCCL's).
-  if (stage) sync = false;
-  Task t{work, name, std::move(run), {}, std::move(stage), std::move(watch)};
+  Task t{work, name, std::move(run), {}, std::move(stage), watch};
   std::vector<Task> done;
   bool queue;
   std::condition_variable* wake = nullptr;
@@ -423,21 +419,105 @@ std::exception_ptr DcBackend::run_task(Task& t) {
 }
 
 bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool worker) {
-  // A worker goes back to the queue right after, unless it watches GPU work.
-  const bool watches = t.watch && !error, back = worker && !watches;
-  if (!t.stage) return t.work->complete(error, source, t.ticket, back);
+  if (!t.stage) return t.work->complete(error, source, t.ticket, worker);
+  if (t.watch && !error) watch_later(t);
   bool returning = false;
   // On the stage's stream: the Future records its events there.
-  t.stage->on_stream([&] { returning = t.work->complete(error, source, t.ticket, back); });
-  if (!watches) return returning;
-  std::lock_guard<std::mutex> lib(lib_m_);
-  try {
-    t.stage->on_stream(t.watch);
-  } catch (const std::exception& e) {
-    // Its Work has completed (the work was on the stream); the next collective raises this.
-    gpu_failure_ = std::string("the GPU work of an earlier ") + t.name + " failed: " + e.what();
+  t.stage->on_stream([&] { returning = t.work->complete(error, source, t.ticket, worker); });
+  return returning;
+}
+
+void DcBackend::watch_later(const Task& t) {
+  const double s = *t.watch >= 0 ? *t.watch : pg_->timeout();
+  Watch w{t.stage, t.name, s,
+          std::chrono::steady_clock::now() +
+              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                  std::chrono::duration<double>(s))};
+  bool first;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    if (!stop_watcher_ && !watcher_.joinable()) {
+      try {
+        watcher_ = std::thread([this] { watch_loop(); });
+        ::pthread_setname_np(watcher_.native_handle(), "pt_dc watcher");
+      } catch (const std::system_error&) {
+        // No thread to be had (a limit): watched here, as below.
+      }
+    }
+    first = watches_.empty();
+    if (!stop_watcher_ && watcher_.joinable()) {
+      watches_.push_back(std::move(w));
+      w.stage = nullptr;
+    }
   }
-  return returning;  // false: a worker that watches was not counted
+  if (!w.stage) {
+    if (first) watch_cv_.notify_one();  // not otherwise: the watcher is busy with the first
+    return;
+  }
+  watch(w);  // shut down meanwhile, or no watcher thread: this thread watches
+}
+
+void DcBackend::watch_loop() {
+  std::unique_lock<std::mutex> l(m_);
+  for (;;) {
+    watch_cv_.wait(l, [&] { return !watches_.empty() || stop_watcher_; });
+    if (watches_.empty()) return;  // shut down, and nothing left to watch
+    Watch w = watches_.front();  // stays queued (drain() waits for it) until its work is done
+    l.unlock();
+    watch(w);
+    l.lock();
+    watches_.pop_front();
+    if (watches_.empty()) settled_cv_.notify_all();
+  }
+}
+
+void DcBackend::watch(const Watch& w) {
+  using Clock = std::chrono::steady_clock;
+  auto ask = Clock::now();  // when to ask the library next
+  for (;;) {
+    bool failed = false;
+    try {
+      if (w.stage->query()) return;
+    } catch (const std::exception&) {
+      failed = true;  // a CUDA error: the library names it (and aborts) below
+    }
+    const auto now = Clock::now();
+    const bool late = now >= w.deadline;
+    if (failed || late || now >= ask) {
+      // Between the collectives' library calls; a plain check waits for none of them.
+      std::unique_lock<std::mutex> lib(lib_m_, std::defer_lock);
+      if (failed || late)
+        lib.lock();
+      else
+        (void)lib.try_lock();
+      if (lib.owns_lock()) {
+        // Failed before: the communicators were aborted, and later collectives raise that.
+        if (!gpu_failure_.empty()) return;
+        bool done = false;
+        try {
+          w.stage->on_stream([&] {
+            if (failed || late) {  // checked once more: an error or the deadline aborts
+              pg_->device_wait_event(w.stage->end_event(), 0);
+              done = true;
+            } else {
+              done = pg_->device_event_done(w.stage->end_event());
+            }
+          });
+        } catch (const std::exception& e) {
+          const bool timed_out = dynamic_cast<const dc::TimeoutError*>(&e) != nullptr;
+          gpu_failure_ = std::string("the GPU work of an earlier ") + w.name +
+                         (timed_out ? " did not finish within its timeout (" +
+                                          c10::str(w.seconds) + " s)"
+                                    : std::string(" failed: ") + e.what()) +
+                         "; the group's NCCL communicators were aborted";
+          return;
+        }
+        if (done) return;
+        ask = now + std::chrono::milliseconds(1);
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
 }
 
 c10::intrusive_ptr<DcBackend> DcBackend::start_completing_locked() {
@@ -615,7 +695,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
     return enqueue(
         c10d::OpType::ALLREDUCE, "allreduce", {t},
         [=] { pg->allreduce_device(g.data_ptr(), n, r.dtype, r.op, d->stream(), s); }, sync, st,
-        stream_watch(pg, d, s));
+        s);
   }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
@@ -691,7 +771,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& ten
     return enqueue(
         c10d::OpType::BROADCAST, "broadcast", {t},
         [=] { pg->broadcast_device(g.data_ptr(), n, dc::DType::U8, root, d->stream(), s); }, false,
-        st, stream_watch(pg, d, s));
+        st, s);
   }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
@@ -758,7 +838,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
             pg->allgather_device(gi[k].data_ptr(), go[k].data_ptr(), bytes_of(gi[k]),
                                  dc::DType::U8, d->stream(), s);
         },
-        false, st, stream_watch(pg, d, s));
+        false, st, s);
   }
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
   return enqueue(
@@ -898,7 +978,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
                                       static_cast<size_t>(go[k].numel()), rs[k].dtype, rs[k].op,
                                       d->stream(), s);
         },
-        false, st, stream_watch(pg, d, s));
+        false, st, s);
   }
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
   return enqueue(
@@ -1013,7 +1093,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::message(bool send, const std::vector<a
       !t.is_cuda() ? flat(t)
       : send       ? t.reshape({-1}).to(at::kCPU)
                    : at::empty({t.numel()}, t.options().device(at::kCPU).pinned_memory(true));
-  Message m{Task{work, name, nullptr, {}, st, nullptr}, send, t, wire, peer, tag};
+  Message m{Task{work, name, nullptr, {}, st, std::nullopt}, send, t, wire, peer, tag};
   std::vector<Task> done;
   {
     std::lock_guard<std::mutex> l(m_);

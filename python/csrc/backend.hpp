@@ -22,6 +22,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -215,9 +216,9 @@ class DcBackend : public c10d::Backend {
     std::function<void()> run;
     std::vector<at::Tensor> keep;  // a message's tensors, until the task is released
     std::shared_ptr<DeviceStage> stage;  // GPU tensors (else nullptr)
-    // After the Work completed, on the backend's thread: waits for the GPU to finish what the
-    // library enqueued (bounded; an error fails the group).  nullptr: nothing to watch.
-    std::function<void()> watch;
+    // GPU work the library enqueued, watched after the Work completed (watch_later): how long
+    // it may take, in seconds (< 0: the group's default); none: nothing to watch.
+    std::optional<double> watch;
     uint64_t ticket = 0;  // a collective's place in order_, given when it runs
   };
   // A send or receive for the mailbox thread (p2p_loop).
@@ -234,17 +235,32 @@ class DcBackend : public c10d::Backend {
                                          std::vector<at::Tensor> outputs,
                                          std::function<void()> run, bool sync = false,
                                          std::shared_ptr<DeviceStage> stage = nullptr,
-                                         std::function<void()> watch = nullptr);
+                                         std::optional<double> watch = std::nullopt);
   // The stage of a collective on the tensors `ts` (nullptr on the CPU); throws naming `what`.
   std::shared_ptr<DeviceStage> stage(const std::vector<at::Tensor>& ts, const char* what);
   // A collective's part under busy_: the library call (and its staging); its error, if any.
   std::exception_ptr run_task(Task& t);
   // After busy_ is released: completes the Work (the Future's callbacks run here, and may issue
-  // and wait for more collectives; `source`: a recv's sender), then watches its GPU work.
+  // and wait for more collectives; `source`: a recv's sender), its GPU work handed to the
+  // watcher.
   // worker: called by loop(), which goes back to the queue after (a caller's thread, also a
   // worker's in a callback that runs a collective inline, goes back to the program instead).
   // Returns whether the worker was counted in CompletionOrder::returning (DcWork::complete).
   bool finish_task(Task& t, std::exception_ptr error, int source, bool worker);
+  // The GPU work of the collectives that ran, watched by one thread (started at the first) in
+  // issue order, while the workers go on with the next collectives: watch() polls a Watch's end
+  // event, and asks the library every millisecond, between collectives (lib_m_), whether an
+  // NCCL communicator failed.  An error, or the end of its time, aborts the group's
+  // communicators (the library does), and every later collective raises it (gpu_failure_).
+  struct Watch {
+    std::shared_ptr<DeviceStage> stage;  // its end event
+    const char* name;
+    double seconds;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  void watch_later(const Task& t);
+  void watch_loop();
+  void watch(const Watch& w);
   // A worker thread: runs the queued collectives one at a time, in order, and completes them
   // and the mailbox thread's messages.  A collective with more queued behind it is handed over
   // to be completed by another worker while this one goes on; a worker that runs or completes
@@ -253,10 +269,10 @@ class DcBackend : public c10d::Backend {
   // Works and their Futures complete in issue order (order_); the callbacks of several may run
   // at once, on different workers.  The workers are at least as many as callbacks block at
   // once, plus one (a few more start when many calls are queued at once: completions are
-  // handed over; and when calls follow closely whose Futures were taken or whose GPU work a
-  // worker watches after: it is not idle yet).  The worker that went to sleep last is woken
-  // first, and none is woken for a call queued while a worker returns from a completion that ran
-  // no program code (CompletionOrder::returning): that one takes it.  A worker asleep for
+  // handed over; and when calls follow closely whose Futures were taken: it is not idle yet).
+  // The worker that went to sleep last is woken first, and none is woken for a call queued
+  // while a worker returns from a completion that ran no program code
+  // (CompletionOrder::returning): that one takes it.  A worker asleep for
   // idle_limit_ while another is idle too ends (so a burst of blocking callbacks does not leave
   // its threads for the process's life); the others stay until shutdown.
   struct Sleeper;
@@ -296,8 +312,12 @@ class DcBackend : public c10d::Backend {
   std::shared_ptr<dc::ProcessGroup> pg_;
   std::shared_ptr<DeviceStreams> streams_;
   std::string gpu_failure_;  // a watch failed: every later collective raises this (under lib_m_)
+  std::deque<Watch> watches_;  // under m_: the first is being watched
+  bool stop_watcher_ = false;  // under m_: the watcher ends once watches_ is empty
+  std::condition_variable watch_cv_;
+  std::thread watcher_;
   double timeout_s_;
-  std::mutex lib_m_;  // pg_ is used by one thread at a time: a collective's run, a GPU watch
+  std::mutex lib_m_;  // pg_ is used by one thread at a time: a collective's run, a watch's check
   std::mutex m_;
   std::deque<Task> queue_;
   // A collective run or a message moved, for a worker to complete (finish_task).

@@ -7,10 +7,12 @@
 // the GPU (one per GPU, from torch's pool), after an event recorded on the caller's current
 // stream at issue; the Work's end event is recorded on the backend's stream after the last copy
 // or kernel; wait() makes the caller's current stream wait for it.  The host waits in wait() only
-// until the backend's thread has issued the work, since the DataChannel is used by that thread
-// alone, in issue order (for a host-staged collective that is until its host part is done, as
-// gloo's CUDA path).  Every wait on the GPU by the backend's thread is bounded by the operation's
-// timeout.
+// until the work is issued (by the caller's thread itself for a synchronous call with nothing
+// queued before it, else by a worker: the DataChannel is used by one thread at a time, in issue
+// order; for a host-staged collective that is until its host part is done, as gloo's CUDA
+// path).  The backend's watcher thread then waits for the end event, bounded by the operation's
+// timeout, checking the NCCL communicators meanwhile (DcBackend::watch); the callers and the
+// workers do not wait for the GPU.
 #include <ATen/ATen.h>
 
 #include <cstdlib>

@@ -40,4 +40,6 @@ void ProcessGroup::device_synchronize(void*, double) { no_gpu_path("device_synch
 
 void ProcessGroup::device_wait_event(void*, double) { no_gpu_path("device_wait_event"); }
 
+bool ProcessGroup::device_event_done(void*) { no_gpu_path("device_event_done"); }
+
 }  // namespace pytorch_exec::dc

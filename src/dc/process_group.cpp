@@ -209,6 +209,7 @@ int ProcessGroup::domain_of(int rank) const {
 }
 const std::string& ProcessGroup::intra_transport() const { return transport_name(impl_->s.intra); }
 const std::string& ProcessGroup::inter_transport() const { return transport_name(impl_->s.inter); }
+double ProcessGroup::timeout() const { return impl_->s.timeout; }
 
 namespace {
 

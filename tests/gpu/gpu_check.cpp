@@ -12,7 +12,9 @@
 //      a call that reads its input before the stream got there, or whose result the stream does
 //      not wait for, reads or leaves stale data, which the checks see;
 //   4. the same two nodes, rank 1 stops before a collective: rank 0 gets an Error within its 5 s
-//      timeout (a thread cannot be killed; a killed process fails its tcp peer sooner).
+//      timeout (a thread cannot be killed; a killed process fails its tcp peer sooner);
+//   5. device_event_done (what the torch backend's watcher polls): false at once while the
+//      stream is held, true once the work is done.
 // For a GPU machine (make check-gpu); has passed on one H100 (NCCL 2.28.9).
 #include <algorithm>
 #include <chrono>
@@ -327,6 +329,43 @@ int stopped_rank() {
   return ok ? 0 : 1;
 }
 
+void pause_stream(void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); }
+
+// device_event_done, as a thread that watches GPU work sees it: false while the stream is held
+// (a 300 ms host function before the allreduce), true once it is done; no wait in either.
+int event_done() {
+  auto g = ProcessGroup::threads(1);
+  ProcessGroup& pg = *g[0];
+  gpu::check_cuda(cudaSetDevice(0), "cudaSetDevice");
+  std::string error;
+  bool early = true;
+  int polls = 0;
+  double held = 0;
+  try {
+    StreamIO io;
+    Device d(1 << 20);
+    io.put(d.p, std::vector<float>(1 << 20, 1.0f));
+    cudaEvent_t e;
+    gpu::check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    auto t0 = std::chrono::steady_clock::now();
+    gpu::check_cuda(cudaLaunchHostFunc(io.s, pause_stream, nullptr), "cudaLaunchHostFunc");
+    pg.allreduce_device(d.p, 1 << 20, DType::F32, Op::Sum, io.s);
+    gpu::check_cuda(cudaEventRecord(e, io.s), "cudaEventRecord");
+    early = pg.device_event_done(e);
+    while (!pg.device_event_done(e) && ++polls < 1000000)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    held = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    cudaEventDestroy(e);
+  } catch (const std::exception& x) {
+    error = x.what();
+  }
+  bool ok = error.empty() && !early && held >= 0.25 && held < 5;
+  std::printf("%s: device_event_done: %s at once, done after %.3f s of a 300 ms hold (%d polls)%s%s\n",
+              ok ? "PASS" : "FAIL", early ? "true" : "false", held, polls,
+              error.empty() ? "" : ": ", error.c_str());
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main() {
@@ -355,6 +394,7 @@ int main() {
     bad += two_nodes_one_gpu(nullptr);
     bad += two_nodes_one_gpu("4099");
     bad += stopped_rank();
+    bad += event_done();
     return bad ? 1 : 0;
   } catch (const Error& e) {
     std::printf("FAIL: %s\n", e.what());

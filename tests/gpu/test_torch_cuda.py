@@ -1,8 +1,9 @@
 """The torch "dc" backend on CUDA tensors (torch_cuda_worker.py) under pytorch_exec, one rank per
 visible GPU (at most 4; NCCL takes one rank per GPU): every collective against a host reference,
-stream semantics (a side stream, wait(), isCompleted(), the Future, a recv), and DDP with "dc"
-against "nccl"; and two simulated nodes of one rank each (PYTORCH_DC_NODE; on one GPU where
-there is one): the collectives and stream semantics through the host-staged step across nodes.
+stream semantics (a side stream, wait(), isCompleted(), the Future, a recv), DDP with "dc"
+against "nccl", and GPU work that outlasts the timeout failing the group; and two simulated
+nodes of one rank each (PYTORCH_DC_NODE; on one GPU where there is one): the collectives and
+stream semantics through the host-staged step across nodes.
 Skips, saying why, without torch, without a GPU (torch.cuda.is_available()), or where the
 extension has no CUDA support (pytorch_dc.cuda_support()).
 """
@@ -70,6 +71,10 @@ def test_ddp_against_nccl():
     job(["ddp", "20"])
 
 
+def test_gpu_work_past_its_timeout():
+    job(["stall"], timeout=120)
+
+
 def test_simulated_nodes_on_one_gpu():
     job(["collectives"], nodes=True)
     job(["streams"], nodes=True)
@@ -81,4 +86,4 @@ if __name__ == "__main__":
         skip(f"the dc extension was not built ({PKG}/pytorch_dc)")
     GPUS = probe()
     main([test_collectives_on_cuda_tensors, test_stream_semantics, test_ddp_against_nccl,
-          test_simulated_nodes_on_one_gpu])
+          test_gpu_work_past_its_timeout, test_simulated_nodes_on_one_gpu])

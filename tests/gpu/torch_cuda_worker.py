@@ -10,6 +10,9 @@ streams      stream semantics: a collective issued on a side stream after a long
              gloo's) and makes the current stream wait; isCompleted() and the Future follow the
              GPU; a recv on a side stream lands after that stream's earlier work
 ddp STEPS    DDP on CUDA with "dc" and with "nccl" from the same start; parameters must agree
+stall        (a 3 s timeout) an allreduce whose GPU work waits behind a ~10 s kernel: issuing it
+             does not wait, and a later call raises once the work outlasts the timeout, naming
+             it (the backend's watcher aborts the NCCL communicators)
 The GPU is LOCAL_RANK's, modulo the GPUs there are (simulated nodes share one: PYTORCH_DC_NODE).
 Prints "ok MODE ..." on every rank.
 """
@@ -228,19 +231,49 @@ def ddp(steps, dev):
           flush=True)
 
 
+def stall(dev):
+    rank = dist.get_rank()
+    x = torch.ones(1024, device=dev)
+    dist.all_reduce(x)  # the NCCL communicator, made within the timeout
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e10))  # about 10 s of GPU time at 2 GHz, on the current stream
+    t0 = time.monotonic()
+    dist.all_reduce(x)  # its GPU work waits for the kernel
+    issued = time.monotonic() - t0
+    if issued > 0.5:
+        raise SystemExit(f"rank {rank}: issuing the allreduce held the host {issued:.2f} s")
+    error = None
+    while error is None and time.monotonic() - t0 < 30:
+        time.sleep(0.2)
+        try:
+            dist.all_reduce(torch.ones(1, device=dev))
+        except RuntimeError as e:
+            error = str(e)
+    took = time.monotonic() - t0
+    if error is None:
+        raise SystemExit(f"rank {rank}: no error {took:.0f} s after GPU work began to outlast "
+                         "the 3 s timeout")
+    if "allreduce did not finish within its timeout" not in error or took < 2.5:
+        raise SystemExit(f"rank {rank}: after {took:.1f} s: {error}")
+    print(f"ok stall rank {rank}: a call raised {took:.1f} s after the stalled one: {error}",
+          flush=True)
+
+
 def main():
     mode = sys.argv[1]
     local = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
     torch.cuda.set_device(local)
     dev = torch.device("cuda", local)
     dist.init_process_group("cpu:gloo,cuda:dc" if mode == "ddp" else "dc",
-                            timeout=datetime.timedelta(seconds=60))
+                            timeout=datetime.timedelta(seconds=3 if mode == "stall" else 60))
     if mode == "collectives":
         collectives(dev)
     elif mode == "streams":
         streams(dev)
     elif mode == "ddp":
         ddp(int(sys.argv[2]), dev)
+    elif mode == "stall":
+        stall(dev)
     else:
         raise SystemExit(f"unknown mode {mode}")
     dist.destroy_process_group()

@@ -347,24 +347,38 @@ void ProcessGroup::broadcast_device(void* buf, size_t count, DType t, int root, 
   device_allreduce(*this, g, call, buf, count, t, Op::Sum, stream, timeout);
 }
 
+namespace {
+
+// The communicators of the group's device calls (what a wait watches); throws naming `call`
+// before the first such call, or without an event to wait for.
+gpu::NcclComms device_comms(ProcessGroup::Impl& g, const char* call, bool event = true) {
+  if (!g.gpu || !g.gpu->comm)
+    throw Error(std::string(call) + ": no device-memory call has been made on this group");
+  if (!event) throw Error(std::string(call) + ": no event");
+  return g.gpu->all();
+}
+
+}  // namespace
+
 void ProcessGroup::device_synchronize(void* stream, double timeout) {
   const char* call = "device_synchronize";
   Impl& g = *impl_;
-  if (!g.gpu || !g.gpu->comm)
-    throw Error(std::string(call) + ": no device-memory call has been made on this group");
+  gpu::NcclComms cs = device_comms(g, call);
   auto s = static_cast<cudaStream_t>(stream);
   require_not_capturing(call, s);
-  gpu::wait(s, g.gpu->all(), Deadline::after(g.seconds(timeout), call));
+  gpu::wait(s, cs, Deadline::after(g.seconds(timeout), call));
 }
 
 void ProcessGroup::device_wait_event(void* event, double timeout) {
   const char* call = "device_wait_event";
   Impl& g = *impl_;
-  if (!g.gpu || !g.gpu->comm)
-    throw Error(std::string(call) + ": no device-memory call has been made on this group");
-  if (!event) throw Error(std::string(call) + ": no event");
-  gpu::wait(static_cast<cudaEvent_t>(event), g.gpu->all(),
+  gpu::wait(static_cast<cudaEvent_t>(event), device_comms(g, call, event != nullptr),
             Deadline::after(g.seconds(timeout), call));
+}
+
+bool ProcessGroup::device_event_done(void* event) {
+  return gpu::done(static_cast<cudaEvent_t>(event),
+                   device_comms(*impl_, "device_event_done", event != nullptr));
 }
 
 }  // namespace pytorch_exec::dc

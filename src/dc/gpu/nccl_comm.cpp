@@ -178,20 +178,26 @@ void abort(const NcclComms& cs, const std::string& why) {
 
 namespace {
 
-// Polls query() (cudaStreamQuery or cudaEventQuery, named `call`) until the work is done,
-// watching the communicators and the deadline.
+// One look at query()'s work (cudaStreamQuery or cudaEventQuery, named `call`): whether it is
+// done; a CUDA error, or an NCCL error on one of the communicators, aborts them all and throws.
+template <typename Query>
+bool poll(Query query, const char* call, const NcclComms& cs) {
+  cudaError_t e = query();
+  if (e == cudaSuccess) return true;
+  if (e != cudaErrorNotReady) {
+    std::string what = cuda_error_text(call, e);
+    abort(cs, what);
+    throw Error(what);
+  }
+  check_async(cs, "an enqueued NCCL operation");
+  return false;
+}
+
+// Polls until the work is done, watching the communicators and the deadline.
 template <typename Query>
 void wait_for(Query query, const char* call, const NcclComms& cs, const Deadline& d) {
   for (NcclComm* c : cs) c->require_live();
-  for (;;) {
-    cudaError_t e = query();
-    if (e == cudaSuccess) return;
-    if (e != cudaErrorNotReady) {
-      std::string what = cuda_error_text(call, e);
-      abort(cs, what);
-      throw Error(what);
-    }
-    check_async(cs, "an enqueued NCCL operation");
+  while (!poll(query, call, cs)) {
     if (d.passed()) {
       abort(cs, "an enqueued NCCL operation: timed out");
       d.expire("the other ranks' part of the enqueued NCCL operations");
@@ -208,6 +214,11 @@ void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d) {
 
 void wait(cudaEvent_t event, const NcclComms& cs, const Deadline& d) {
   wait_for([event] { return cudaEventQuery(event); }, "cudaEventQuery", cs, d);
+}
+
+bool done(cudaEvent_t event, const NcclComms& cs) {
+  for (NcclComm* c : cs) c->require_live();
+  return poll([event] { return cudaEventQuery(event); }, "cudaEventQuery", cs);
 }
 
 }  // namespace pytorch_exec::dc::gpu

@@ -77,5 +77,7 @@ void abort(const NcclComms& cs, const std::string& why);
 void wait(cudaStream_t stream, const NcclComms& cs, const Deadline& d);
 // The same for the work before `event` (recorded) completes.
 void wait(cudaEvent_t event, const NcclComms& cs, const Deadline& d);
+// Whether the work before `event` is done, without waiting; an error throws as in wait().
+bool done(cudaEvent_t event, const NcclComms& cs);
 
 }  // namespace pytorch_exec::dc::gpu
