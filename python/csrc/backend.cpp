@@ -494,25 +494,29 @@ void DcBackend::watch(const Watch& w) {
         // Failed before: the communicators were aborted, and later collectives raise that.
         if (!gpu_failure_.empty()) return;
         bool done = false;
+        std::string why;
         try {
-          w.stage->on_stream([&] {
-            if (failed || late) {  // checked once more: an error or the deadline aborts
-              pg_->device_wait_event(w.stage->end_event(), 0);
-              done = true;
-            } else {
-              done = pg_->device_event_done(w.stage->end_event());
-            }
-          });
+          w.stage->on_stream([&] { done = pg_->device_event_done(w.stage->end_event()); });
         } catch (const std::exception& e) {
-          const bool timed_out = dynamic_cast<const dc::TimeoutError*>(&e) != nullptr;
-          gpu_failure_ = std::string("the GPU work of an earlier ") + w.name +
-                         (timed_out ? " did not finish within its timeout (" +
-                                          c10::str(w.seconds) + " s)"
-                                    : std::string(" failed: ") + e.what()) +
-                         "; the group's NCCL communicators were aborted";
-          return;
+          why = std::string(" failed: ") + e.what();  // the library aborted the communicators
         }
         if (done) return;
+        const bool timed_out = why.empty() && late;
+        if (timed_out) why = " did not finish within its timeout (" + c10::str(w.seconds) + " s)";
+        if (!why.empty()) {
+          gpu_failure_ = std::string("the GPU work of an earlier ") + w.name + why +
+                         "; the group's NCCL communicators were aborted";
+          lib.unlock();
+          // Timed out: the communicators are aborted here, without the lock (nothing else uses
+          // the library's GPU part now: the callers raise gpu_failure_), since an abort may wait
+          // for the GPU work ahead of it on the stream.
+          if (timed_out)
+            try {
+              w.stage->on_stream([&] { pg_->device_wait_event(w.stage->end_event(), 0); });
+            } catch (const std::exception&) {
+            }
+          return;
+        }
         ask = now + std::chrono::milliseconds(1);
       }
     }

@@ -10,9 +10,9 @@ streams      stream semantics: a collective issued on a side stream after a long
              gloo's) and makes the current stream wait; isCompleted() and the Future follow the
              GPU; a recv on a side stream lands after that stream's earlier work
 ddp STEPS    DDP on CUDA with "dc" and with "nccl" from the same start; parameters must agree
-stall        (a 3 s timeout) an allreduce whose GPU work waits behind a ~10 s kernel: issuing it
-             does not wait, and a later call raises once the work outlasts the timeout, naming
-             it (the backend's watcher aborts the NCCL communicators)
+stall        (a 3 s timeout) an allreduce whose GPU work waits behind a 12 s kernel: issuing it
+             does not wait, and a later call raises once the work outlasts the timeout, before
+             the kernel ends, naming it (the backend's watcher aborts the NCCL communicators)
 The GPU is LOCAL_RANK's, modulo the GPUs there are (simulated nodes share one: PYTORCH_DC_NODE).
 Prints "ok MODE ..." on every rank.
 """
@@ -236,14 +236,19 @@ def stall(dev):
     x = torch.ones(1024, device=dev)
     dist.all_reduce(x)  # the NCCL communicator, made within the timeout
     torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e10))  # about 10 s of GPU time at 2 GHz, on the current stream
+    t0 = time.monotonic()
+    torch.cuda._sleep(int(2e8))
+    torch.cuda.synchronize()
+    per_cycle = (time.monotonic() - t0) / 2e8
+    kernel = 12.0  # seconds of GPU time on the current stream, well past the 3 s timeout
+    torch.cuda._sleep(int(kernel / per_cycle))
     t0 = time.monotonic()
     dist.all_reduce(x)  # its GPU work waits for the kernel
     issued = time.monotonic() - t0
     if issued > 0.5:
         raise SystemExit(f"rank {rank}: issuing the allreduce held the host {issued:.2f} s")
     error = None
-    while error is None and time.monotonic() - t0 < 30:
+    while error is None and time.monotonic() - t0 < 40:
         time.sleep(0.2)
         try:
             dist.all_reduce(torch.ones(1, device=dev))
@@ -253,10 +258,14 @@ def stall(dev):
     if error is None:
         raise SystemExit(f"rank {rank}: no error {took:.0f} s after GPU work began to outlast "
                          "the 3 s timeout")
-    if "allreduce did not finish within its timeout" not in error or took < 2.5:
+    if "allreduce did not finish within its timeout (3 s)" not in error:
         raise SystemExit(f"rank {rank}: after {took:.1f} s: {error}")
-    print(f"ok stall rank {rank}: a call raised {took:.1f} s after the stalled one: {error}",
-          flush=True)
+    # raised once the timeout passed, not when the kernel ended (an abort waits for the GPU)
+    if not 2.5 < took < kernel * 0.75:
+        raise SystemExit(f"rank {rank}: raised {took:.1f} s after the allreduce (timeout 3 s, "
+                         f"kernel {kernel:.0f} s): {error}")
+    print(f"ok stall rank {rank}: a call raised {took:.1f} s after the stalled one (timeout 3 s, "
+          f"a {kernel:.0f} s kernel ahead of it): {error}", flush=True)
 
 
 def main():
