@@ -433,7 +433,7 @@ void DcBackend::watch_later(const Task& t) {
           std::chrono::steady_clock::now() +
               std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                   std::chrono::duration<double>(s))};
-  bool first;
+  bool wake;
   {
     std::lock_guard<std::mutex> l(m_);
     if (!stop_watcher_ && !watcher_.joinable()) {
@@ -444,29 +444,44 @@ void DcBackend::watch_later(const Task& t) {
         // No thread to be had (a limit): watched here, as below.
       }
     }
-    first = watches_.empty();
+    wake = watcher_asleep_;
     if (!stop_watcher_ && watcher_.joinable()) {
       watches_.push_back(std::move(w));
       w.stage = nullptr;
     }
   }
   if (!w.stage) {
-    if (first) watch_cv_.notify_one();  // not otherwise: the watcher is busy with the first
+    if (wake) watch_cv_.notify_one();  // not otherwise: the watcher looks at the queue by itself
     return;
   }
   watch(w);  // shut down meanwhile, or no watcher thread: this thread watches
 }
 
 void DcBackend::watch_loop() {
+  using Clock = std::chrono::steady_clock;
   std::unique_lock<std::mutex> l(m_);
+  auto last = Clock::now();  // when the last watch ended
   for (;;) {
-    watch_cv_.wait(l, [&] { return !watches_.empty() || stop_watcher_; });
+    if (watches_.empty() && !stop_watcher_) {
+      // While collectives come, the queue is looked at every 50 us rather than slept on: a
+      // wake-up would cost each call a system call.  Idle for 10 ms: asleep until woken.
+      if (Clock::now() - last < std::chrono::milliseconds(10)) {
+        l.unlock();
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        l.lock();
+        continue;
+      }
+      watcher_asleep_ = true;
+      watch_cv_.wait(l, [&] { return !watches_.empty() || stop_watcher_; });
+      watcher_asleep_ = false;
+    }
     if (watches_.empty()) return;  // shut down, and nothing left to watch
     Watch w = watches_.front();  // stays queued (drain() waits for it) until its work is done
     l.unlock();
     watch(w);
     l.lock();
     watches_.pop_front();
+    last = Clock::now();
     if (watches_.empty()) settled_cv_.notify_all();
   }
 }

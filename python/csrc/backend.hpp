@@ -314,6 +314,7 @@ class DcBackend : public c10d::Backend {
   std::string gpu_failure_;  // a watch failed: every later collective raises this (under lib_m_)
   std::deque<Watch> watches_;  // under m_: the first is being watched
   bool stop_watcher_ = false;  // under m_: the watcher ends once watches_ is empty
+  bool watcher_asleep_ = false;  // under m_: it waits on watch_cv_ (else it polls watches_)
   std::condition_variable watch_cv_;
   std::thread watcher_;
   double timeout_s_;

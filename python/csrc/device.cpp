@@ -29,6 +29,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 #endif
@@ -169,10 +170,48 @@ std::shared_ptr<DeviceStreams> device_streams() { return std::make_shared<Device
 
 namespace {
 
+// A CUDA event of the stages, taken from a pool of its GPU and given back when the stage goes:
+// a collective records two, and creating and destroying them cost microseconds per call
+// (ProcessGroupNCCL caches its events too).  Reuse is safe once the stage is gone: a stream that
+// waits for an event waits for the record made before the wait was enqueued, not a later one.
+// The pools are never freed (a stage may go while the process exits).
+class PooledEvent {
+ public:
+  explicit PooledEvent(c10::DeviceIndex d) : device_(d) {
+    std::lock_guard<std::mutex> l(pools_m());
+    auto& pool = pools()[d];
+    if (!pool.empty()) {
+      e_ = std::move(pool.back());
+      pool.pop_back();
+    } else {
+      e_ = std::make_unique<at::cuda::CUDAEvent>();
+    }
+  }
+  ~PooledEvent() {
+    std::lock_guard<std::mutex> l(pools_m());
+    pools()[device_].push_back(std::move(e_));
+  }
+  PooledEvent(const PooledEvent&) = delete;
+  PooledEvent& operator=(const PooledEvent&) = delete;
+  at::cuda::CUDAEvent* operator->() const { return e_.get(); }
+
+ private:
+  static std::mutex& pools_m() {
+    static auto* m = new std::mutex;
+    return *m;
+  }
+  static std::map<c10::DeviceIndex, std::vector<std::unique_ptr<at::cuda::CUDAEvent>>>& pools() {
+    static auto* p = new std::map<c10::DeviceIndex, std::vector<std::unique_ptr<at::cuda::CUDAEvent>>>;
+    return *p;
+  }
+  c10::DeviceIndex device_;
+  std::unique_ptr<at::cuda::CUDAEvent> e_;
+};
+
 class CudaStage : public DeviceStage {
  public:
   CudaStage(c10::cuda::CUDAStream stream, at::Device d, const char* what)
-      : device_(d), stream_(stream), what_(what) {
+      : device_(d), stream_(stream), what_(what), ready_(d.index()), end_(d.index()) {
     c10::cuda::CUDAGuard g(d);
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(d.index());
     // The backend's thread runs the collective later, on its own stream: nothing a graph being
@@ -185,7 +224,7 @@ class CudaStage : public DeviceStage {
                                   ": the current stream is being captured into a CUDA graph; "
                                   "the dc backend's collectives cannot be captured");
     }
-    ready_.record(current);
+    ready_->record(current);
   }
 
   at::Tensor in(const at::Tensor& t) override { return stage(t, true, false); }
@@ -196,12 +235,12 @@ class CudaStage : public DeviceStage {
     return t;
   }
   void* stream() const override { return stream_.stream(); }
-  void* end_event() const override { return recorded_ ? end_.event() : nullptr; }
+  void* end_event() const override { return recorded_ ? end_->event() : nullptr; }
 
   void begin(double timeout) override {
     c10::cuda::CUDAGuard g(device_);
     c10::cuda::CUDAStreamGuard s(stream_);
-    ready_.block(stream_);
+    ready_->block(stream_);
     if (copies_in_.empty()) return;
     for (auto& [host, dev] : copies_in_) host.copy_(dev, /*non_blocking=*/true);
     at::cuda::CUDAEvent staged;
@@ -223,7 +262,7 @@ class CudaStage : public DeviceStage {
     c10::cuda::CUDAGuard g(device_);
     c10::cuda::CUDAStreamGuard s(stream_);
     for (auto& [host, dev] : copies_out_) dev.copy_(host, /*non_blocking=*/true);
-    end_.record(stream_);
+    end_->record(stream_);
     recorded_ = true;
     // Not kept with the Work: torch's pinned-memory allocator reuses a host buffer only after
     // the copies enqueued from it, and the GPU tensors were recordStream()ed.
@@ -241,12 +280,12 @@ class CudaStage : public DeviceStage {
     // Not issued (the collective failed before its end): nothing of it on the stream to wait for.
     if (!recorded_) return;
     c10::cuda::CUDAGuard g(device_);
-    end_.block(c10::cuda::getCurrentCUDAStream(device_.index()));
+    end_->block(c10::cuda::getCurrentCUDAStream(device_.index()));
   }
 
   // Not recorded: the collective failed before its end (nothing of it on the stream), or has
   // not run yet (then the Work is not completed either).
-  bool query() override { return !recorded_ || end_.query(); }
+  bool query() override { return !recorded_ || end_->query(); }
 
  private:
   // A pinned host tensor of `t`'s size and dtype, to be filled from `t` and/or copied back to it.
@@ -266,7 +305,7 @@ class CudaStage : public DeviceStage {
   at::Device device_;
   c10::cuda::CUDAStream stream_;
   const char* what_;
-  at::cuda::CUDAEvent ready_, end_;
+  PooledEvent ready_, end_;
   std::atomic<bool> recorded_{false};
   std::vector<std::pair<at::Tensor, at::Tensor>> copies_in_, copies_out_;  // (host, GPU)
 };
