@@ -402,17 +402,21 @@ std::exception_ptr DcBackend::run_task(Task& t) {
   at::AutoDispatchBelowADInplaceOrView below;
   std::lock_guard<std::mutex> lib(lib_m_);
   try {
-    if (!gpu_failure_.empty()) throw std::runtime_error(gpu_failure_);
+    if (gpu_failed_.load()) throw std::runtime_error(gpu_failure());
     if (!t.stage) {
       t.run();
     } else {  // with the tensors' GPU and the backend's stream of it current
       t.stage->on_stream([&] {
-        t.stage->begin(timeout_s_ > 0 ? timeout_s_ : -1);
+        t.stage->begin(timeout_s_ > 0 ? timeout_s_ : -1, gpu_failed_);
         t.run();
         t.stage->end();
       });
+      // Watched in issue order: queued here, under lib_m_.
+      if (t.watch) t.watched = queue_watch(t);
     }
   } catch (const std::exception& e) {
+    // After the watcher found a failure, what failed here (a wait that gave up) is that one.
+    if (gpu_failed_.load()) return failure(t.name, std::runtime_error(gpu_failure()));
     return failure(t.name, e);
   }
   return nullptr;
@@ -420,41 +424,43 @@ std::exception_ptr DcBackend::run_task(Task& t) {
 
 bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool worker) {
   if (!t.stage) return t.work->complete(error, source, t.ticket, worker);
-  if (t.watch && !error) watch_later(t);
+  // No watcher took its GPU work (none could be started, or it was shut down meanwhile): it is
+  // watched here, once the Work has completed (a worker then does not go straight back).
+  const bool here = t.watch && !error && !t.watched;
   bool returning = false;
   // On the stage's stream: the Future records its events there.
-  t.stage->on_stream([&] { returning = t.work->complete(error, source, t.ticket, worker); });
+  t.stage->on_stream(
+      [&] { returning = t.work->complete(error, source, t.ticket, worker && !here); });
+  if (here) t.stage->on_stream([&] { watch(watch_of(t)); });
   return returning;
 }
 
-void DcBackend::watch_later(const Task& t) {
+DcBackend::Watch DcBackend::watch_of(const Task& t) const {
   const double s = *t.watch >= 0 ? *t.watch : pg_->timeout();
-  Watch w{t.stage, t.name, s,
-          std::chrono::steady_clock::now() +
-              std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                  std::chrono::duration<double>(s))};
+  return Watch{t.stage, t.name, s,
+               std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(s))};
+}
+
+bool DcBackend::queue_watch(const Task& t) {
   bool wake;
   {
     std::lock_guard<std::mutex> l(m_);
-    if (!stop_watcher_ && !watcher_.joinable()) {
+    if (stop_watcher_) return false;
+    if (!watcher_.joinable()) {
       try {
         watcher_ = std::thread([this] { watch_loop(); });
         ::pthread_setname_np(watcher_.native_handle(), "pt_dc watcher");
       } catch (const std::system_error&) {
-        // No thread to be had (a limit): watched here, as below.
+        return false;  // no thread to be had (a limit)
       }
     }
+    watches_.push_back(watch_of(t));
     wake = watcher_asleep_;
-    if (!stop_watcher_ && watcher_.joinable()) {
-      watches_.push_back(std::move(w));
-      w.stage = nullptr;
-    }
   }
-  if (!w.stage) {
-    if (wake) watch_cv_.notify_one();  // not otherwise: the watcher looks at the queue by itself
-    return;
-  }
-  watch(w);  // shut down meanwhile, or no watcher thread: this thread watches
+  if (wake) watch_cv_.notify_one();  // not otherwise: the watcher looks at the queue by itself
+  return true;
 }
 
 void DcBackend::watch_loop() {
@@ -463,11 +469,12 @@ void DcBackend::watch_loop() {
   auto last = Clock::now();  // when the last watch ended
   for (;;) {
     if (watches_.empty() && !stop_watcher_) {
-      // While collectives come, the queue is looked at every 50 us rather than slept on: a
-      // wake-up would cost each call a system call.  Idle for 10 ms: asleep until woken.
-      if (Clock::now() - last < std::chrono::milliseconds(10)) {
+      // While collectives come, the queue is looked at every millisecond rather than slept on:
+      // a wake-up would cost each call a system call (nothing waits for the watcher but drain()
+      // and the next call's error).  Idle for 50 ms: asleep until woken.
+      if (Clock::now() - last < std::chrono::milliseconds(50)) {
         l.unlock();
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
         l.lock();
         continue;
       }
@@ -478,7 +485,9 @@ void DcBackend::watch_loop() {
     if (watches_.empty()) return;  // shut down, and nothing left to watch
     Watch w = watches_.front();  // stays queued (drain() waits for it) until its work is done
     l.unlock();
-    watch(w);
+    // On the stage's GPU: a CUDA call on a thread with no device set would make a context on
+    // GPU 0 (hundreds of MiB on every rank's GPU 0).
+    w.stage->on_stream([&] { watch(w); });
     l.lock();
     watches_.pop_front();
     last = Clock::now();
@@ -486,56 +495,66 @@ void DcBackend::watch_loop() {
   }
 }
 
+std::string DcBackend::gpu_failure() {
+  std::lock_guard<std::mutex> l(failure_m_);
+  return gpu_failure_;
+}
+
+void DcBackend::fail_gpu(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> l(failure_m_);
+    if (!gpu_failure_.empty()) return;
+    gpu_failure_ = why;
+  }
+  gpu_failed_.store(true);
+}
+
 void DcBackend::watch(const Watch& w) {
   using Clock = std::chrono::steady_clock;
+  const std::string earlier = std::string("the GPU work of an earlier ") + w.name;
+  const char* aborted = "; the group's NCCL communicators were aborted";
   auto ask = Clock::now();  // when to ask the library next
+  // Between two looks at the event: from 50 us, doubling to 1 ms while the work runs on.
+  std::chrono::microseconds pause(50);
   for (;;) {
-    bool failed = false;
+    // Failed before: the communicators were aborted, and later collectives raise that.
+    if (gpu_failed_.load()) return;
     try {
       if (w.stage->query()) return;
     } catch (const std::exception&) {
-      failed = true;  // a CUDA error: the library names it (and aborts) below
+      ask = Clock::now();  // a CUDA error: the library names it (and aborts) below
     }
     const auto now = Clock::now();
-    const bool late = now >= w.deadline;
-    if (failed || late || now >= ask) {
-      // Between the collectives' library calls; a plain check waits for none of them.
-      std::unique_lock<std::mutex> lib(lib_m_, std::defer_lock);
-      if (failed || late)
-        lib.lock();
-      else
-        (void)lib.try_lock();
+    if (now >= w.deadline) {
+      // Decided without the library: a collective that holds it may wait behind this work
+      // (a host-staged one's copies), and gives up once gpu_failed_ is set.  The communicators
+      // are aborted once no collective uses the library, without holding it: an abort may wait
+      // for the GPU work ahead of it on the stream, and the callers raise meanwhile.
+      fail_gpu(earlier + " did not finish within its timeout (" + c10::str(w.seconds) + " s)" +
+               aborted);
+      { std::lock_guard<std::mutex> lib(lib_m_); }
+      try {
+        pg_->device_wait_event(w.stage->end_event(), 0);
+      } catch (const std::exception&) {
+        // the abort's own report of the timeout
+      }
+      return;
+    }
+    if (now >= ask) {
+      // Between the collectives' library calls; a check waits for none of them.
+      std::unique_lock<std::mutex> lib(lib_m_, std::try_to_lock);
       if (lib.owns_lock()) {
-        // Failed before: the communicators were aborted, and later collectives raise that.
-        if (!gpu_failure_.empty()) return;
-        bool done = false;
-        std::string why;
         try {
-          w.stage->on_stream([&] { done = pg_->device_event_done(w.stage->end_event()); });
+          if (pg_->device_event_done(w.stage->end_event())) return;
         } catch (const std::exception& e) {
-          why = std::string(" failed: ") + e.what();  // the library aborted the communicators
-        }
-        if (done) return;
-        const bool timed_out = why.empty() && late;
-        if (timed_out) why = " did not finish within its timeout (" + c10::str(w.seconds) + " s)";
-        if (!why.empty()) {
-          gpu_failure_ = std::string("the GPU work of an earlier ") + w.name + why +
-                         "; the group's NCCL communicators were aborted";
-          lib.unlock();
-          // Timed out: the communicators are aborted here, without the lock (nothing else uses
-          // the library's GPU part now: the callers raise gpu_failure_), since an abort may wait
-          // for the GPU work ahead of it on the stream.
-          if (timed_out)
-            try {
-              w.stage->on_stream([&] { pg_->device_wait_event(w.stage->end_event(), 0); });
-            } catch (const std::exception&) {
-            }
+          fail_gpu(earlier + " failed: " + e.what() + aborted);  // the library aborted them
           return;
         }
         ask = now + std::chrono::milliseconds(1);
       }
     }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::microseconds(1000));
   }
 }
 
@@ -1145,7 +1164,7 @@ void DcBackend::finish(Message& m, std::exception_ptr e, int source) {
         copy_back(m.user, m.wire);
       } else if (m.user.numel()) {  // enqueued, not waited for (see message())
         st->on_stream([&] {
-          st->begin(-1);  // nothing to copy in: only the wait for the caller's stream
+          st->begin(-1, gpu_failed_);  // nothing to copy in: only the wait for the caller's stream
           m.user.copy_(m.wire.view(m.user.sizes()), /*non_blocking=*/true);
           st->end();
         });

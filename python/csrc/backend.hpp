@@ -17,6 +17,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -43,9 +44,10 @@ at::Device checked_device(at::Device d, const char* what);  // the same for one 
 
 // The stream side of one collective on CUDA tensors (device.cpp), with ProcessGroupNCCL's
 // semantics.  Made on the caller's thread at issue: it records an event on the caller's current
-// stream.  On the backend's thread, in issue order: begin() makes the backend's stream of that
-// GPU wait for that event, makes it current, and copies what the collective reads from the GPU
-// into pinned host tensors (in(), inout()); the host collective runs on those; end() copies the
+// stream.  Where the collective runs (a worker, or the caller's thread for a synchronous call
+// with nothing queued), in issue order: begin() makes the backend's stream of that GPU wait for
+// that event, makes it current, and copies what the collective reads from the GPU into pinned
+// host tensors (in(), inout()); the host collective runs on those; end() copies the
 // results back (out(), inout()) and records the end event, all on the backend's stream.  A
 // collective the library runs on device memory itself uses the GPU tensors as they are (native())
 // and enqueues its work on stream() between begin() and end().  The Work then makes the caller's
@@ -64,9 +66,11 @@ class DeviceStage {
   virtual void* stream() const = 0;  // the backend's cudaStream_t for this GPU
   // The cudaEvent_t that end() recorded (nullptr before, and for host stages).
   virtual void* end_event() const = 0;
-  // The backend's thread: before and after the collective.  begin() waits (at most `timeout`
-  // seconds, < 0: none) for the copies to host, which follow the caller's pending work.
-  virtual void begin(double timeout) = 0;
+  // Where the collective runs: before and after it.  begin() waits (at most `timeout` seconds,
+  // < 0: none) for the copies to host, which follow the caller's pending work; it gives up,
+  // throwing, once `failed` is set (the watcher found an earlier collective's GPU work failed:
+  // the copies may wait behind it).
+  virtual void begin(double timeout, const std::atomic<bool>& failed) = 0;
   virtual void end() = 0;
   // Runs `f` with the backend's stream current (marking the Future records its events there).
   virtual void on_stream(const std::function<void()>& f) = 0;
@@ -95,7 +99,7 @@ class CompletionOrder {
   void wait_turn(uint64_t ticket);
   void done(uint64_t ticket);
   // Workers that completed a Work whose Future the program never took (so no callback of the
-  // program runs on them) and are on their way back to the queue (not to watch GPU work), from
+  // program runs on them) and are on their way back to the queue, from
   // just before the Work completed until they are back (counted down under the backend's
   // lock).  While there are any, a call queued meanwhile wakes no idle worker: one of these
   // finds it.
@@ -114,8 +118,8 @@ class DcWork : public c10d::Work {
   DcWork(int rank, c10d::OpType type, const char* title, std::vector<at::Tensor> outputs,
          std::shared_ptr<DeviceStage> stage, std::shared_ptr<CompletionOrder> order);
   std::vector<at::Tensor> result() override { return outputs_; }
-  // GPU tensors: the host waits until the backend's thread has issued the work (or failed), the
-  // current stream until the GPU has done it.
+  // GPU tensors: the host waits until the work is issued (or failed), the current stream until
+  // the GPU has done it.
   bool wait(std::chrono::milliseconds timeout) override;
   void synchronize() override;
   void blockCurrentStream() override { synchronize(); }
@@ -216,10 +220,11 @@ class DcBackend : public c10d::Backend {
     std::function<void()> run;
     std::vector<at::Tensor> keep;  // a message's tensors, until the task is released
     std::shared_ptr<DeviceStage> stage;  // GPU tensors (else nullptr)
-    // GPU work the library enqueued, watched after the Work completed (watch_later): how long
-    // it may take, in seconds (< 0: the group's default); none: nothing to watch.
+    // GPU work the library enqueued, to be watched (queue_watch): how long it may take, in
+    // seconds (< 0: the group's default); none: nothing to watch.
     std::optional<double> watch;
     uint64_t ticket = 0;  // a collective's place in order_, given when it runs
+    bool watched = false;  // queued for the watcher (else finish_task watches it)
   };
   // A send or receive for the mailbox thread (p2p_loop).
   struct Message {
@@ -229,7 +234,7 @@ class DcBackend : public c10d::Backend {
     int peer, tag;
     uint64_t id = 0;  // the Mailbox request, once posted
   };
-  // Queues `run` for the backend's thread; the Work completes with `outputs`.
+  // Queues `run` for the workers; the Work completes with `outputs`.
   // sync: the caller waits at once (async_op=False); run on its thread if nothing is queued.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> outputs,
@@ -241,26 +246,30 @@ class DcBackend : public c10d::Backend {
   // A collective's part under busy_: the library call (and its staging); its error, if any.
   std::exception_ptr run_task(Task& t);
   // After busy_ is released: completes the Work (the Future's callbacks run here, and may issue
-  // and wait for more collectives; `source`: a recv's sender), its GPU work handed to the
-  // watcher.
+  // and wait for more collectives; `source`: a recv's sender).
   // worker: called by loop(), which goes back to the queue after (a caller's thread, also a
   // worker's in a callback that runs a collective inline, goes back to the program instead).
   // Returns whether the worker was counted in CompletionOrder::returning (DcWork::complete).
   bool finish_task(Task& t, std::exception_ptr error, int source, bool worker);
-  // The GPU work of the collectives that ran, watched by one thread (started at the first) in
-  // issue order, while the workers go on with the next collectives: watch() polls a Watch's end
-  // event, and asks the library every millisecond, between collectives (lib_m_), whether an
-  // NCCL communicator failed.  An error, or the end of its time, aborts the group's
-  // communicators (the library does), and every later collective raises it (gpu_failure_).
+  // The GPU work of the collectives that ran, queued in issue order by run_task and watched by
+  // one thread (started at the first), while the callers and workers go on: watch() polls a
+  // Watch's end event (every 50 us at first, backing off to every millisecond), and asks the
+  // library every millisecond, between collectives (lib_m_), whether an NCCL communicator
+  // failed.  An error, or the end of its time, fails the group
+  // (fail_gpu: every later collective raises it, and a collective waiting in
+  // DeviceStage::begin gives up) and aborts its NCCL communicators.
   struct Watch {
     std::shared_ptr<DeviceStage> stage;  // its end event
     const char* name;
     double seconds;
     std::chrono::steady_clock::time_point deadline;
   };
-  void watch_later(const Task& t);
+  Watch watch_of(const Task& t) const;
+  bool queue_watch(const Task& t);  // under lib_m_; false: no watcher thread takes it
   void watch_loop();
-  void watch(const Watch& w);
+  void watch(const Watch& w);  // with the stage's GPU current
+  std::string gpu_failure();
+  void fail_gpu(const std::string& why);  // the first failure is kept
   // A worker thread: runs the queued collectives one at a time, in order, and completes them
   // and the mailbox thread's messages.  A collective with more queued behind it is handed over
   // to be completed by another worker while this one goes on; a worker that runs or completes
@@ -311,7 +320,9 @@ class DcBackend : public c10d::Backend {
 
   std::shared_ptr<dc::ProcessGroup> pg_;
   std::shared_ptr<DeviceStreams> streams_;
-  std::string gpu_failure_;  // a watch failed: every later collective raises this (under lib_m_)
+  std::mutex failure_m_;
+  std::string gpu_failure_;  // under failure_m_: a watch failed; every later collective raises it
+  std::atomic<bool> gpu_failed_{false};  // set once gpu_failure_ is
   std::deque<Watch> watches_;  // under m_: the first is being watched
   bool stop_watcher_ = false;  // under m_: the watcher ends once watches_ is empty
   bool watcher_asleep_ = false;  // under m_: it waits on watch_cv_ (else it polls watches_)

@@ -103,7 +103,7 @@ class HostStage : public DeviceStage {
   at::Tensor native(const at::Tensor& t) override { return t; }
   void* stream() const override { return nullptr; }
   void* end_event() const override { return nullptr; }
-  void begin(double) override {
+  void begin(double, const std::atomic<bool>&) override {
     for (auto& [host, t] : copies_in_) host.copy_(t);
   }
   void end() override {
@@ -214,8 +214,8 @@ class CudaStage : public DeviceStage {
       : device_(d), stream_(stream), what_(what), ready_(d.index()), end_(d.index()) {
     c10::cuda::CUDAGuard g(d);
     c10::cuda::CUDAStream current = c10::cuda::getCurrentCUDAStream(d.index());
-    // The backend's thread runs the collective later, on its own stream: nothing a graph being
-    // captured could hold.
+    // The collective runs on the backend's own stream (maybe later, on a worker): nothing a
+    // graph being captured could hold.
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     if (cudaStreamIsCapturing(current.stream(), &status) != cudaSuccess ||
         status != cudaStreamCaptureStatusNone) {
@@ -237,7 +237,7 @@ class CudaStage : public DeviceStage {
   void* stream() const override { return stream_.stream(); }
   void* end_event() const override { return recorded_ ? end_->event() : nullptr; }
 
-  void begin(double timeout) override {
+  void begin(double timeout, const std::atomic<bool>& failed) override {
     c10::cuda::CUDAGuard g(device_);
     c10::cuda::CUDAStreamGuard s(stream_);
     ready_->block(stream_);
@@ -250,6 +250,8 @@ class CudaStage : public DeviceStage {
     auto deadline = std::chrono::steady_clock::now() +
                     std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6));
     while (!staged.query()) {
+      if (failed.load())
+        throw std::runtime_error(std::string(what_) + ": an earlier collective's GPU work failed");
       if (timeout >= 0 && std::chrono::steady_clock::now() > deadline)
         throw std::runtime_error(std::string(what_) + ": the copies of its GPU tensors to the " +
                                  "host did not finish within the timeout (" +

@@ -62,7 +62,7 @@ bool DcWork::wait(std::chrono::milliseconds timeout) {
 
 void DcWork::synchronize() {
   if (!stage_) return;
-  // The end event exists once the backend's thread has issued the work: until then, wait on
+  // The end event exists once the work is issued: until then, wait on
   // the host (without raising: wait() does).
   {
     std::unique_lock<std::mutex> l(issued_m_);
