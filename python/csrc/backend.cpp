@@ -431,7 +431,7 @@ bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool 
   // On the stage's stream: the Future records its events there.
   t.stage->on_stream(
       [&] { returning = t.work->complete(error, source, t.ticket, worker && !here); });
-  if (here) t.stage->on_stream([&] { watch(watch_of(t)); });
+  if (here) watch_on_its_gpu(watch_of(t));
   return returning;
 }
 
@@ -485,13 +485,22 @@ void DcBackend::watch_loop() {
     if (watches_.empty()) return;  // shut down, and nothing left to watch
     Watch w = watches_.front();  // stays queued (drain() waits for it) until its work is done
     l.unlock();
-    // On the stage's GPU: a CUDA call on a thread with no device set would make a context on
-    // GPU 0 (hundreds of MiB on every rank's GPU 0).
-    w.stage->on_stream([&] { watch(w); });
+    watch_on_its_gpu(w);
     l.lock();
     watches_.pop_front();
     last = Clock::now();
     if (watches_.empty()) settled_cv_.notify_all();
+  }
+}
+
+void DcBackend::watch_on_its_gpu(const Watch& w) {
+  try {
+    // A CUDA call on a thread with no device set would make a context on GPU 0 (hundreds of
+    // MiB on GPU 0 of every rank).
+    w.stage->on_stream([&] { watch(w); });
+  } catch (const std::exception& e) {  // setting the device failed: the GPU is unusable
+    fail_gpu(std::string("watching the GPU work of an earlier ") + w.name + " failed: " +
+             e.what());
   }
 }
 

@@ -268,6 +268,7 @@ class DcBackend : public c10d::Backend {
   bool queue_watch(const Task& t);  // under lib_m_; false: no watcher thread takes it
   void watch_loop();
   void watch(const Watch& w);  // with the stage's GPU current
+  void watch_on_its_gpu(const Watch& w);  // watch() with it current; never throws
   std::string gpu_failure();
   void fail_gpu(const std::string& why);  // the first failure is kept
   // A worker thread: runs the queued collectives one at a time, in order, and completes them
