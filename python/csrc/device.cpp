@@ -196,12 +196,13 @@ class PooledEvent {
   at::cuda::CUDAEvent* operator->() const { return e_.get(); }
 
  private:
+  using Pools = std::map<c10::DeviceIndex, std::vector<std::unique_ptr<at::cuda::CUDAEvent>>>;
   static std::mutex& pools_m() {
     static auto* m = new std::mutex;
     return *m;
   }
-  static std::map<c10::DeviceIndex, std::vector<std::unique_ptr<at::cuda::CUDAEvent>>>& pools() {
-    static auto* p = new std::map<c10::DeviceIndex, std::vector<std::unique_ptr<at::cuda::CUDAEvent>>>;
+  static Pools& pools() {
+    static auto* p = new Pools;
     return *p;
   }
   c10::DeviceIndex device_;
@@ -243,13 +244,13 @@ class CudaStage : public DeviceStage {
     ready_->block(stream_);
     if (copies_in_.empty()) return;
     for (auto& [host, dev] : copies_in_) host.copy_(dev, /*non_blocking=*/true);
-    at::cuda::CUDAEvent staged;
-    staged.record(stream_);
+    PooledEvent staged(device_.index());
+    staged->record(stream_);
     // The host collective reads the copies: wait for them, bounded (they follow the caller's
     // pending work on its stream).
     auto deadline = std::chrono::steady_clock::now() +
                     std::chrono::microseconds(static_cast<int64_t>(timeout * 1e6));
-    while (!staged.query()) {
+    while (!staged->query()) {
       if (failed.load())
         throw std::runtime_error(std::string(what_) + ": an earlier collective's GPU work failed");
       if (timeout >= 0 && std::chrono::steady_clock::now() > deadline)
