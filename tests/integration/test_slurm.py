@@ -18,6 +18,7 @@ TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
 WORK = os.path.join(os.getcwd(), "slurm-work")
 ENV = {}
 OMPI_TCP = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}
+OMPI_CONNECT_RACE = "Open MPI failed to TCP connect to a peer MPI process"
 
 TORCH_CHECK = r'''
 import os, socket, sys
@@ -133,7 +134,16 @@ def test_srun_direct_launch():
     masters = {l.split()[-1] for l in r.stdout.splitlines()}
     check(len(masters) == 1 and masters.pop().startswith("n1:"), f"MASTER_ADDR/PORT: {r.stdout}")
     if shutil.which("mpicc"):
-        r = sh(["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, os.path.join(WORK, "collectives")], env)
+        cmd = ["srun", "--mpi=pmix", "-N", "4", "-n", "8", EXEC, os.path.join(WORK, "collectives")]
+        r = sh(cmd, env)
+        if r.returncode != 0 and OMPI_CONNECT_RACE in r.stderr:
+            # Open MPI's own TCP transport lost a connection race while 8 ranks connect at once
+            # on an overloaded 2-processor machine (its warning, then a crash in Open MPI; see
+            # open-mpi/ompi#11508).  The program runs as srun's task after pytorch_exec has
+            # exec'd it, so none of ours is involved: once more, said so in the log.
+            print(f"    Open MPI's TCP connect race (exit {r.returncode}); running the step again",
+                  flush=True)
+            r = sh(cmd, env)
         check(r.returncode == 0 and "collectives over 8 ranks: ok" in r.stdout, f"exit {r.returncode}: {r.stdout} {r.stderr}")
         r = sh(["srun", "--mpi=pmix", "-N", "2", "-n", "3", EXEC, os.path.join(WORK, "hello")], env)
         check(r.returncode == 0 and r.stdout.count("of 3 on") == 3 and "MISMATCH" not in r.stdout, r.stdout + r.stderr)
