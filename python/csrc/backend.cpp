@@ -199,6 +199,7 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
   try {
     pg_ = dc::ProcessGroup::init(rank, size, exchange_over(store), o);
     mailbox_ = pg_->mailbox();
+    lib_timeout_s_ = pg_->timeout();
   } catch (const std::exception& e) {
     throw std::runtime_error("pytorch_dc: init of rank " + std::to_string(rank) + " of " +
                              std::to_string(size) + " failed: " + e.what());
@@ -317,6 +318,14 @@ void DcBackend::shutdown() {
     t.work->complete(std::make_exception_ptr(std::runtime_error(
         std::string("pytorch_dc: ") + t.name + " not run: the process group was shut down")),
         -1, 0, false);
+  // The group's own connections and shared memory close now too, not with the backend, which
+  // the program may hold long after destroy_process_group() (a DDP model does): the tasks that
+  // ran hold the group until they are released (above, or in a detached worker).
+  std::shared_ptr<dc::ProcessGroup> last;
+  {
+    std::lock_guard<std::mutex> l(pg_m_);
+    last.swap(pg_);
+  }
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DcBackend::getBackendOptions() {
@@ -334,10 +343,18 @@ c10::intrusive_ptr<c10d::Backend> DcBackend::split(const c10::intrusive_ptr<c10d
                                         static_cast<int>(ranks.size()), timeout);
 }
 
+std::shared_ptr<dc::ProcessGroup> DcBackend::lib() const {
+  std::lock_guard<std::mutex> l(pg_m_);
+  return pg_;
+}
+
 std::string DcBackend::describe() const {
-  return "dc rank " + std::to_string(pg_->rank()) + " of " + std::to_string(pg_->size()) + ", " +
-         std::to_string(pg_->nodes()) + " node(s), " + pg_->intra_transport() + "/" +
-         pg_->inter_transport();
+  auto pg = lib();
+  if (!pg) return "dc rank " + std::to_string(getRank()) + " of " + std::to_string(getSize()) +
+                  " (shut down)";
+  return "dc rank " + std::to_string(pg->rank()) + " of " + std::to_string(pg->size()) + ", " +
+         std::to_string(pg->nodes()) + " node(s), " + pg->intra_transport() + "/" +
+         pg->inter_transport();
 }
 
 double DcBackend::seconds(std::chrono::milliseconds t) const {
@@ -436,7 +453,7 @@ bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool 
 }
 
 DcBackend::Watch DcBackend::watch_of(const Task& t) const {
-  const double s = *t.watch >= 0 ? *t.watch : pg_->timeout();
+  const double s = *t.watch >= 0 ? *t.watch : lib_timeout_s_;
   return Watch{t.stage, t.name, s,
                std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -522,6 +539,8 @@ void DcBackend::watch(const Watch& w) {
   using Clock = std::chrono::steady_clock;
   const std::string earlier = std::string("the GPU work of an earlier ") + w.name;
   const char* aborted = "; the group's NCCL communicators were aborted";
+  auto pg = lib();
+  if (!pg) return;  // shut down: its GPU work was waited for then (a detached worker's late watch)
   auto ask = Clock::now();  // when to ask the library next
   // Between two looks at the event: from 50 us, doubling to 1 ms while the work runs on.
   std::chrono::microseconds pause(50);
@@ -543,7 +562,7 @@ void DcBackend::watch(const Watch& w) {
                aborted);
       { std::lock_guard<std::mutex> lib(lib_m_); }
       try {
-        pg_->device_wait_event(w.stage->end_event(), 0);
+        pg->device_wait_event(w.stage->end_event(), 0);
       } catch (const std::exception&) {
         // the abort's own report of the timeout
       }
@@ -554,7 +573,7 @@ void DcBackend::watch(const Watch& w) {
       std::unique_lock<std::mutex> lib(lib_m_, std::try_to_lock);
       if (lib.owns_lock()) {
         try {
-          if (pg_->device_event_done(w.stage->end_event())) return;
+          if (pg->device_event_done(w.stage->end_event())) return;
         } catch (const std::exception& e) {
           fail_gpu(earlier + " failed: " + e.what() + aborted);  // the library aborted them
           return;
@@ -732,7 +751,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
                                                         bool sync) {
   Reduction r = reduction_for(t, op, "allreduce");
   auto st = stage({t}, "allreduce");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(timeout);
   if (on_device(st, {t}) && r.wire == t.scalar_type()) {
     // On the GPU (NCCL), enqueued on the backend's stream.
@@ -769,7 +788,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_coalesced(
     if (t.scalar_type() != tensors[0].scalar_type())
       bad("allreduce_coalesced", "tensors of different dtypes");
   auto st = stage(tensors, "allreduce_coalesced");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ts;
   for (auto& t : tensors) ts.push_back(st ? st->inout(t) : t);
@@ -788,7 +807,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensor
   const at::Tensor& t = single(tensors, "reduce");
   Reduction r = reduction_for(t, opts.reduceOp, "reduce");
   auto st = stage({t}, "reduce");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   bool root = static_cast<int>(opts.rootRank) == getRank();
   at::Tensor h = st ? st->inout(t) : t;
@@ -807,7 +826,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensor
 c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                     const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = single(tensors, "broadcast");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   int root = static_cast<int>(opts.rootRank);
   auto st = stage({t}, "broadcast");
@@ -841,7 +860,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather(std::vector<std::vector<at::
   std::vector<at::Tensor> all = outputs[0];
   all.push_back(in);
   auto st = stage(all, "allgather");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor hin = st ? st->in(in) : in;
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs[0]);
@@ -873,7 +892,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
   std::vector<at::Tensor> all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   auto st = stage(all, "allgather_into_tensor");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   if (on_device(st, all)) {
     DeviceStage* d = st.get();
@@ -916,7 +935,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::gather(std::vector<std::vector<at::Ten
   std::vector<at::Tensor> all = outs;
   all.push_back(in);
   auto st = stage(all, "gather");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor hin = st ? st->in(in) : in;
   std::vector<at::Tensor> houts = staged_out(st.get(), outs);
@@ -947,7 +966,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::scatter(std::vector<at::Tensor>& outpu
   std::vector<at::Tensor> all = ins;
   all.push_back(out);
   auto st = stage(all, "scatter");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor hout = st ? st->out(out) : out;
   std::vector<at::Tensor> hins = staged_in(st.get(), ins);
@@ -973,7 +992,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
   std::vector<at::Tensor> all = inputs[0];
   all.push_back(out);
   auto st = stage(all, "reduce_scatter");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ins = staged_in(st.get(), inputs[0]);
   at::Tensor hout = st ? st->out(out) : out;
@@ -1010,7 +1029,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
   std::vector<at::Tensor> all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   auto st = stage(all, "reduce_scatter_tensor");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   bool as_is = true;  // every tensor reduced in its own dtype (not int8/bool in a wider one)
   for (size_t k = 0; k < inputs.size(); ++k) as_is = as_is && rs[k].wire == inputs[k].scalar_type();
@@ -1052,7 +1071,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall_base(at::Tensor& output, at::
   auto sb = split_bytes(input, input_splits, getSize(), "alltoall_base");
   auto rb = split_bytes(output, output_splits, getSize(), "alltoall_base");
   auto st = stage({input, output}, "alltoall_base");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor in = st ? st->in(input) : input, out = st ? st->out(output) : output;
   return enqueue(
@@ -1082,7 +1101,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outp
   std::vector<at::Tensor> all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   auto st = stage(all, "alltoall");
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ins = staged_in(st.get(), inputs), outs = staged_out(st.get(), outputs);
   return enqueue(
@@ -1097,7 +1116,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outp
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::barrier(const c10d::BarrierOptions& opts) {
-  auto pg = pg_;
+  auto pg = lib();
   double s = seconds(opts.timeout);
   return enqueue(c10d::OpType::BARRIER, "barrier", {}, [=] { pg->barrier(s); });
 }

@@ -319,7 +319,11 @@ class DcBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
                                                std::chrono::milliseconds timeout, bool sync);
 
+  // The library's group, until shutdown() releases it (under pg_m_; lib() gives it, or nullptr).
+  std::shared_ptr<dc::ProcessGroup> lib() const;
+  mutable std::mutex pg_m_;
   std::shared_ptr<dc::ProcessGroup> pg_;
+  double lib_timeout_s_ = 0;  // pg_->timeout(): a watch's default
   std::shared_ptr<DeviceStreams> streams_;
   std::mutex failure_m_;
   std::string gpu_failure_;  // under failure_m_: a watch failed; every later collective raises it

@@ -140,6 +140,22 @@ def test_program_ends_holding_destroyed_groups():
     check(out.count("kept: rank") == 2, out)
 
 
+def test_destroy_releases_connections_and_shared_memory():
+    """destroy_process_group() closes every connection of the groups and unmaps their shared
+    memory at once, though the program still holds them (a DDP model, a new_group's handle):
+    two simulated nodes of two, so that both tcp and shm are used."""
+    with tempfile.TemporaryDirectory() as where:
+        out = job(4, ["released", where], nodes="/2", timeout=120)
+    seen = re.findall(r"released: rank (\d) sockets (\d+) -> (\d+) -> (\d+), "
+                      r"shared memory mappings (\d+) -> (\d+) -> (\d+)", out)
+    check(len(seen) == 4, out)
+    for rank, *counts in seen:
+        s0, s1, s2, m0, m1, m2 = map(int, counts)
+        check(s1 > s0 and m1 > m0, f"rank {rank}: the groups opened no socket or mapping: {out}")
+        check(s2 == s0, f"rank {rank}: {s2 - s0} socket(s) still open after destroy: {out}")
+        check(m2 == m0, f"rank {rank}: shared memory still mapped after destroy: {out}")
+
+
 def test_copies_into_guarded_tensors():
     """Results copied into Parameters (non-contiguous, channels_last; no_grad and grad enabled)
     and into tensors under inference_mode, as gloo does them."""
@@ -274,6 +290,7 @@ if __name__ == "__main__":
           test_callbacks_that_issue_collectives, test_program_ends_with_callbacks_pending,
           test_idle_workers_end, test_sends_not_waited_for_arrive,
           test_program_ends_holding_destroyed_groups,
+          test_destroy_releases_connections_and_shared_memory,
           test_copies_into_guarded_tensors,
           test_fsdp_against_gloo, test_devices_and_spellings,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,

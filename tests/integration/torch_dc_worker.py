@@ -639,6 +639,49 @@ def kept():
           flush=True)
 
 
+def open_sockets():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+        except OSError:
+            pass  # the listing's own descriptor, closed meanwhile
+    return n
+
+
+def shm_mappings():
+    with open("/proc/self/maps") as f:
+        return sum("/pytorch_dc." in line for line in f)
+
+
+def released(where):
+    # destroy_process_group() closes the groups' connections and unmaps their shared memory at
+    # once, while the program still holds them (a DDP model, a new_group's handle).  A file://
+    # store: torch itself opens no socket, so every socket that comes and goes is the groups'.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    before = (open_sockets(), shm_mappings())
+    dist.init_process_group("dc", init_method=f"file://{where}/store", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    sub = dist.new_group(backend="dc")
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+    model(torch.ones(4, 8)).sum().backward()
+    t = torch.ones(4)
+    dist.all_reduce(t, group=sub)
+    same(t, torch.full((4,), float(world)), "allreduce")
+    peer = rank ^ 1  # a send and a receive: the mailbox's connections too
+    if rank % 2 == 0:
+        dist.send(torch.ones(3), peer)
+    else:
+        dist.recv(t[:3], peer)
+    dist.barrier()
+    during = (open_sockets(), shm_mappings())
+    dist.destroy_process_group()
+    after = (open_sockets(), shm_mappings())
+    print(f"released: rank {rank} sockets {before[0]} -> {during[0]} -> {after[0]}, "
+          f"shared memory mappings {before[1]} -> {during[1]} -> {after[1]}, holding "
+          f"{type(model).__name__} and {type(sub).__name__}", flush=True)
+
+
 def autograd():
     dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
     rank = dist.get_rank()
@@ -855,6 +898,7 @@ MODES = {  # mode -> (function, converter of its argument, or None for none)
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
     "unfinished": (unfinished, None), "reaped": (reaped, None),
     "unsent": (unsent, str), "unread": (unread, str), "kept": (kept, None), "fail": (fail, int),
+    "released": (released, str),
     "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
     "launcher": (launcher, str),
 }
