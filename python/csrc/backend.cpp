@@ -319,8 +319,9 @@ void DcBackend::shutdown() {
         std::string("pytorch_dc: ") + t.name + " not run: the process group was shut down")),
         -1, 0, false);
   // The group's own connections and shared memory close now too, not with the backend, which
-  // the program may hold long after destroy_process_group() (a DDP model does): the tasks that
-  // ran hold the group until they are released (above, or in a detached worker).
+  // the program may hold long after destroy_process_group() (a DDP model does).  A task holds
+  // the group until it is done: a collective running inline on another thread, or the worker
+  // that a callback which shut the group down detached, lets go of it when it finishes.
   std::shared_ptr<dc::ProcessGroup> last;
   {
     std::lock_guard<std::mutex> l(pg_m_);
@@ -368,7 +369,8 @@ std::shared_ptr<DeviceStage> DcBackend::stage(const std::vector<at::Tensor>& ts,
 
 c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char* name,
                                                   std::vector<at::Tensor> outputs,
-                                                  std::function<void()> run, bool sync,
+                                                  std::function<void(dc::ProcessGroup&)> run,
+                                                  bool sync,
                                                   std::shared_ptr<DeviceStage> stage,
                                                   std::optional<double> watch) {
   auto work = c10::make_intrusive<DcWork>(getRank(), type, name, std::move(outputs), stage,
@@ -380,6 +382,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
+    t.pg = lib();  // not shut down yet: shutdown() lets go of it only after stop_
     done.swap(done_);
     queue = !sync || busy_ || !queue_.empty();
     if (queue) {
@@ -421,11 +424,11 @@ std::exception_ptr DcBackend::run_task(Task& t) {
   try {
     if (gpu_failed_.load()) throw std::runtime_error(gpu_failure());
     if (!t.stage) {
-      t.run();
+      t.run(*t.pg);
     } else {  // with the tensors' GPU and the backend's stream of it current
       t.stage->on_stream([&] {
         t.stage->begin(timeout_s_ > 0 ? timeout_s_ : -1, gpu_failed_);
-        t.run();
+        t.run(*t.pg);
         t.stage->end();
       });
       // Watched in issue order: queued here, under lib_m_.
@@ -454,7 +457,7 @@ bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool 
 
 DcBackend::Watch DcBackend::watch_of(const Task& t) const {
   const double s = *t.watch >= 0 ? *t.watch : lib_timeout_s_;
-  return Watch{t.stage, t.name, s,
+  return Watch{t.stage, t.pg, t.name, s,
                std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                        std::chrono::duration<double>(s))};
@@ -539,8 +542,7 @@ void DcBackend::watch(const Watch& w) {
   using Clock = std::chrono::steady_clock;
   const std::string earlier = std::string("the GPU work of an earlier ") + w.name;
   const char* aborted = "; the group's NCCL communicators were aborted";
-  auto pg = lib();
-  if (!pg) return;  // shut down: its GPU work was waited for then (a detached worker's late watch)
+  dc::ProcessGroup& pg = *w.pg;
   auto ask = Clock::now();  // when to ask the library next
   // Between two looks at the event: from 50 us, doubling to 1 ms while the work runs on.
   std::chrono::microseconds pause(50);
@@ -562,7 +564,7 @@ void DcBackend::watch(const Watch& w) {
                aborted);
       { std::lock_guard<std::mutex> lib(lib_m_); }
       try {
-        pg->device_wait_event(w.stage->end_event(), 0);
+        pg.device_wait_event(w.stage->end_event(), 0);
       } catch (const std::exception&) {
         // the abort's own report of the timeout
       }
@@ -573,7 +575,7 @@ void DcBackend::watch(const Watch& w) {
       std::unique_lock<std::mutex> lib(lib_m_, std::try_to_lock);
       if (lib.owns_lock()) {
         try {
-          if (pg->device_event_done(w.stage->end_event())) return;
+          if (pg.device_event_done(w.stage->end_event())) return;
         } catch (const std::exception& e) {
           fail_gpu(earlier + " failed: " + e.what() + aborted);  // the library aborted them
           return;
@@ -715,6 +717,7 @@ void DcBackend::loop(Sleeper* me) {
       wake_all_locked();  // one that went back to sleep while the queue was busy ends too
       return;
     }
+    t.pg.reset();  // no tensor in it: the group goes here if it was shut down meanwhile
     l.lock();
     // Not released here: the last reference to a tensor that Python also knows takes the GIL,
     // and once the caller, woken by complete(), has let Python finalize, taking it ends this
@@ -751,7 +754,6 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
                                                         bool sync) {
   Reduction r = reduction_for(t, op, "allreduce");
   auto st = stage({t}, "allreduce");
-  auto pg = lib();
   double s = seconds(timeout);
   if (on_device(st, {t}) && r.wire == t.scalar_type()) {
     // On the GPU (NCCL), enqueued on the backend's stream.
@@ -760,15 +762,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
     auto n = static_cast<size_t>(g.numel());
     return enqueue(
         c10d::OpType::ALLREDUCE, "allreduce", {t},
-        [=] { pg->allreduce_device(g.data_ptr(), n, r.dtype, r.op, d->stream(), s); }, sync, st,
+        [=](dc::ProcessGroup& pg) { pg.allreduce_device(g.data_ptr(), n, r.dtype, r.op, d->stream(), s); }, sync, st,
         s);
   }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
       c10d::OpType::ALLREDUCE, "allreduce", {t},
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor w = flat(h).to(r.wire);
-        pg->allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
+        pg.allreduce(w.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op, s);
         copy_back(h, w);
       },
       sync, st);
@@ -788,15 +790,14 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_coalesced(
     if (t.scalar_type() != tensors[0].scalar_type())
       bad("allreduce_coalesced", "tensors of different dtypes");
   auto st = stage(tensors, "allreduce_coalesced");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ts;
   for (auto& t : tensors) ts.push_back(st ? st->inout(t) : t);
   return enqueue(
       c10d::OpType::ALLREDUCE_COALESCED, "allreduce_coalesced", tensors,
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor buf = concat(ts, r.wire);
-        pg->allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), r.dtype, r.op, s);
+        pg.allreduce(buf.data_ptr(), static_cast<size_t>(buf.numel()), r.dtype, r.op, s);
         split_into(buf, ts);
       },
       false, st);
@@ -807,16 +808,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensor
   const at::Tensor& t = single(tensors, "reduce");
   Reduction r = reduction_for(t, opts.reduceOp, "reduce");
   auto st = stage({t}, "reduce");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   bool root = static_cast<int>(opts.rootRank) == getRank();
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
       c10d::OpType::REDUCE, "reduce", {t},
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor w = flat(h).to(r.wire);
         at::Tensor out = root ? w : at::empty_like(w);  // the result matters on the root only
-        pg->allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op,
+        pg.allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op,
                       s);
         if (root) copy_back(h, w);
       },
@@ -826,7 +826,6 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensor
 c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                     const c10d::BroadcastOptions& opts) {
   const at::Tensor& t = single(tensors, "broadcast");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   int root = static_cast<int>(opts.rootRank);
   auto st = stage({t}, "broadcast");
@@ -836,15 +835,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& ten
     size_t n = bytes_of(g);
     return enqueue(
         c10d::OpType::BROADCAST, "broadcast", {t},
-        [=] { pg->broadcast_device(g.data_ptr(), n, dc::DType::U8, root, d->stream(), s); }, false,
+        [=](dc::ProcessGroup& pg) { pg.broadcast_device(g.data_ptr(), n, dc::DType::U8, root, d->stream(), s); }, false,
         st, s);
   }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
       c10d::OpType::BROADCAST, "broadcast", {t},
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor w = flat(h);
-        pg->broadcast(w.data_ptr(), bytes_of(w), dc::DType::U8, root, s);
+        pg.broadcast(w.data_ptr(), bytes_of(w), dc::DType::U8, root, s);
         copy_back(h, w);
       },
       false, st);
@@ -860,16 +859,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather(std::vector<std::vector<at::
   std::vector<at::Tensor> all = outputs[0];
   all.push_back(in);
   auto st = stage(all, "allgather");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor hin = st ? st->in(in) : in;
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs[0]);
   return enqueue(
       c10d::OpType::ALLGATHER, "allgather", outputs[0],
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor i = flat(hin);
         at::Tensor buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
-        pg->allgather(i.data_ptr(), buf.data_ptr(), bytes_of(i), dc::DType::U8, s);
+        pg.allgather(i.data_ptr(), buf.data_ptr(), bytes_of(i), dc::DType::U8, s);
         split_into(buf, outs);
       },
       false, st);
@@ -892,16 +890,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
   std::vector<at::Tensor> all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   auto st = stage(all, "allgather_into_tensor");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   if (on_device(st, all)) {
     DeviceStage* d = st.get();
     std::vector<at::Tensor> gi = natives(d, inputs), go = natives(d, outputs);
     return enqueue(
         c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outputs,
-        [=] {
+        [=](dc::ProcessGroup& pg) {
           for (size_t k = 0; k < gi.size(); ++k)
-            pg->allgather_device(gi[k].data_ptr(), go[k].data_ptr(), bytes_of(gi[k]),
+            pg.allgather_device(gi[k].data_ptr(), go[k].data_ptr(), bytes_of(gi[k]),
                                  dc::DType::U8, d->stream(), s);
         },
         false, st, s);
@@ -909,10 +906,10 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
   return enqueue(
       c10d::OpType::_ALLGATHER_BASE, "allgather_into_tensor", outputs,
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         for (size_t k = 0; k < ins.size(); ++k) {
           at::Tensor i = flat(ins[k]), o = flat(outs[k]);
-          pg->allgather(i.data_ptr(), o.data_ptr(), bytes_of(i), dc::DType::U8, s);
+          pg.allgather(i.data_ptr(), o.data_ptr(), bytes_of(i), dc::DType::U8, s);
           copy_back(outs[k], o);
         }
       },
@@ -935,16 +932,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::gather(std::vector<std::vector<at::Ten
   std::vector<at::Tensor> all = outs;
   all.push_back(in);
   auto st = stage(all, "gather");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor hin = st ? st->in(in) : in;
   std::vector<at::Tensor> houts = staged_out(st.get(), outs);
   return enqueue(
       c10d::OpType::GATHER, "gather", outs,
-      [=, outs = houts] {
+      [=, outs = houts](dc::ProcessGroup& pg) {
     at::Tensor i = flat(hin), buf;
     if (is_root) buf = at::empty({i.numel() * static_cast<int64_t>(outs.size())}, i.options());
-    pg->gather(i.data_ptr(), is_root ? buf.data_ptr() : nullptr, bytes_of(i), root, s);
+    pg.gather(i.data_ptr(), is_root ? buf.data_ptr() : nullptr, bytes_of(i), root, s);
     if (is_root) split_into(buf, outs);
       },
       false, st);
@@ -966,16 +962,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::scatter(std::vector<at::Tensor>& outpu
   std::vector<at::Tensor> all = ins;
   all.push_back(out);
   auto st = stage(all, "scatter");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor hout = st ? st->out(out) : out;
   std::vector<at::Tensor> hins = staged_in(st.get(), ins);
   return enqueue(
       c10d::OpType::SCATTER, "scatter", {out},
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor o = flat(hout), buf;
         if (is_root) buf = concat(hins, hout.scalar_type());
-        pg->scatter(is_root ? buf.data_ptr() : nullptr, o.data_ptr(), bytes_of(o), root, s);
+        pg.scatter(is_root ? buf.data_ptr() : nullptr, o.data_ptr(), bytes_of(o), root, s);
         copy_back(hout, o);
       },
       false, st);
@@ -992,16 +987,15 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
   std::vector<at::Tensor> all = inputs[0];
   all.push_back(out);
   auto st = stage(all, "reduce_scatter");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ins = staged_in(st.get(), inputs[0]);
   at::Tensor hout = st ? st->out(out) : out;
   return enqueue(
       c10d::OpType::REDUCE_SCATTER, "reduce_scatter", {out},
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor buf = concat(ins, r.wire);
         at::Tensor o = at::empty({hout.numel()}, buf.options());
-        pg->reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype,
+        pg.reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype,
                            r.op, s);
         if (hout.numel()) hout.copy_(o.view(hout.sizes()));
       },
@@ -1029,7 +1023,6 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
   std::vector<at::Tensor> all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   auto st = stage(all, "reduce_scatter_tensor");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   bool as_is = true;  // every tensor reduced in its own dtype (not int8/bool in a wider one)
   for (size_t k = 0; k < inputs.size(); ++k) as_is = as_is && rs[k].wire == inputs[k].scalar_type();
@@ -1038,9 +1031,9 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor> gi = natives(d, inputs), go = natives(d, outputs);
     return enqueue(
         c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outputs,
-        [=] {
+        [=](dc::ProcessGroup& pg) {
           for (size_t k = 0; k < gi.size(); ++k)
-            pg->reduce_scatter_device(gi[k].data_ptr(), go[k].data_ptr(),
+            pg.reduce_scatter_device(gi[k].data_ptr(), go[k].data_ptr(),
                                       static_cast<size_t>(go[k].numel()), rs[k].dtype, rs[k].op,
                                       d->stream(), s);
         },
@@ -1049,13 +1042,13 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
   std::vector<at::Tensor> outs = staged_out(st.get(), outputs), ins = staged_in(st.get(), inputs);
   return enqueue(
       c10d::OpType::_REDUCE_SCATTER_BASE, "reduce_scatter_tensor", outputs,
-      [=] {
+      [=](dc::ProcessGroup& pg) {
     for (size_t k = 0; k < ins.size(); ++k) {
       at::Tensor i = flat(ins[k]).to(rs[k].wire);
       // Into the output itself where it is contiguous and of the reduced type.
       at::Tensor o = outs[k].scalar_type() == rs[k].wire ? flat(outs[k])
                                                          : at::empty({outs[k].numel()}, i.options());
-      pg->reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), rs[k].dtype,
+      pg.reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), rs[k].dtype,
                          rs[k].op, s);
       copy_back(outs[k], o);
     }
@@ -1071,14 +1064,13 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall_base(at::Tensor& output, at::
   auto sb = split_bytes(input, input_splits, getSize(), "alltoall_base");
   auto rb = split_bytes(output, output_splits, getSize(), "alltoall_base");
   auto st = stage({input, output}, "alltoall_base");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   at::Tensor in = st ? st->in(input) : input, out = st ? st->out(output) : output;
   return enqueue(
       c10d::OpType::ALLTOALL_BASE, "alltoall_base", {output},
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor i = flat(in), o = flat(out);
-        pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+        pg.alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
         copy_back(out, o);
       },
       false, st);
@@ -1101,24 +1093,22 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outp
   std::vector<at::Tensor> all = outputs;
   all.insert(all.end(), inputs.begin(), inputs.end());
   auto st = stage(all, "alltoall");
-  auto pg = lib();
   double s = seconds(opts.timeout);
   std::vector<at::Tensor> ins = staged_in(st.get(), inputs), outs = staged_out(st.get(), outputs);
   return enqueue(
       c10d::OpType::ALLTOALL, "alltoall", outputs,
-      [=] {
+      [=](dc::ProcessGroup& pg) {
         at::Tensor i = concat(ins, ins[0].scalar_type());
         at::Tensor o = concat(outs, outs[0].scalar_type());
-        pg->alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
+        pg.alltoall(i.data_ptr(), sb.data(), o.data_ptr(), rb.data(), s);
         split_into(o, outs);
       },
       false, st);
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::barrier(const c10d::BarrierOptions& opts) {
-  auto pg = lib();
   double s = seconds(opts.timeout);
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [=] { pg->barrier(s); });
+  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [=](dc::ProcessGroup& pg) { pg.barrier(s); });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::send(std::vector<at::Tensor>& tensors, int dst,

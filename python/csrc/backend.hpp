@@ -217,7 +217,7 @@ class DcBackend : public c10d::Backend {
   struct Task {
     c10::intrusive_ptr<DcWork> work;
     const char* name;
-    std::function<void()> run;
+    std::function<void(dc::ProcessGroup&)> run;  // the library call, on the group below
     std::vector<at::Tensor> keep;  // a message's tensors, until the task is released
     std::shared_ptr<DeviceStage> stage;  // GPU tensors (else nullptr)
     // GPU work the library enqueued, to be watched (queue_watch): how long it may take, in
@@ -225,6 +225,10 @@ class DcBackend : public c10d::Backend {
     std::optional<double> watch;
     uint64_t ticket = 0;  // a collective's place in order_, given when it runs
     bool watched = false;  // queued for the watcher (else finish_task watches it)
+    // A collective's library group, from enqueue() until the task is done: a worker lets go of
+    // it after completing the task (its tensors wait for a caller's thread, see loop()), so a
+    // group that was shut down meanwhile closes there.
+    std::shared_ptr<dc::ProcessGroup> pg;
   };
   // A send or receive for the mailbox thread (p2p_loop).
   struct Message {
@@ -238,7 +242,8 @@ class DcBackend : public c10d::Backend {
   // sync: the caller waits at once (async_op=False); run on its thread if nothing is queued.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* name,
                                          std::vector<at::Tensor> outputs,
-                                         std::function<void()> run, bool sync = false,
+                                         std::function<void(dc::ProcessGroup&)> run,
+                                         bool sync = false,
                                          std::shared_ptr<DeviceStage> stage = nullptr,
                                          std::optional<double> watch = std::nullopt);
   // The stage of a collective on the tensors `ts` (nullptr on the CPU); throws naming `what`.
@@ -260,6 +265,7 @@ class DcBackend : public c10d::Backend {
   // DeviceStage::begin gives up) and aborts its NCCL communicators.
   struct Watch {
     std::shared_ptr<DeviceStage> stage;  // its end event
+    std::shared_ptr<dc::ProcessGroup> pg;  // asked, and aborted, while it is watched
     const char* name;
     double seconds;
     std::chrono::steady_clock::time_point deadline;

@@ -680,6 +680,27 @@ def released(where):
     print(f"released: rank {rank} sockets {before[0]} -> {during[0]} -> {after[0]}, "
           f"shared memory mappings {before[1]} -> {during[1]} -> {after[1]}, holding "
           f"{type(model).__name__} and {type(sub).__name__}", flush=True)
+    # The same when a Future's callback destroys the group (on the backend's worker thread),
+    # the program still holding it.
+    dist.init_process_group("dc", init_method=f"file://{where}/store2", rank=rank,
+                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    held = dist.group.WORLD
+    t = torch.ones(4)
+    dist.all_reduce(t)
+    during = (open_sockets(), shm_mappings())
+    ended = threading.Event()
+
+    def destroy(f):
+        dist.destroy_process_group()
+        ended.set()
+    dist.all_reduce(t, async_op=True).get_future().then(destroy)
+    if not ended.wait(20):
+        raise SystemExit(f"rank {rank}: a callback that destroys the group did not return")
+    until(lambda: (open_sockets(), shm_mappings()) == before, 10)
+    after = (open_sockets(), shm_mappings())
+    print(f"released by a callback: rank {rank} sockets {before[0]} -> {during[0]} -> "
+          f"{after[0]}, shared memory mappings {before[1]} -> {during[1]} -> {after[1]}, "
+          f"holding {type(held).__name__}", flush=True)
 
 
 def autograd():

@@ -47,10 +47,13 @@ namespace pytorch_exec::dc {
 namespace gpu {
 
 struct DeviceState {
+  // First, so that it goes last: its pinned memory is freed with cudaFreeHost, which waits for
+  // the whole device, and the communicators' abort (their destructors) must cut off NCCL work
+  // stuck on a dead peer first.
+  std::unique_ptr<CudaCopy> copy;  // several nodes: the cross-node step's copies
   std::unique_ptr<NcclComm> comm;  // one node: the whole group; several: this node's ranks
   DomainLevels levels;             // several nodes: whether the domains are levels (nested)
   std::unique_ptr<NcclComm> domain, rail;  // nested: levels 1 and 2, split from `comm`
-  std::unique_ptr<CudaCopy> copy;          // several nodes: the cross-node step's copies
   // The communicators made, the node's first.
   NcclComms all() const {
     NcclComms v;
