@@ -199,7 +199,6 @@ DcBackend::DcBackend(const c10::intrusive_ptr<c10d::Store>& store, int rank, int
   try {
     pg_ = dc::ProcessGroup::init(rank, size, exchange_over(store), o);
     mailbox_ = pg_->mailbox();
-    lib_timeout_s_ = pg_->timeout();
   } catch (const std::exception& e) {
     throw std::runtime_error("pytorch_dc: init of rank " + std::to_string(rank) + " of " +
                              std::to_string(size) + " failed: " + e.what());
@@ -456,7 +455,7 @@ bool DcBackend::finish_task(Task& t, std::exception_ptr error, int source, bool 
 }
 
 DcBackend::Watch DcBackend::watch_of(const Task& t) const {
-  const double s = *t.watch >= 0 ? *t.watch : lib_timeout_s_;
+  const double s = *t.watch >= 0 ? *t.watch : t.pg->timeout();
   return Watch{t.stage, t.pg, t.name, s,
                std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(

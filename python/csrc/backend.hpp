@@ -329,7 +329,6 @@ class DcBackend : public c10d::Backend {
   std::shared_ptr<dc::ProcessGroup> lib() const;
   mutable std::mutex pg_m_;
   std::shared_ptr<dc::ProcessGroup> pg_;
-  double lib_timeout_s_ = 0;  // pg_->timeout(): a watch's default
   std::shared_ptr<DeviceStreams> streams_;
   std::mutex failure_m_;
   std::string gpu_failure_;  // under failure_m_: a watch failed; every later collective raises it
