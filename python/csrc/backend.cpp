@@ -323,7 +323,7 @@ void DcBackend::shutdown() {
   // that a callback which shut the group down detached, lets go of it when it finishes.
   std::shared_ptr<dc::ProcessGroup> last;
   {
-    std::lock_guard<std::mutex> l(pg_m_);
+    std::lock_guard<std::mutex> l(m_);
     last.swap(pg_);
   }
 }
@@ -343,13 +343,12 @@ c10::intrusive_ptr<c10d::Backend> DcBackend::split(const c10::intrusive_ptr<c10d
                                         static_cast<int>(ranks.size()), timeout);
 }
 
-std::shared_ptr<dc::ProcessGroup> DcBackend::lib() const {
-  std::lock_guard<std::mutex> l(pg_m_);
-  return pg_;
-}
-
 std::string DcBackend::describe() const {
-  auto pg = lib();
+  std::shared_ptr<dc::ProcessGroup> pg;
+  {
+    std::lock_guard<std::mutex> l(m_);
+    pg = pg_;
+  }
   if (!pg) return "dc rank " + std::to_string(getRank()) + " of " + std::to_string(getSize()) +
                   " (shut down)";
   return "dc rank " + std::to_string(pg->rank()) + " of " + std::to_string(pg->size()) + ", " +
@@ -381,7 +380,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::enqueue(c10d::OpType type, const char*
   {
     std::lock_guard<std::mutex> l(m_);
     if (stop_) bad(name, "the process group was shut down");
-    t.pg = lib();  // not shut down yet: shutdown() lets go of it only after stop_
+    t.pg = pg_;  // not shut down: shutdown() lets go of it only after stop_
     done.swap(done_);
     queue = !sync || busy_ || !queue_.empty();
     if (queue) {
@@ -761,8 +760,10 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allreduce_one(const at::Tensor& t, c10
     auto n = static_cast<size_t>(g.numel());
     return enqueue(
         c10d::OpType::ALLREDUCE, "allreduce", {t},
-        [=](dc::ProcessGroup& pg) { pg.allreduce_device(g.data_ptr(), n, r.dtype, r.op, d->stream(), s); }, sync, st,
-        s);
+        [=](dc::ProcessGroup& pg) {
+          pg.allreduce_device(g.data_ptr(), n, r.dtype, r.op, d->stream(), s);
+        },
+        sync, st, s);
   }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
@@ -816,7 +817,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce(std::vector<at::Tensor>& tensor
         at::Tensor w = flat(h).to(r.wire);
         at::Tensor out = root ? w : at::empty_like(w);  // the result matters on the root only
         pg.allreduce(w.data_ptr(), out.data_ptr(), static_cast<size_t>(w.numel()), r.dtype, r.op,
-                      s);
+                     s);
         if (root) copy_back(h, w);
       },
       false, st);
@@ -834,8 +835,10 @@ c10::intrusive_ptr<c10d::Work> DcBackend::broadcast(std::vector<at::Tensor>& ten
     size_t n = bytes_of(g);
     return enqueue(
         c10d::OpType::BROADCAST, "broadcast", {t},
-        [=](dc::ProcessGroup& pg) { pg.broadcast_device(g.data_ptr(), n, dc::DType::U8, root, d->stream(), s); }, false,
-        st, s);
+        [=](dc::ProcessGroup& pg) {
+          pg.broadcast_device(g.data_ptr(), n, dc::DType::U8, root, d->stream(), s);
+        },
+        false, st, s);
   }
   at::Tensor h = st ? st->inout(t) : t;
   return enqueue(
@@ -898,7 +901,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::allgather_into_tensor_coalesced(
         [=](dc::ProcessGroup& pg) {
           for (size_t k = 0; k < gi.size(); ++k)
             pg.allgather_device(gi[k].data_ptr(), go[k].data_ptr(), bytes_of(gi[k]),
-                                 dc::DType::U8, d->stream(), s);
+                                dc::DType::U8, d->stream(), s);
         },
         false, st, s);
   }
@@ -995,7 +998,7 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter(
         at::Tensor buf = concat(ins, r.wire);
         at::Tensor o = at::empty({hout.numel()}, buf.options());
         pg.reduce_scatter(buf.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), r.dtype,
-                           r.op, s);
+                          r.op, s);
         if (hout.numel()) hout.copy_(o.view(hout.sizes()));
       },
       false, st);
@@ -1033,8 +1036,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
         [=](dc::ProcessGroup& pg) {
           for (size_t k = 0; k < gi.size(); ++k)
             pg.reduce_scatter_device(gi[k].data_ptr(), go[k].data_ptr(),
-                                      static_cast<size_t>(go[k].numel()), rs[k].dtype, rs[k].op,
-                                      d->stream(), s);
+                                     static_cast<size_t>(go[k].numel()), rs[k].dtype, rs[k].op,
+                                     d->stream(), s);
         },
         false, st, s);
   }
@@ -1047,8 +1050,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::reduce_scatter_tensor_coalesced(
       // Into the output itself where it is contiguous and of the reduced type.
       at::Tensor o = outs[k].scalar_type() == rs[k].wire ? flat(outs[k])
                                                          : at::empty({outs[k].numel()}, i.options());
-      pg.reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()), rs[k].dtype,
-                         rs[k].op, s);
+      pg.reduce_scatter(i.data_ptr(), o.data_ptr(), static_cast<size_t>(o.numel()),
+                        rs[k].dtype, rs[k].op, s);
       copy_back(outs[k], o);
     }
       },
@@ -1107,7 +1110,8 @@ c10::intrusive_ptr<c10d::Work> DcBackend::alltoall(std::vector<at::Tensor>& outp
 
 c10::intrusive_ptr<c10d::Work> DcBackend::barrier(const c10d::BarrierOptions& opts) {
   double s = seconds(opts.timeout);
-  return enqueue(c10d::OpType::BARRIER, "barrier", {}, [=](dc::ProcessGroup& pg) { pg.barrier(s); });
+  return enqueue(c10d::OpType::BARRIER, "barrier", {},
+                 [=](dc::ProcessGroup& pg) { pg.barrier(s); });
 }
 
 c10::intrusive_ptr<c10d::Work> DcBackend::send(std::vector<at::Tensor>& tensors, int dst,

@@ -325,9 +325,8 @@ class DcBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce_one(const at::Tensor& t, c10d::ReduceOp op,
                                                std::chrono::milliseconds timeout, bool sync);
 
-  // The library's group, until shutdown() releases it (under pg_m_; lib() gives it, or nullptr).
-  std::shared_ptr<dc::ProcessGroup> lib() const;
-  mutable std::mutex pg_m_;
+  // The library's group, until shutdown() lets go of it (under m_ from then on; each task holds
+  // its own reference).
   std::shared_ptr<dc::ProcessGroup> pg_;
   std::shared_ptr<DeviceStreams> streams_;
   std::mutex failure_m_;
@@ -339,8 +338,9 @@ class DcBackend : public c10d::Backend {
   std::condition_variable watch_cv_;
   std::thread watcher_;
   double timeout_s_;
-  std::mutex lib_m_;  // pg_ is used by one thread at a time: a collective's run, a watch's check
-  std::mutex m_;
+  // The library group is used by one thread at a time: a collective's run, a watch's check.
+  std::mutex lib_m_;
+  mutable std::mutex m_;  // (describe() reads pg_ under it)
   std::deque<Task> queue_;
   // A collective run or a message moved, for a worker to complete (finish_task).
   struct Completion {
