@@ -57,8 +57,13 @@ struct ProcessGroup::Impl {
   // Fills the layout and the Comms from world, node_of, shared_cpus and rank; creates the shm
   // segment.
   void lay_out(const Deadline& d);
-  // Whether this rank's machine runs more ranks than it has processors (from node_of).
+  // The processes on this rank's machine (from node_of), and whether they are more than its
+  // processors.
+  double processes_here() const;
   bool machine_oversubscribed() const;
+  // The lanes of the node's shm engine this rank asks for (local rank 0's count): the setting,
+  // else its processors per process on the machine, 1 to 4.
+  int shm_lanes() const;
   // Runs f; on an error the group (and the transports it shares) is aborted, so that the other
   // ranks get an error too instead of waiting for their timeout.  The error names the call (d).
   template <typename F>

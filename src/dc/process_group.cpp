@@ -2,6 +2,7 @@
 // allreduce (collectives.cpp), each guarded so that an error breaks the group on every rank.
 #include <config.h>
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,14 +50,28 @@ Deadline ProcessGroup::Impl::deadline(double timeout, const std::string& what) c
   return Deadline::after(seconds(timeout), what);
 }
 
-bool ProcessGroup::Impl::machine_oversubscribed() const {
-  // The processes on this machine: the node's ranks, or more where nodes are simulated
-  // (PYTORCH_DC_NODE) and the launcher says how many it started here; ranks that are threads
-  // all run here.
+double ProcessGroup::Impl::processes_here() const {
+  // The node's ranks, or more where nodes are simulated (PYTORCH_DC_NODE) and the launcher says
+  // how many it started here; ranks that are threads all run here.
   double on_node = static_cast<double>(
       std::count(node_of.begin(), node_of.end(), node_of[static_cast<size_t>(rank)]));
-  double here = threads ? size : std::max(on_node, env_number("LOCAL_WORLD_SIZE", 0));
-  return here > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  return threads ? size : std::max(on_node, env_number("LOCAL_WORLD_SIZE", 0));
+}
+
+bool ProcessGroup::Impl::machine_oversubscribed() const {
+  return processes_here() > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+}
+
+int ProcessGroup::Impl::shm_lanes() const {
+  if (s.shm_threads > 0) return s.shm_threads;
+  // The processors this rank may run on, shared among the processes of the machine; at most 4
+  // lanes (a few cores copy what the memory of a socket can take).
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  double cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
+                    ? CPU_COUNT(&set)
+                    : static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  return static_cast<int>(std::clamp(cpus / std::max(1.0, processes_here()), 1.0, 4.0));
 }
 
 void ProcessGroup::Impl::lay_out(const Deadline& d) {
@@ -97,7 +112,7 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
       dissemination_barrier(local_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, 0), d);
     };
     engine = shm::AllreduceEngine::create(barrier, key + ".node" + std::to_string(node), local_rank,
-                                          local_size, shm_bytes);
+                                          local_size, shm_bytes, shm_lanes());
   }
 }
 

@@ -66,6 +66,13 @@ Settings resolve_settings(const Options& o) {
     s.shm_bytes = static_cast<size_t>(env_number("PYTORCH_DC_SHM_BYTES", 0));
     if (s.shm_bytes < 4096) throw Error("PYTORCH_DC_SHM_BYTES must be at least 4096");
   }
+  std::string threads = env_or("PYTORCH_DC_SHM_THREADS", "auto");
+  if (threads != "auto") {
+    double v = env_number("PYTORCH_DC_SHM_THREADS", 0);
+    if (v < 1 || v > 16 || v != static_cast<int>(v))
+      throw Error("PYTORCH_DC_SHM_THREADS=" + threads + " is not auto or a whole number from 1 to 16");
+    s.shm_threads = static_cast<int>(v);
+  }
   s.pipeline_bytes = static_cast<size_t>(env_number("PYTORCH_DC_PIPELINE_BYTES", 0));
   s.tcp_congestion = env_or("PYTORCH_DC_TCP_CONGESTION", "auto");
   check_congestion_name(s.tcp_congestion, "PYTORCH_DC_TCP_CONGESTION");

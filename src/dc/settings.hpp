@@ -18,6 +18,9 @@ struct Settings {
   bool hierarchical = true;
   bool bf16_wire = false;
   size_t shm_bytes = 0;  // PYTORCH_DC_SHM_BYTES; 0: by layout (ProcessGroup::Impl::shm_bytes)
+  // PYTORCH_DC_SHM_THREADS: the lanes of a node's shm engine (shm/engine.hpp); 0: by the
+  // processors (ProcessGroup::Impl::shm_lanes).
+  int shm_threads = 0;
   // PYTORCH_DC_PIPELINE_BYTES: the chunk of the pipelined cross-node step of a hierarchical
   // allreduce (engines.hpp); 0: one chunk per shard (host memory's default: it goes on the wire
   // in place, there is no copy to overlap).

@@ -22,6 +22,7 @@ struct Config {
   int hierarchical;
   int bf16_wire;
   const char* pipeline_bytes = nullptr;  // PYTORCH_DC_PIPELINE_BYTES, nullptr: default
+  const char* shm_threads = nullptr;     // PYTORCH_DC_SHM_THREADS, nullptr: default
 };
 
 std::ostream& operator<<(std::ostream& o, const Config& c) { return o << c.name; }
@@ -35,6 +36,7 @@ class Conformance : public ::testing::TestWithParam<Config> {
   static Groups make(const Config& c) {
     if (c.shm_bytes) ::setenv("PYTORCH_DC_SHM_BYTES", c.shm_bytes, 1);
     if (c.pipeline_bytes) ::setenv("PYTORCH_DC_PIPELINE_BYTES", c.pipeline_bytes, 1);
+    if (c.shm_threads) ::setenv("PYTORCH_DC_SHM_THREADS", c.shm_threads, 1);
     Options o;
     o.intra = c.intra;
     o.inter = "tcp";
@@ -44,6 +46,7 @@ class Conformance : public ::testing::TestWithParam<Config> {
     auto g = ProcessGroup::threads(c.n, o, c.nodes);
     ::unsetenv("PYTORCH_DC_SHM_BYTES");
     ::unsetenv("PYTORCH_DC_PIPELINE_BYTES");
+    ::unsetenv("PYTORCH_DC_SHM_THREADS");
     return g;
   }
   std::mt19937_64 rng{std::random_device{}()};
@@ -233,7 +236,13 @@ INSTANTIATE_TEST_SUITE_P(
         Config{"hier_tcp_unequal_2_1_pipeline_3001", 3, {0, 1, 0}, "tcp", "65536", 1, 0, "3001"},
         Config{"hier_shm_2x2_pipeline_4096", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0, "4096"},
         Config{"hier_shm_3x2_pipeline_1m_bf16_wire", 6, {0, 0, 1, 1, 2, 2}, "shm", nullptr, 1, 1,
-               "1048576"}),
+               "1048576"},
+        // Lanes of the shm engine: the 4 MiB allreduces in 3 slices (2 MiB bf16: 2), with the
+        // default slots and with small ones; across nodes the lanes stay unused by allreduce
+        // (a cross-node step) and the other collectives use lane 0.
+        Config{"shm_2_ranks_3_lanes", 2, {}, "shm", nullptr, 1, 0, nullptr, "3"},
+        Config{"shm_3_ranks_small_slots_4_lanes", 3, {}, "shm", "8192", 1, 0, nullptr, "4"},
+        Config{"hier_shm_2x2_2_lanes", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0, nullptr, "2"}),
     [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
 
 // f32 carried as bf16 between nodes: within the documented error (2^-8 relative per rounding,

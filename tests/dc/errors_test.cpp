@@ -10,11 +10,17 @@ using namespace dctest;
 
 namespace {
 
-Groups groups(int n, const char* intra, std::vector<int> nodes = {}) {
+// intra "shm+lanes": shm with 4 lanes, so that an allreduce of 4 MiB or more is cut in slices,
+// one per lane and thread.
+Groups groups(int n, const std::string& intra, std::vector<int> nodes = {}) {
+  bool lanes = intra == "shm+lanes";
+  if (lanes) ::setenv("PYTORCH_DC_SHM_THREADS", "4", 1);
   Options o;
-  o.intra = intra;
+  o.intra = lanes ? "shm" : intra;
   o.timeout = 20;
-  return ProcessGroup::threads(n, o, std::move(nodes));
+  auto g = ProcessGroup::threads(n, o, std::move(nodes));
+  ::unsetenv("PYTORCH_DC_SHM_THREADS");
+  return g;
 }
 
 class Errors : public ::testing::TestWithParam<const char*> {};
@@ -23,13 +29,13 @@ TEST_P(Errors, ARankThatNeverCallsIsATimeoutOnTheOthers) {
   auto g = groups(3, GetParam());
   auto start = std::chrono::steady_clock::now();
   auto e = errors_of(g, [](ProcessGroup& pg, int r) {
-    std::vector<float> v(100000, 1.0f);
+    std::vector<float> v(1 << 20, 1.0f);  // 4 MiB: in slices with lanes
     if (r != 2) pg.allreduce(v.data(), v.size(), DType::F32, Op::Sum, 0.5);
   });
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 10.0);
   for (int r = 0; r < 2; ++r)
-    EXPECT_NE(e[static_cast<size_t>(r)].find("allreduce of 100000 f32 (sum)"), std::string::npos)
+    EXPECT_NE(e[static_cast<size_t>(r)].find("allreduce of 1048576 f32 (sum)"), std::string::npos)
         << e[static_cast<size_t>(r)];
   EXPECT_TRUE(e[0].find("timed out") != std::string::npos ||
               e[1].find("timed out") != std::string::npos)
@@ -103,7 +109,7 @@ TEST_P(Errors, ABarrierAgainstAnAllreduceIsReported) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp"));
+INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp", "shm+lanes"));
 
 // Each rank takes itself for the root: in shared memory both see the other's call (no rank
 // returns with data it did not get).
@@ -114,6 +120,25 @@ TEST(ErrorsShm, BroadcastRootsThatDisagreeAreReported) {
     pg.broadcast(v.data(), 8, DType::I32, r, 10);
   });
   for (auto& s : e) EXPECT_NE(s.find("mismatched"), std::string::npos) << s;
+}
+
+// Lanes of the shm engine ("shm+lanes": PYTORCH_DC_SHM_THREADS): calls of different sizes, so
+// also cut in different slices, end every lane of every rank with the error.
+TEST(ErrorsShmLanes, MismatchedCountsAreReportedOnEveryRank) {
+  auto g = groups(3, "shm+lanes");
+  auto start = std::chrono::steady_clock::now();
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<float> v(4 << 20, 1.0f);
+    pg.allreduce(v.data(), r == 1 ? (3 << 20) + 5 : v.size(), DType::F32, Op::Sum, 30);
+  });
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 20.0);
+  bool named = false;
+  for (auto& s : e) {
+    EXPECT_FALSE(s.empty()) << "every rank must get an error";
+    named |= s.find("mismatched calls") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2];
 }
 
 TEST(ErrorsArgs, BadArgumentsAreErrorsBeforeAnythingIsSent) {
@@ -145,6 +170,15 @@ TEST(Settings, EnvironmentAndOptionsResolve) {
   ::setenv("PYTORCH_DC_BF16_WIRE", "maybe", 1);
   EXPECT_THROW(resolve_settings({}), Error);
   ::unsetenv("PYTORCH_DC_BF16_WIRE");
+  for (const char* bad : {"0", "17", "2.5", "many", "-1"}) {
+    ::setenv("PYTORCH_DC_SHM_THREADS", bad, 1);
+    EXPECT_THROW(resolve_settings({}), Error) << bad;
+  }
+  ::setenv("PYTORCH_DC_SHM_THREADS", "3", 1);
+  EXPECT_EQ(resolve_settings({}).shm_threads, 3);
+  ::setenv("PYTORCH_DC_SHM_THREADS", "auto", 1);
+  EXPECT_EQ(resolve_settings({}).shm_threads, 0);
+  ::unsetenv("PYTORCH_DC_SHM_THREADS");
   s = resolve_settings({});
   EXPECT_EQ(transport_name(s.intra), "shm");
   EXPECT_EQ(transport_name(s.inter), "tcp");

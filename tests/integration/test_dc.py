@@ -6,7 +6,8 @@ under pytorch_exec with the PMIx bootstrap on one node and on simulated nodes (P
 hierarchical allreduce, unequal ranks per node), with the shm, tcp and mpi transports, with the
 env:// bootstrap, and under Open MPI's mpirun.  A rank that dies in the middle of allreduces
 makes every survivor fail with an error well within the timeout (ranks started without a
-launcher, env://, so that nothing else stops them).  The example program runs.
+launcher, env://, so that nothing else stops them), also when the shm engine runs an allreduce
+in slices on several threads per rank (PYTORCH_DC_SHM_THREADS).  The example program runs.
 """
 import os
 import random
@@ -39,6 +40,8 @@ def conformance(n, env=None, nodes=None, launcher=None):
 def test_one_node_shm():
     check("1 nodes, shm/tcp" in conformance(4), "expected shm inside the node")
     check("2 ranks, 1 nodes, shm/tcp" in conformance(2), "expected shm inside the node")
+    # Lanes of the shm engine: allreduces of 2 MiB and more in slices on helper threads.
+    conformance(3, env={"PYTORCH_DC_SHM_THREADS": "3"})
 
 
 def test_two_nodes_hierarchical():
@@ -81,12 +84,12 @@ def test_under_mpirun():
 
 
 
-def peer_death(env_extra):
+def peer_death(env_extra, one_node=False):
     """4 ranks started here (env://, no launcher); rank 1 exits in the middle of allreduces.  The
     port comes from free_port(), which closes it before rank 0 binds it: when another program took
     it in between (rank 0: 'cannot listen'), the test starts again on another port."""
     for attempt in range(3):
-        outs = start_peer_death(env_extra)
+        outs = start_peer_death(env_extra, one_node)
         if not any("cannot listen on TCP port" in text for _, text in outs):
             break
     check(outs[1][0] == 3, f"the victim should exit 3: {outs[1]}")
@@ -98,7 +101,7 @@ def peer_death(env_extra):
     return [o[1].strip() for o in outs]
 
 
-def start_peer_death(env_extra):
+def start_peer_death(env_extra, one_node):
     """The ranks of one peer_death run: [(exit status, output)] by rank."""
     port = free_port(2)  # the store listens on port + 1
     base = marker_env(env_extra)
@@ -113,7 +116,7 @@ def start_peer_death(env_extra):
                 PYTORCH_DC_TOKEN=os.urandom(8).hex(), PYTORCH_DC_TIMEOUT="30")
     procs = []
     for r in range(4):
-        e = dict(base, RANK=str(r), PYTORCH_DC_NODE=f"n{r // 2}")
+        e = dict(base, RANK=str(r), PYTORCH_DC_NODE="n0" if one_node else f"n{r // 2}")
         procs.append(subprocess.Popen([DC_CHECK, "die", "1"], env=e, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))
     outs = []
@@ -132,6 +135,8 @@ def start_peer_death(env_extra):
 def test_peer_death_is_an_error_on_every_survivor():
     peer_death({})                                  # shm inside nodes, tcp across
     peer_death({"PYTORCH_DC_TRANSPORT": "tcp"})     # tcp everywhere
+    # One node, the 16 MiB allreduces in two slices on two threads per rank (shm lanes).
+    peer_death({"PYTORCH_DC_SHM_THREADS": "2"}, one_node=True)
 
 
 def test_example_runs():

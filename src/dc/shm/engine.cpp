@@ -11,8 +11,11 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -23,7 +26,10 @@
 namespace pytorch_exec::dc::shm {
 namespace {
 
-constexpr uint64_t kMagic = 0x73686d2d64637032;  // "shm-dcp2"
+constexpr uint64_t kMagic = 0x73686d2d64637033;  // "shm-dcp3"
+// Lanes (engine.hpp): at most this many, and an allreduce takes one per this many bytes.
+constexpr int kMaxLanes = 16;
+constexpr size_t kLaneBytes = 1 << 20;
 // Two local ranks reduce small pieces both (one hand-over); larger ones are split in shards.
 constexpr size_t kPairBytes = 2048;
 // An owner writes its shard of a round with a cross-node step straight into the other local
@@ -57,6 +63,7 @@ struct Header {
   uint64_t magic;
   uint64_t local_size;
   uint64_t slot_bytes;
+  uint64_t lanes;  // the node's segments (lane 0's header counts)
 };
 
 // Shard j of a piece of `total` elements cut in `n` (even_blocks without the vector).
@@ -132,6 +139,8 @@ class Segment {
     struct flock l = life_lock(r);
     return ::fcntl(fd_, F_OFD_GETLK, &l) == 0 && l.l_type == F_UNLCK;
   }
+  // Reserves the segment's pages in /dev/shm now.  False where there is no room.
+  bool allocate() { return ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes_)) == 0; }
   void unlink() {
     ::shm_unlink(name_.c_str());
     unlinked_ = true;
@@ -506,6 +515,9 @@ class EngineImpl : public AllreduceEngine {
   }
 
   void check_peer(int r, const Deadline& d, const char* what) {
+    // Another lane of this rank failed (or the group gave up): this one stops waiting too.
+    if (states_[me_].failed.load(std::memory_order_acquire))
+      throw Error("shm: this rank gave up while waiting for local rank " + std::to_string(r));
     RankState& s = states_[r];
     if (s.failed.load(std::memory_order_acquire))
       throw Error("shm: local rank " + std::to_string(r) + " failed or gave up");
@@ -534,40 +546,167 @@ class EngineImpl : public AllreduceEngine {
   uint64_t cookie_ = 0;
 };
 
+// The lanes of a node (engine.hpp): lane 0 runs on the calling thread, lane l > 0 on helper
+// thread l, which sleeps between the calls that use it.  The first error of a call aborts every
+// lane of this rank, so that its other lanes stop waiting and so do the other ranks' (they see
+// this rank fail); the call then raises that error once every lane has returned.
+class LanedEngine : public AllreduceEngine {
+ public:
+  explicit LanedEngine(std::vector<std::unique_ptr<EngineImpl>> lanes) : lanes_(std::move(lanes)) {
+    for (size_t l = 1; l < lanes_.size(); ++l) helpers_.emplace_back([this, l] { serve(l); });
+  }
+  ~LanedEngine() override {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    for (auto& t : helpers_) t.join();
+  }
+
+  void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
+                 int avg_divisor, const CallHeader& h, const Deadline& d) override {
+    size_t es = dtype_size(t), n = cross ? 1 : std::min(lanes_.size(), count * es / kLaneBytes);
+    if (n <= 1)
+      return lanes_[0]->allreduce(buf, count, t, op, owners, cross, avg_divisor, h, d);
+    // Slices of whole pages (n * kLaneBytes <= count * es: each has many); the last has the rest.
+    size_t unit = 4096 / es, per = count / n / unit * unit;
+    char* b = static_cast<char*>(buf);
+    run(n, [&](size_t l) {
+      size_t first = l * per, cnt = l + 1 == n ? count - first : per;
+      lanes_[l]->allreduce(b + first * es, cnt, t, op, owners, cross, avg_divisor, h, d);
+    });
+  }
+  void reduce_scatter(const void* in, void* out, size_t block, size_t groups, DType t, Op op,
+                      int avg_divisor, const CallHeader& h, const Deadline& d) override {
+    lanes_[0]->reduce_scatter(in, out, block, groups, t, op, avg_divisor, h, d);
+  }
+  void allgather(const void* in, void* out, size_t block, size_t groups, DType t,
+                 const CallHeader& h, const Deadline& d) override {
+    lanes_[0]->allgather(in, out, block, groups, t, h, d);
+  }
+  void broadcast(void* buf, size_t bytes, int root, const CallHeader& h,
+                 const Deadline& d) override {
+    lanes_[0]->broadcast(buf, bytes, root, h, d);
+  }
+  void barrier(const CallHeader& h, const Deadline& d) override { lanes_[0]->barrier(h, d); }
+  void abort() override {
+    for (auto& l : lanes_) l->abort();
+  }
+
+ private:
+  // Runs f(0) here and f(1) ... f(n - 1) on the helpers; returns when all have (each lane's
+  // waits end by the call's deadline at the latest).
+  void run(size_t n, const std::function<void(size_t)>& f) {
+    {
+      std::lock_guard<std::mutex> g(m_);
+      job_ = &f;
+      active_ = n;
+      pending_ = n - 1;
+      error_ = nullptr;
+      ++gen_;
+    }
+    start_.notify_all();
+    lane(0, f);
+    std::unique_lock<std::mutex> g(m_);
+    done_.wait(g, [&] { return pending_ == 0; });
+    job_ = nullptr;
+    if (error_) std::rethrow_exception(error_);
+  }
+  void lane(size_t l, const std::function<void(size_t)>& f) {
+    try {
+      f(l);
+    } catch (...) {
+      {
+        std::lock_guard<std::mutex> g(m_);
+        if (!error_) error_ = std::current_exception();
+      }
+      abort();
+    }
+  }
+  void serve(size_t l) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> g(m_);
+    for (;;) {
+      start_.wait(g, [&] { return stop_ || gen_ != seen; });
+      if (stop_) return;
+      seen = gen_;
+      if (l >= active_) continue;
+      const auto* f = job_;
+      g.unlock();
+      lane(l, *f);
+      g.lock();
+      if (--pending_ == 0) done_.notify_one();
+    }
+  }
+
+  std::vector<std::unique_ptr<EngineImpl>> lanes_;
+  std::vector<std::thread> helpers_;
+  std::mutex m_;
+  std::condition_variable start_, done_;
+  const std::function<void(size_t)>* job_ = nullptr;
+  size_t active_ = 0, pending_ = 0;
+  uint64_t gen_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
 }  // namespace
 
 std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<void()>& local_barrier,
                                                          const std::string& key, int local_rank,
-                                                         int local_size, size_t slot_bytes) {
+                                                         int local_size, size_t slot_bytes,
+                                                         int lanes) {
   // A reduce-scatter round puts a piece of every local rank's block in a slot: at least 16
   // bytes each (wider than any element).
   slot_bytes = round_up(std::max<size_t>({slot_bytes, 4096, 16 * static_cast<size_t>(local_size)}),
                         4096);
   std::string name = "/pytorch_dc." + key;
   std::replace(name.begin() + 1, name.end(), '/', '_');
+  auto lane_name = [&](int l) { return l == 0 ? name : name + ".lane" + std::to_string(l); };
   size_t bytes = EngineImpl::bytes(local_size, slot_bytes);
-  std::unique_ptr<Segment> seg;
+  std::vector<std::unique_ptr<Segment>> segs;
+  auto header = [](Segment& s) { return reinterpret_cast<Header*>(s.base()); };
   if (local_rank == 0) {
-    ::shm_unlink(name.c_str());  // a leftover of a crashed job with the same key
-    seg = std::make_unique<Segment>(name, bytes, true);
-    auto* h = reinterpret_cast<Header*>(seg->base());
-    *h = Header{kMagic, static_cast<uint64_t>(local_size), slot_bytes};
-    auto* st = reinterpret_cast<RankState*>(seg->base() + 4096);
-    for (int r = 0; r < local_size; ++r) new (&st[r]) RankState{};
+    lanes = std::clamp(lanes, 1, kMaxLanes);
+    for (int l = 0; l < lanes; ++l) {
+      ::shm_unlink(lane_name(l).c_str());  // a leftover of a crashed job with the same key
+      // Lanes beyond the first are an optimization: where /dev/shm has no room for one (its
+      // pages are reserved now, not found missing later as SIGBUS), the node has fewer.
+      auto seg = std::make_unique<Segment>(lane_name(l), bytes, true);
+      if (l > 0 && !seg->allocate()) {
+        lanes = l;
+        break;
+      }
+      segs.push_back(std::move(seg));
+      auto* st = reinterpret_cast<RankState*>(segs.back()->base() + 4096);
+      for (int r = 0; r < local_size; ++r) new (&st[r]) RankState{};
+    }
+    for (auto& s : segs)
+      *header(*s) = Header{kMagic, static_cast<uint64_t>(local_size), slot_bytes,
+                           static_cast<uint64_t>(lanes)};
     local_barrier();  // created
     local_barrier();  // attached
-    seg->unlink();    // every local rank has it mapped: nothing can leak from here on
+    for (auto& s : segs) s->unlink();  // every local rank has them mapped: nothing can leak now
   } else {
     local_barrier();
-    seg = std::make_unique<Segment>(name, bytes, false);
-    auto* h = reinterpret_cast<Header*>(seg->base());
-    if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) ||
-        h->slot_bytes != slot_bytes)
-      throw Error("shm: segment " + name +
-                  " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
+    for (int l = 0; l == 0 || l < lanes; ++l) {
+      segs.push_back(std::make_unique<Segment>(lane_name(l), bytes, false));
+      Header* h = header(*segs.back());
+      if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) ||
+          h->slot_bytes != slot_bytes)
+        throw Error("shm: segment " + lane_name(l) +
+                    " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
+      if (l == 0)  // local rank 0 decided how many
+        lanes = static_cast<int>(std::clamp<uint64_t>(h->lanes, 1, kMaxLanes));
+    }
     local_barrier();
   }
-  return std::make_unique<EngineImpl>(std::move(seg), local_rank, local_size, slot_bytes);
+  std::vector<std::unique_ptr<EngineImpl>> impls;
+  for (auto& s : segs)
+    impls.push_back(std::make_unique<EngineImpl>(std::move(s), local_rank, local_size, slot_bytes));
+  if (impls.size() == 1) return std::move(impls[0]);
+  return std::make_unique<LanedEngine>(std::move(impls));
 }
 
 }  // namespace pytorch_exec::dc::shm

@@ -16,13 +16,20 @@
 // runs each).  Where the system does not allow it (another PID namespace, a seccomp policy),
 // through the slot.
 //
+// Lanes: a node whose ranks have processors to spare (PYTORCH_DC_SHM_THREADS, else local rank
+// 0's processors shared among the processes of the machine, at most 4) keeps that many
+// segments; an allreduce of at least 1 MiB per lane, without a cross-node step, is cut in as many
+// slices, each run by one thread of every local rank through its own segment (the calling thread
+// and helpers).  A single core copies memory at a fraction of what the machine can, so large
+// allreduces are bound by one core per rank otherwise.  Every other operation uses lane 0.
+//
 // Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died or
 // aborted turns the wait into an Error, and the deadline into a TimeoutError.  A rank has died
 // when the lock that it holds on its byte of the segment (an open-file-description lock, which
 // the kernel drops at its end) is gone, in any PID namespace that shares /dev/shm, or, in this
 // process's PID namespace, when its pid is gone.
 //
-// Threads: one thread per local rank uses its AllreduceEngine.
+// Threads: one thread per local rank uses its AllreduceEngine (its helpers are its own).
 #pragma once
 
 #include <functional>
@@ -37,12 +44,12 @@ namespace pytorch_exec::dc::shm {
 class AllreduceEngine {
  public:
   // All `local_size` ranks of the node call this together; `local_barrier` synchronizes them
-  // (twice: the segment exists; everyone has it mapped, so local rank 0 unlinks it).  `key`
-  // names the segment uniquely among the jobs of this machine and the groups of this job.
-  // Throws Error.
+  // (twice: the segments exist; everyone has them mapped, so local rank 0 unlinks them).  `key`
+  // names the segments uniquely among the jobs of this machine and the groups of this job.
+  // `lanes` (>= 1): local rank 0's is the node's.  Throws Error.
   static std::unique_ptr<AllreduceEngine> create(const std::function<void()>& local_barrier,
                                                  const std::string& key, int local_rank,
-                                                 int local_size, size_t slot_bytes);
+                                                 int local_size, size_t slot_bytes, int lanes);
   virtual ~AllreduceEngine() = default;
 
   // The inter-node step: called by each owner on its reduced shard (in shared memory).
