@@ -38,11 +38,12 @@ def test_allreduce_benchmark_runs():
     if not shutil.which("mpicc"):
         skip("no mpicc for bench/allreduce/mpi_bench.c")
     out = bench("allreduce/run", "--quick")
-    for line in ("# dc tcp", "# dc mpi", "# dc shm", "# p2p tcp",
+    for line in ("# dc tcp", "# dc mpi", "# dc shm", "# dc shm 1 thread", "# p2p tcp",
                  "ratio dc tcp / MPI_Allreduce tcp busbw at >= 1 MiB:",
                  "dc tcp busbw / p2p tcp at >= 1 MiB:",
                  "dc tcp latency / MPI_Allreduce tcp at <= 8 KiB:",
-                 "dc shm / MPI_Allreduce vader busbw at >= 1 MiB:"):
+                 "dc shm / MPI_Allreduce vader busbw at >= 1 MiB:",
+                 "dc shm / dc shm 1 thread busbw at >= 1 MiB (its lanes):"):
         check(line in out, f"no '{line}' in: {out}")
     check(" n/a " not in out and "PROBLEM" not in out, out)
 
