@@ -61,8 +61,8 @@ struct ProcessGroup::Impl {
   // processors.
   double processes_here() const;
   bool machine_oversubscribed() const;
-  // The lanes of the node's shm engine this rank asks for (local rank 0's count): the setting,
-  // else its processors per process on the machine, 1 to 4.
+  // The lanes of the node's shm engine this rank asks for (local rank 0's count): 1 across
+  // nodes, else the setting, else its processors per process on the machine, 1 to 4.
   int shm_lanes() const;
   // Runs f; on an error the group (and the transports it shares) is aborted, so that the other
   // ranks get an error too instead of waiting for their timeout.  The error names the call (d).

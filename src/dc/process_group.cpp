@@ -63,6 +63,7 @@ bool ProcessGroup::Impl::machine_oversubscribed() const {
 }
 
 int ProcessGroup::Impl::shm_lanes() const {
+  if (nodes > 1) return 1;  // every allreduce has a cross-node step there: one lane
   if (s.shm_threads > 0) return s.shm_threads;
   // The processors this rank may run on, shared among the processes of the machine; at most 4
   // lanes (a few cores copy what the memory of a socket can take).

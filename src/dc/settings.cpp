@@ -69,7 +69,7 @@ Settings resolve_settings(const Options& o) {
   std::string threads = env_or("PYTORCH_DC_SHM_THREADS", "auto");
   if (threads != "auto") {
     double v = env_number("PYTORCH_DC_SHM_THREADS", 0);
-    if (v < 1 || v > 16 || v != static_cast<int>(v))
+    if (!(v >= 1 && v <= 16) || v != static_cast<int>(v))
       throw Error("PYTORCH_DC_SHM_THREADS=" + threads + " is not auto or a whole number from 1 to 16");
     s.shm_threads = static_cast<int>(v);
   }

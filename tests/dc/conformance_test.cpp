@@ -4,8 +4,12 @@
 // step in pipeline chunks of several sizes) x dtype x op x count, against an independent reference
 // on fresh random inputs, and the same bits on every rank.  The mpi transport needs processes:
 // tests/integration/test_dc.py runs the same checks through dc_check under pytorch_exec.
+#include <sys/statvfs.h>
+
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 
 #include "testlib.hpp"
 
@@ -53,11 +57,13 @@ class Conformance : public ::testing::TestWithParam<Config> {
 };
 
 // Sizes: empty, one element, fewer elements than ranks, odd, around the small-message
-// threshold (32 KiB), and above the default shm slot for f32 and bf16.
-std::vector<size_t> counts(DType t, Op op) {
+// threshold (32 KiB), and above the default shm slot for f32 and bf16; with shm lanes, 3.25 MiB
+// and an odd element more in every type (three slices: 1 MiB per lane at least).
+std::vector<size_t> counts(DType t, Op op, bool lanes) {
   std::vector<size_t> c = {0, 1, 3, 17, 1001, 8191, 8193, 70001};
   if ((t == DType::F32 || t == DType::BF16) && (op == Op::Sum || op == Op::Max))
     c.push_back((1u << 20) + 3);
+  if (lanes) c.push_back((13u << 18) / dtype_size(t) + 1);
   return c;
 }
 
@@ -66,7 +72,7 @@ TEST_P(Conformance, AllreduceMatchesReferenceForEveryTypeOpAndCount) {
   int n = GetParam().n;
   for (DType t : kTypes)
     for (Op op : kOps)
-      for (size_t count : counts(t, op)) {
+      for (size_t count : counts(t, op, GetParam().shm_threads != nullptr)) {
         std::vector<std::vector<char>> in, out(static_cast<size_t>(n));
         for (int r = 0; r < n; ++r) in.push_back(random_input(count, t, op, rng));
         bool in_place = count % 2 == 1;
@@ -237,9 +243,9 @@ INSTANTIATE_TEST_SUITE_P(
         Config{"hier_shm_2x2_pipeline_4096", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0, "4096"},
         Config{"hier_shm_3x2_pipeline_1m_bf16_wire", 6, {0, 0, 1, 1, 2, 2}, "shm", nullptr, 1, 1,
                "1048576"},
-        // Lanes of the shm engine: the 4 MiB allreduces in 3 slices (2 MiB bf16: 2), with the
-        // default slots and with small ones; across nodes the lanes stay unused by allreduce
-        // (a cross-node step) and the other collectives use lane 0.
+        // Lanes of the shm engine: the allreduces of 3.25 MiB in 3 slices (the 4 MiB f32 ones
+        // too, 2 MiB bf16 in 2), with the default slots and with small ones; across nodes a
+        // group has one lane whatever the setting.
         Config{"shm_2_ranks_3_lanes", 2, {}, "shm", nullptr, 1, 0, nullptr, "3"},
         Config{"shm_3_ranks_small_slots_4_lanes", 3, {}, "shm", "8192", 1, 0, nullptr, "4"},
         Config{"hier_shm_2x2_2_lanes", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0, nullptr, "2"}),
@@ -286,6 +292,51 @@ namespace {
 // Back-to-back small allreduces let one rank run a round ahead of the other; each round's call
 // and data must stay its own (a single call slot once made the slower rank check the faster
 // rank's next call and report a mismatch).
+// The lanes asked for are there: each rank of a one-node group has a helper thread for every
+// lane beyond the first; a group across nodes has none.
+size_t threads_of_this_process() {
+  size_t n = 0;
+  for (auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.exists();
+  return n;
+}
+
+TEST(ShmLanes, EveryLaneBeyondTheFirstHasAHelperOnEveryRank) {
+  struct statvfs v {};
+  if (::statvfs("/dev/shm", &v) != 0 ||
+      static_cast<double>(v.f_bavail) * v.f_frsize <
+          static_cast<double>(v.f_blocks) * v.f_frsize / 2 + (64 << 20))
+    GTEST_SKIP() << "/dev/shm has too little room for lanes (they need half of it free)";
+  for (auto nodes : {std::vector<int>{}, std::vector<int>{0, 0, 1, 1}}) {
+    Options o;
+    o.timeout = 60;
+    size_t before = threads_of_this_process();
+    ::setenv("PYTORCH_DC_SHM_THREADS", "3", 1);
+    auto g = ProcessGroup::threads(nodes.empty() ? 2 : 4, o, nodes);
+    ::unsetenv("PYTORCH_DC_SHM_THREADS");
+    EXPECT_EQ(threads_of_this_process() - before, nodes.empty() ? 4u : 0u)
+        << (nodes.empty() ? "one node, 2 ranks" : "2 nodes of 2 ranks");
+  }
+}
+
+// A rank whose call has a single element is no owner (it compares no headers); the owner of the
+// node raises in lane 0 and only the abort of every lane ends the other ranks' lanes 1 to 3,
+// which wait for this rank's contributions, before their timeout.
+TEST(ShmLanes, AnErrorInOneLaneEndsTheOthersOnEveryRank) {
+  Options o;
+  o.timeout = 30;
+  ::setenv("PYTORCH_DC_SHM_THREADS", "4", 1);
+  auto g = ProcessGroup::threads(3, o);
+  ::unsetenv("PYTORCH_DC_SHM_THREADS");
+  auto start = std::chrono::steady_clock::now();
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<float> v(4 << 20, 1.0f);
+    pg.allreduce(v.data(), r == 1 ? 1 : v.size(), DType::F32, Op::Sum);
+  });
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 10.0) << "the lanes waited for their timeout (30 s)";
+  for (auto& s : e) EXPECT_FALSE(s.empty()) << "every rank must get an error";
+}
+
 TEST(ShmRounds, ManySmallAllreducesBackToBack) {
   for (int n : {2, 3}) {
     Options o;

@@ -15,6 +15,11 @@
 //   dc_check hold SECONDS       an allreduce, "ready" on rank 0, SECONDS of sleep with the
 //                               group's connections open (for a look at them from outside),
 //                               a barrier, "done" on rank 0
+//   dc_check forked             every rank forks right after the set-up and its child, which
+//                               has none of the parent's threads, takes its place: allreduces of
+//                               4 MiB (with shm lanes: in slices, all on the child's one
+//                               thread), checked; "ok" on rank 0's child
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -154,6 +159,27 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
+    if (mode == "forked") {
+      std::fflush(stdout);
+      pid_t child = ::fork();
+      if (child < 0) throw std::runtime_error("fork failed");
+      if (child > 0) {
+        int status = 0;
+        ::waitpid(child, &status, 0);
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+      }
+      int n = pg->size(), bad = 0;
+      for (int i = 0; i < 3; ++i) {
+        std::vector<float> v(1 << 20);
+        for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(pg->rank() + 1 + k % 7);
+        pg->allreduce(v.data(), v.size(), DType::F32, Op::Sum, 60);
+        for (size_t k = 0; k < v.size(); ++k)
+          bad += v[k] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(k % 7));
+      }
+      if (pg->rank() == 0) std::printf(bad ? "FAILED\n" : "ok\n");
+      std::fflush(stdout);
+      ::_exit(bad ? 1 : 0);  // the parent's threads are not here to be joined
+    }
     if (mode == "conformance" && argc > 2) {
       uint64_t seed = std::strtoull(argv[2], nullptr, 10);
       conformance_allreduce(*pg, seed);
@@ -165,7 +191,9 @@ int main(int argc, char** argv) {
                     pg->nodes(), pg->intra_transport().c_str(), pg->inter_transport().c_str());
       return bad ? 1 : 0;
     }
-    std::fprintf(stderr, "usage: dc_check conformance SEED | die RANK | split-exit | info | hold SECONDS\n");
+    std::fprintf(stderr,
+                 "usage: dc_check conformance SEED | die RANK | split-exit | info | hold SECONDS | "
+                 "forked\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dc_check: %s\n", e.what());

@@ -170,7 +170,7 @@ TEST(Settings, EnvironmentAndOptionsResolve) {
   ::setenv("PYTORCH_DC_BF16_WIRE", "maybe", 1);
   EXPECT_THROW(resolve_settings({}), Error);
   ::unsetenv("PYTORCH_DC_BF16_WIRE");
-  for (const char* bad : {"0", "17", "2.5", "many", "-1"}) {
+  for (const char* bad : {"0", "17", "2.5", "many", "-1", "nan"}) {
     ::setenv("PYTORCH_DC_SHM_THREADS", bad, 1);
     EXPECT_THROW(resolve_settings({}), Error) << bad;
   }

@@ -139,6 +139,14 @@ def test_peer_death_is_an_error_on_every_survivor():
     peer_death({"PYTORCH_DC_SHM_THREADS": "2"}, one_node=True)
 
 
+def test_forked_child_takes_the_ranks_place():
+    # A child forked after the set-up has none of the rank's threads: its allreduces of 4 MiB,
+    # which shm lanes cut in slices for helper threads, run all slices on its one thread.
+    for env in ({}, {"PYTORCH_DC_SHM_THREADS": "3"}):
+        r = run(["-n", "2", DC_CHECK, "forked"], env=marker_env(env), timeout=120)
+        check(r.returncode == 0 and r.stdout.strip() == "ok", f"{env}: {r.returncode} {r.stdout}{r.stderr}")
+
+
 def test_example_runs():
     r = run(["-n", "4", EXAMPLE], env=marker_env(), timeout=120)
     check(r.returncode == 0 and "allreduce ok" in r.stdout, f"example failed: {r.stdout}{r.stderr}")
@@ -183,5 +191,6 @@ if __name__ == "__main__":
         skip(f"{DC_CHECK} is not built")
     main([test_one_node_shm, test_two_nodes_hierarchical, test_unequal_nodes, test_tcp_only,
           test_unusable_congestion_control_is_a_clear_error, test_env_bootstrap, test_mpi_transport, test_under_mpirun,
-          test_peer_death_is_an_error_on_every_survivor, test_example_runs, test_split_then_exit, test_locality_domains,
+          test_peer_death_is_an_error_on_every_survivor, test_forked_child_takes_the_ranks_place,
+          test_example_runs, test_split_then_exit, test_locality_domains,
           test_no_launcher_is_a_clear_error])

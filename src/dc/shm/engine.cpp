@@ -1,10 +1,12 @@
 #include "dc/shm/engine.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -16,6 +18,8 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -140,7 +144,21 @@ class Segment {
     return ::fcntl(fd_, F_OFD_GETLK, &l) == 0 && l.l_type == F_UNLCK;
   }
   // Reserves the segment's pages in /dev/shm now.  False where there is no room.
-  bool allocate() { return ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes_)) == 0; }
+  bool allocate() {
+    int e;
+    while ((e = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes_))) == EINTR) {
+    }
+    return e == 0;
+  }
+  // Whether the file system of the segment (/dev/shm) keeps at least half of its size free
+  // after `more` bytes more (other programs need it too: data loaders, NCCL).
+  bool leaves_room(size_t more) const {
+    struct statvfs v {};
+    if (::fstatvfs(fd_, &v) != 0) return false;
+    double avail = static_cast<double>(v.f_bavail) * static_cast<double>(v.f_frsize);
+    double size = static_cast<double>(v.f_blocks) * static_cast<double>(v.f_frsize);
+    return avail - static_cast<double>(more) >= size / 2;
+  }
   void unlink() {
     ::shm_unlink(name_.c_str());
     unlinked_ = true;
@@ -549,13 +567,28 @@ class EngineImpl : public AllreduceEngine {
 // The lanes of a node (engine.hpp): lane 0 runs on the calling thread, lane l > 0 on helper
 // thread l, which sleeps between the calls that use it.  The first error of a call aborts every
 // lane of this rank, so that its other lanes stop waiting and so do the other ranks' (they see
-// this rank fail); the call then raises that error once every lane has returned.
+// this rank fail); the call then raises that error once every lane has returned.  Lanes without
+// a helper (the system would not start one; a child forked from this process, which has none)
+// run on the calling thread after lane 0, one after another: each lane is a round protocol of
+// its own, so the other ranks' lanes just wait for them a little longer.
 class LanedEngine : public AllreduceEngine {
  public:
-  explicit LanedEngine(std::vector<std::unique_ptr<EngineImpl>> lanes) : lanes_(std::move(lanes)) {
-    for (size_t l = 1; l < lanes_.size(); ++l) helpers_.emplace_back([this, l] { serve(l); });
+  explicit LanedEngine(std::vector<std::unique_ptr<EngineImpl>> lanes)
+      : lanes_(std::move(lanes)), pid_(::getpid()) {
+    try {
+      for (size_t l = 1; l < lanes_.size(); ++l) {
+        helpers_.emplace_back([this, l] { serve(l); });
+        std::string name = "dc-shm-lane" + std::to_string(l);
+        ::pthread_setname_np(helpers_.back().native_handle(), name.c_str());
+      }
+    } catch (const std::system_error&) {  // no more threads: the rest run on the caller
+    }
   }
   ~LanedEngine() override {
+    if (::getpid() != pid_) {  // a forked child: the helpers (and their mutex) are the parent's
+      for (auto& t : helpers_) t.detach();
+      return;
+    }
     {
       std::lock_guard<std::mutex> g(m_);
       stop_ = true;
@@ -595,30 +628,38 @@ class LanedEngine : public AllreduceEngine {
   }
 
  private:
-  // Runs f(0) here and f(1) ... f(n - 1) on the helpers; returns when all have (each lane's
-  // waits end by the call's deadline at the latest).
+  // Runs f(0) here and f(1) ... f(n - 1) on the helpers (the lanes that have none here, after
+  // f(0)); returns when all have (each lane's waits end by the call's deadline at the latest).
   void run(size_t n, const std::function<void(size_t)>& f) {
-    {
+    size_t helped = ::getpid() == pid_ ? std::min(n - 1, helpers_.size()) : 0;
+    if (helped > 0) {
       std::lock_guard<std::mutex> g(m_);
       job_ = &f;
-      active_ = n;
-      pending_ = n - 1;
-      error_ = nullptr;
+      active_ = helped + 1;
+      pending_ = helped;
+      spin_ = busy_polling();  // the caller's (set_thread_spinning), for its helpers too
       ++gen_;
     }
-    start_.notify_all();
+    if (helped > 0) start_.notify_all();
     lane(0, f);
-    std::unique_lock<std::mutex> g(m_);
-    done_.wait(g, [&] { return pending_ == 0; });
-    job_ = nullptr;
-    if (error_) std::rethrow_exception(error_);
+    for (size_t l = helped + 1; l < n; ++l) lane(l, f);
+    if (helped > 0) {
+      std::unique_lock<std::mutex> g(m_);
+      done_.wait(g, [&] { return pending_ == 0; });
+      job_ = nullptr;
+    }
+    std::exception_ptr e;
+    std::swap(e, error_);  // no lane runs now
+    if (e) std::rethrow_exception(e);
   }
+  // Runs lane l; its error becomes the call's unless another lane's came first, and aborts
+  // every lane.
   void lane(size_t l, const std::function<void(size_t)>& f) {
     try {
       f(l);
     } catch (...) {
       {
-        std::lock_guard<std::mutex> g(m_);
+        std::lock_guard<std::mutex> g(error_m_);
         if (!error_) error_ = std::current_exception();
       }
       abort();
@@ -633,6 +674,7 @@ class LanedEngine : public AllreduceEngine {
       seen = gen_;
       if (l >= active_) continue;
       const auto* f = job_;
+      set_thread_spinning(spin_);
       g.unlock();
       lane(l, *f);
       g.lock();
@@ -647,8 +689,10 @@ class LanedEngine : public AllreduceEngine {
   const std::function<void(size_t)>* job_ = nullptr;
   size_t active_ = 0, pending_ = 0;
   uint64_t gen_ = 0;
-  bool stop_ = false;
-  std::exception_ptr error_;
+  bool stop_ = false, spin_ = true;
+  std::mutex error_m_;
+  std::exception_ptr error_;  // the call's first error (under error_m_)
+  pid_t pid_;                 // the process whose threads the helpers are
 };
 
 }  // namespace
@@ -669,10 +713,17 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
   auto header = [](Segment& s) { return reinterpret_cast<Header*>(s.base()); };
   if (local_rank == 0) {
     lanes = std::clamp(lanes, 1, kMaxLanes);
+    for (int l = 0; l < kMaxLanes; ++l)
+      ::shm_unlink(lane_name(l).c_str());  // leftovers of a crashed job with the same key
     for (int l = 0; l < lanes; ++l) {
-      ::shm_unlink(lane_name(l).c_str());  // a leftover of a crashed job with the same key
-      // Lanes beyond the first are an optimization: where /dev/shm has no room for one (its
-      // pages are reserved now, not found missing later as SIGBUS), the node has fewer.
+      // Lanes beyond the first are an optimization: each is added only while /dev/shm keeps
+      // half of its room after it and after all of lane 0 (whose pages are taken as they are
+      // used), and its pages are reserved now (not found missing later: SIGBUS).  Where that
+      // fails, the node has fewer.
+      if (l > 0 && !segs[0]->leaves_room(2 * bytes)) {
+        lanes = l;
+        break;
+      }
       auto seg = std::make_unique<Segment>(lane_name(l), bytes, true);
       if (l > 0 && !seg->allocate()) {
         lanes = l;
@@ -696,7 +747,8 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
       if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) ||
           h->slot_bytes != slot_bytes)
         throw Error("shm: segment " + lane_name(l) +
-                    " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks?)");
+                    " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks, or "
+                    "different versions of libpytorch_dc?)");
       if (l == 0)  // local rank 0 decided how many
         lanes = static_cast<int>(std::clamp<uint64_t>(h->lanes, 1, kMaxLanes));
     }
