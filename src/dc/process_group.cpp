@@ -2,7 +2,6 @@
 // allreduce (collectives.cpp), each guarded so that an error breaks the group on every rank.
 #include <config.h>
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -65,14 +64,11 @@ bool ProcessGroup::Impl::machine_oversubscribed() const {
 int ProcessGroup::Impl::shm_lanes() const {
   if (nodes > 1) return 1;  // every allreduce has a cross-node step there: one lane
   if (s.shm_threads > 0) return s.shm_threads;
-  // The processors this rank may run on, shared among the processes of the machine; at most 4
-  // lanes (a few cores copy what the memory of a socket can take).
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  double cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
-                    ? CPU_COUNT(&set)
-                    : static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
-  return static_cast<int>(std::clamp(cpus / std::max(1.0, processes_here()), 1.0, 4.0));
+  // The processors this rank can use (its affinity, its cgroups' quota), shared among the
+  // processes of the machine; at most 4 lanes (a few cores copy what the memory of a socket can
+  // take).
+  return static_cast<int>(
+      std::clamp(usable_cpus() / std::max(1.0, processes_here()), 1.0, 4.0));
 }
 
 void ProcessGroup::Impl::lay_out(const Deadline& d) {

@@ -2,8 +2,15 @@
 
 #include "dc/settings.hpp"
 
+#include <sched.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "dc/bootstrap.hpp"
 #include "dc/socket.hpp"
@@ -51,7 +58,68 @@ int flag(int opt, const char* name, bool def) {
   throw Error(std::string(name) + "=" + v + ": expected 1 or 0");
 }
 
+// The first line of a file ("" when it cannot be read).
+std::string first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+// The quota in processors of one cgroup directory, 0 when it sets none.
+double quota_in(const std::string& dir, bool v2) {
+  double quota = 0, period = 0;
+  if (v2) {  // "max 100000" or "150000 100000"
+    std::istringstream in(first_line(dir + "/cpu.max"));
+    std::string q;
+    if (!(in >> q >> period) || q == "max") return 0;
+    quota = std::strtod(q.c_str(), nullptr);
+  } else {  // cpu.cfs_quota_us: -1 for none
+    quota = std::strtod(first_line(dir + "/cpu.cfs_quota_us").c_str(), nullptr);
+    period = std::strtod(first_line(dir + "/cpu.cfs_period_us").c_str(), nullptr);
+  }
+  return quota > 0 && period > 0 ? quota / period : 0;
+}
+
 }  // namespace
+
+double cgroup_cpu_limit(const std::string& proc_cgroup, const std::string& root) {
+  double least = 0;
+  std::istringstream lines(proc_cgroup);
+  std::string line;
+  while (std::getline(lines, line)) {
+    // "0::/path" (v2), "4:cpu,cpuacct:/path" (v1, mounted at root/cpu,cpuacct)
+    size_t a = line.find(':'), b = a == std::string::npos ? a : line.find(':', a + 1);
+    if (b == std::string::npos) continue;
+    std::string controllers = line.substr(a + 1, b - a - 1), path = line.substr(b + 1);
+    bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
+    std::string list = "," + controllers + ",";
+    if (!v2 && list.find(",cpu,") == std::string::npos) continue;
+    std::string mount = v2 ? root : root + "/" + controllers;
+    for (std::string p = path.empty() ? "/" : path;;) {
+      double q = quota_in(mount + (p == "/" ? "" : p), v2);
+      if (q > 0) least = least > 0 ? std::min(least, q) : q;
+      if (p == "/" || p.empty()) break;
+      size_t cut = p.find_last_of('/');
+      p = cut == 0 || cut == std::string::npos ? "/" : p.substr(0, cut);
+    }
+  }
+  return least;
+}
+
+double usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  double cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
+                    ? CPU_COUNT(&set)
+                    : static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  std::ifstream f("/proc/self/cgroup");
+  std::stringstream text;
+  text << f.rdbuf();
+  double quota = cgroup_cpu_limit(text.str(), "/sys/fs/cgroup");
+  if (quota > 0) cpus = std::min(cpus, std::ceil(quota));
+  return std::max(1.0, cpus);
+}
 
 Settings resolve_settings(const Options& o) {
   Settings s;

@@ -32,6 +32,16 @@ struct Settings {
   bool uses(TransportKind k) const { return intra == k || inter == k; }
 };
 
+// The processors' worth of time that the cgroups of a process allow it: the least CFS quota on
+// the path from its cgroup up to the root (cgroup v2 cpu.max; v1 cpu.cfs_quota_us over
+// cpu.cfs_period_us), 0 when none limits it.  `proc_cgroup`: the text of /proc/<pid>/cgroup;
+// `root`: where the cgroup file systems are (/sys/fs/cgroup).  A container's own limit is at the
+// root of its view.  Files that are not there or do not parse limit nothing.
+double cgroup_cpu_limit(const std::string& proc_cgroup, const std::string& root);
+// The processors this process can use at once: those it may run on (its affinity), no more
+// than its cgroups' quota allows (rounded up), at least 1.
+double usable_cpus();
+
 // Throws Error naming the option or variable that is wrong.  Every transport name that is set is
 // checked, also one that a more specific setting overrides.
 Settings resolve_settings(const Options& o);

@@ -2,8 +2,9 @@
 // (PYTORCH_DC_TRANSPORT, PYTORCH_DC_INTRA, PYTORCH_DC_INTER) gives is resolved once to a kind of
 // the transport registry, and one that is unknown, not built or at the wrong level is an Error
 // that names where it came from and what is accepted there.  Also the tcp transport's congestion
-// control (PYTORCH_DC_TCP_CONGESTION), set on real loopback sockets, and a thread's own wait mode
-// (set_thread_spinning).
+// control (PYTORCH_DC_TCP_CONGESTION), set on real loopback sockets, a thread's own wait mode
+// (set_thread_spinning), and the processors that the cgroups' CPU quota allows (the automatic
+// number of shm lanes).
 #include <config.h>
 
 #include <netinet/in.h>
@@ -11,7 +12,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -24,6 +32,13 @@
 using namespace dctest;
 
 namespace {
+
+std::string first_line_of(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
 
 const char* const kVariables[] = {"PYTORCH_DC_TRANSPORT", "PYTORCH_DC_INTRA", "PYTORCH_DC_INTER"};
 
@@ -211,6 +226,80 @@ TEST(ThreadSpinning, IsPerThread) {
   EXPECT_EQ(other, process);
   set_thread_spinning(true);
   EXPECT_EQ(busy_polling(), process);
+}
+
+// The cgroups' CPU quota (the automatic count of shm lanes): the least along the path up to the
+// root, in cgroup v2 and v1 layouts written here; then a real cgroup v1 or v2 with a quota of
+// half a processor, which a child process joins (root only), on a machine of several.
+void write_file(const std::string& path, const std::string& text) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  std::ofstream(path) << text;
+}
+
+TEST(CgroupCpuLimit, TheLeastQuotaOnThePathToTheRoot) {
+  std::string root = ::testing::TempDir() + "cg" + std::to_string(::getpid());
+  write_file(root + "/cpu.max", "max 100000\n");
+  write_file(root + "/a/cpu.max", "250000 100000\n");
+  write_file(root + "/a/b/cpu.max", "max 100000\n");
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("0::/a/b\n", root), 2.5);
+  write_file(root + "/a/b/cpu.max", "50000 100000\n");
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("0::/a/b\n", root), 0.5);
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("0::/\n", root), 0);  // the root sets none
+  // v1: the cpu controller's hierarchy, mounted under its controllers' names
+  write_file(root + "/cpu,cpuacct/cpu.cfs_quota_us", "-1\n");
+  write_file(root + "/cpu,cpuacct/cpu.cfs_period_us", "100000\n");
+  write_file(root + "/cpu,cpuacct/x/cpu.cfs_quota_us", "150000\n");
+  write_file(root + "/cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("5:memory:/x\n4:cpu,cpuacct:/x\n0::/\n", root), 1.5);
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("4:cpuacct:/x\n", root), 0);  // not the cpu controller
+  // A cgroup whose directory is not in this view (a container without its own namespace): its
+  // ancestors, up to the root of the view, still count.
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("0::/a/elsewhere/c\n", root), 2.5);
+  write_file(root + "/a/cpu.max", "garbage\n");
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("0::/a\n", root), 0);
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("", "/nonexistent"), 0);
+  std::filesystem::remove_all(root);
+}
+
+TEST(CgroupCpuLimit, ARealCgroupsQuotaLimitsTheUsableProcessors) {
+  // The cgroup file system that has the cpu controller: v1's own, or v2's root.
+  std::string dir, quota_file, quota;
+  if (std::filesystem::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")) {
+    dir = "/sys/fs/cgroup/cpu/pytorch_dc_test." + std::to_string(::getpid());
+    quota_file = "cpu.cfs_quota_us";
+    quota = "50000";
+  } else if (first_line_of("/sys/fs/cgroup/cgroup.subtree_control").find("cpu") !=
+             std::string::npos) {
+    dir = "/sys/fs/cgroup/pytorch_dc_test." + std::to_string(::getpid());
+    quota_file = "cpu.max";
+    quota = "50000 100000";
+  } else {
+    GTEST_SKIP() << "no cgroup file system with the cpu controller here";
+  }
+  if (std::thread::hardware_concurrency() < 2)
+    GTEST_SKIP() << "one processor: a quota of one cannot be told from the machine";
+  if (::mkdir(dir.c_str(), 0755) != 0)
+    GTEST_SKIP() << "cannot make a cgroup (" << std::strerror(errno) << "): needs root";
+  std::ofstream(dir + "/" + quota_file) << quota << "\n";
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  pid_t child = ::fork();
+  if (child == 0) {
+    std::ofstream(dir + "/cgroup.procs") << ::getpid() << "\n";
+    double cpus = usable_cpus();
+    ssize_t ignored = ::write(fds[1], &cpus, sizeof cpus);
+    (void)ignored;
+    ::_exit(0);
+  }
+  double cpus = 0;
+  ssize_t got = ::read(fds[0], &cpus, sizeof cpus);
+  ::waitpid(child, nullptr, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  ::rmdir(dir.c_str());
+  ASSERT_EQ(got, static_cast<ssize_t>(sizeof cpus));
+  EXPECT_EQ(cpus, 1.0) << "half a processor of quota, rounded up, on a machine of "
+                        << std::thread::hardware_concurrency();
 }
 
 }  // namespace
