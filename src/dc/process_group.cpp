@@ -58,7 +58,7 @@ double ProcessGroup::Impl::processes_here() const {
 }
 
 bool ProcessGroup::Impl::machine_oversubscribed() const {
-  return processes_here() > static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+  return processes_here() > machine_cpus();
 }
 
 int ProcessGroup::Impl::shm_lanes() const {

@@ -95,7 +95,10 @@ double cgroup_cpu_limit(const std::string& proc_cgroup, const std::string& root)
     bool v2 = line.compare(0, a, "0") == 0 && controllers.empty();
     std::string list = "," + controllers + ",";
     if (!v2 && list.find(",cpu,") == std::string::npos) continue;
+    // v1's cpu hierarchy is mounted under its controllers' names, or under "cpu" alone (with
+    // "cpu,cpuacct" a link to it, or the other way round).
     std::string mount = v2 ? root : root + "/" + controllers;
+    if (!v2 && ::access(mount.c_str(), F_OK) != 0) mount = root + "/cpu";
     for (std::string p = path.empty() ? "/" : path;;) {
       double q = quota_in(mount + (p == "/" ? "" : p), v2);
       if (q > 0) least = least > 0 ? std::min(least, q) : q;
@@ -107,18 +110,29 @@ double cgroup_cpu_limit(const std::string& proc_cgroup, const std::string& root)
   return least;
 }
 
-double usable_cpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  double cpus = ::sched_getaffinity(0, sizeof set, &set) == 0
-                    ? CPU_COUNT(&set)
-                    : static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN)));
+namespace {
+
+// `cpus`, no more than this process's cgroups' quota allows (rounded up), at least 1.
+double within_quota(double cpus) {
   std::ifstream f("/proc/self/cgroup");
   std::stringstream text;
   text << f.rdbuf();
   double quota = cgroup_cpu_limit(text.str(), "/sys/fs/cgroup");
   if (quota > 0) cpus = std::min(cpus, std::ceil(quota));
   return std::max(1.0, cpus);
+}
+
+}  // namespace
+
+double usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  return within_quota(::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set)
+                                                                    : machine_cpus());
+}
+
+double machine_cpus() {
+  return within_quota(static_cast<double>(std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN))));
 }
 
 Settings resolve_settings(const Options& o) {

@@ -39,8 +39,10 @@ struct Settings {
 // root of its view.  Files that are not there or do not parse limit nothing.
 double cgroup_cpu_limit(const std::string& proc_cgroup, const std::string& root);
 // The processors this process can use at once: those it may run on (its affinity), no more
-// than its cgroups' quota allows (rounded up), at least 1.
+// than its cgroups' quota allows (rounded up), at least 1.  machine_cpus: the same of all the
+// machine's processors (what the processes of the machine share, whatever their affinity).
 double usable_cpus();
+double machine_cpus();
 
 // Throws Error naming the option or variable that is wrong.  Every transport name that is set is
 // checked, also one that a more specific setting overrides.

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "testlib.hpp"
 
@@ -293,10 +294,15 @@ namespace {
 // and data must stay its own (a single call slot once made the slower rank check the faster
 // rank's next call and report a mismatch).
 // The lanes asked for are there: each rank of a one-node group has a helper thread for every
-// lane beyond the first; a group across nodes has none.
-size_t threads_of_this_process() {
+// lane beyond the first; a group across nodes has none.  The helpers of this process, by name.
+size_t lane_helpers() {
   size_t n = 0;
-  for (auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.exists();
+  std::error_code ec;
+  for (auto& e : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::ifstream f(e.path() / "comm");
+    std::string name;
+    n += std::getline(f, name) && name.rfind("dc-shm-lane", 0) == 0;
+  }
   return n;
 }
 
@@ -309,12 +315,13 @@ TEST(ShmLanes, EveryLaneBeyondTheFirstHasAHelperOnEveryRank) {
   for (auto nodes : {std::vector<int>{}, std::vector<int>{0, 0, 1, 1}}) {
     Options o;
     o.timeout = 60;
-    size_t before = threads_of_this_process();
     ::setenv("PYTORCH_DC_SHM_THREADS", "3", 1);
     auto g = ProcessGroup::threads(nodes.empty() ? 2 : 4, o, nodes);
     ::unsetenv("PYTORCH_DC_SHM_THREADS");
-    EXPECT_EQ(threads_of_this_process() - before, nodes.empty() ? 4u : 0u)
+    EXPECT_EQ(lane_helpers(), nodes.empty() ? 4u : 0u)
         << (nodes.empty() ? "one node, 2 ranks" : "2 nodes of 2 ranks");
+    g.clear();
+    EXPECT_EQ(lane_helpers(), 0u) << "the helpers end with their group";
   }
 }
 

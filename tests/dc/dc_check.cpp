@@ -18,7 +18,8 @@
 //   dc_check forked             every rank forks right after the set-up and its child, which
 //                               has none of the parent's threads, takes its place: allreduces of
 //                               4 MiB (with shm lanes: in slices, all on the child's one
-//                               thread), checked; "ok" on rank 0's child
+//                               thread) in a buffer from before the fork, checked; the child
+//                               lets go of the group and exits; "ok" on rank 0's child
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -160,6 +161,7 @@ int main(int argc, char** argv) {
     }
     if (mode == "die" && argc > 2) return die(*pg, std::atoi(argv[2]));
     if (mode == "forked") {
+      std::vector<float> v(1 << 20);  // the parent has it too, at the same address
       std::fflush(stdout);
       pid_t child = ::fork();
       if (child < 0) throw std::runtime_error("fork failed");
@@ -170,15 +172,16 @@ int main(int argc, char** argv) {
       }
       int n = pg->size(), bad = 0;
       for (int i = 0; i < 3; ++i) {
-        std::vector<float> v(1 << 20);
         for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>(pg->rank() + 1 + k % 7);
         pg->allreduce(v.data(), v.size(), DType::F32, Op::Sum, 60);
         for (size_t k = 0; k < v.size(); ++k)
           bad += v[k] != static_cast<float>(n * (n + 1) / 2 + n * static_cast<int>(k % 7));
       }
       if (pg->rank() == 0) std::printf(bad ? "FAILED\n" : "ok\n");
+      pg->barrier();
+      pg.reset();  // its helper threads are the parent's: not joined here
       std::fflush(stdout);
-      ::_exit(bad ? 1 : 0);  // the parent's threads are not here to be joined
+      ::_exit(bad ? 1 : 0);
     }
     if (mode == "conformance" && argc > 2) {
       uint64_t seed = std::strtoull(argv[2], nullptr, 10);

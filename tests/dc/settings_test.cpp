@@ -12,10 +12,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <chrono>
+#include <iterator>
+#include <set>
+#include <sstream>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -252,6 +257,11 @@ TEST(CgroupCpuLimit, TheLeastQuotaOnThePathToTheRoot) {
   write_file(root + "/cpu,cpuacct/x/cpu.cfs_period_us", "100000\n");
   EXPECT_DOUBLE_EQ(cgroup_cpu_limit("5:memory:/x\n4:cpu,cpuacct:/x\n0::/\n", root), 1.5);
   EXPECT_DOUBLE_EQ(cgroup_cpu_limit("4:cpuacct:/x\n", root), 0);  // not the cpu controller
+  // v1 with cpu and cpuacct mounted together as "cpu" alone
+  std::string alone = root + "/alone";
+  write_file(alone + "/cpu/y/cpu.cfs_quota_us", "300000\n");
+  write_file(alone + "/cpu/y/cpu.cfs_period_us", "100000\n");
+  EXPECT_DOUBLE_EQ(cgroup_cpu_limit("3:cpu,cpuacct:/y\n", alone), 3);
   // A cgroup whose directory is not in this view (a container without its own namespace): its
   // ancestors, up to the root of the view, still count.
   EXPECT_DOUBLE_EQ(cgroup_cpu_limit("0::/a/elsewhere/c\n", root), 2.5);
@@ -262,44 +272,71 @@ TEST(CgroupCpuLimit, TheLeastQuotaOnThePathToTheRoot) {
 }
 
 TEST(CgroupCpuLimit, ARealCgroupsQuotaLimitsTheUsableProcessors) {
-  // The cgroup file system that has the cpu controller: v1's own, or v2's root.
-  std::string dir, quota_file, quota;
+  // The cgroup file system that has the cpu controller: v1's own, or v2's root with "cpu"
+  // enabled for its children.
+  std::string base, quota_file, quota;
+  std::istringstream enabled(first_line_of("/sys/fs/cgroup/cgroup.subtree_control"));
+  std::set<std::string> v2(std::istream_iterator<std::string>(enabled), {});
   if (std::filesystem::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")) {
-    dir = "/sys/fs/cgroup/cpu/pytorch_dc_test." + std::to_string(::getpid());
+    base = "/sys/fs/cgroup/cpu";
     quota_file = "cpu.cfs_quota_us";
     quota = "50000";
-  } else if (first_line_of("/sys/fs/cgroup/cgroup.subtree_control").find("cpu") !=
-             std::string::npos) {
-    dir = "/sys/fs/cgroup/pytorch_dc_test." + std::to_string(::getpid());
+  } else if (v2.count("cpu")) {
+    base = "/sys/fs/cgroup";
     quota_file = "cpu.max";
     quota = "50000 100000";
   } else {
     GTEST_SKIP() << "no cgroup file system with the cpu controller here";
   }
-  if (std::thread::hardware_concurrency() < 2)
-    GTEST_SKIP() << "one processor: a quota of one cannot be told from the machine";
-  if (::mkdir(dir.c_str(), 0755) != 0)
-    GTEST_SKIP() << "cannot make a cgroup (" << std::strerror(errno) << "): needs root";
-  std::ofstream(dir + "/" + quota_file) << quota << "\n";
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(::sched_getaffinity(0, sizeof set, &set), 0);
+  if (CPU_COUNT(&set) < 2)
+    GTEST_SKIP() << "one processor to run on: a quota of one cannot be told from it";
+  std::string name = "pytorch_dc_test." + std::to_string(::getpid()), dir = base + "/" + name;
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
+  if (::mkdir(dir.c_str(), 0755) != 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    GTEST_SKIP() << "cannot make a cgroup (" << std::strerror(errno) << "): needs root";
+  }
+  struct Remove {  // the cgroup, once its process has left (it has, when waited for)
+    std::string dir;
+    ~Remove() {
+      for (int i = 0; i < 100 && ::rmdir(dir.c_str()) != 0 && errno == EBUSY; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  } remove{dir};
+  std::ofstream(dir + "/" + quota_file) << quota << "\n";
+  if (first_line_of(dir + "/" + quota_file).rfind(quota, 0) != 0) {
+    ::close(fds[0]);
+    ::close(fds[1]);
+    GTEST_SKIP() << "this kernel does not take a CPU quota in " << dir;
+  }
   pid_t child = ::fork();
+  ASSERT_GE(child, 0) << std::strerror(errno);
   if (child == 0) {
+    ::close(fds[0]);
     std::ofstream(dir + "/cgroup.procs") << ::getpid() << "\n";
-    double cpus = usable_cpus();
+    std::ifstream f("/proc/self/cgroup");
+    std::stringstream text;
+    text << f.rdbuf();
+    // -1: it could not join the cgroup (so it says nothing about the quota)
+    double cpus = text.str().find("/" + name) == std::string::npos ? -1 : usable_cpus();
     ssize_t ignored = ::write(fds[1], &cpus, sizeof cpus);
     (void)ignored;
     ::_exit(0);
   }
+  ::close(fds[1]);
   double cpus = 0;
   ssize_t got = ::read(fds[0], &cpus, sizeof cpus);
-  ::waitpid(child, nullptr, 0);
   ::close(fds[0]);
-  ::close(fds[1]);
-  ::rmdir(dir.c_str());
-  ASSERT_EQ(got, static_cast<ssize_t>(sizeof cpus));
-  EXPECT_EQ(cpus, 1.0) << "half a processor of quota, rounded up, on a machine of "
-                        << std::thread::hardware_concurrency();
+  ::waitpid(child, nullptr, 0);
+  ASSERT_EQ(got, static_cast<ssize_t>(sizeof cpus)) << "the child said nothing";
+  if (cpus < 0) GTEST_SKIP() << "a process cannot join a new cgroup here";
+  EXPECT_EQ(cpus, 1.0) << "half a processor of quota, rounded up, for a process that may run on "
+                       << CPU_COUNT(&set);
 }
 
 }  // namespace

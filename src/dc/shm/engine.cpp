@@ -145,9 +145,9 @@ class Segment {
   }
   // Reserves the segment's pages in /dev/shm now.  False where there is no room.
   bool allocate() {
-    int e;
-    while ((e = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes_))) == EINTR) {
-    }
+    int e = EINTR;
+    for (int tries = 0; e == EINTR && tries < 100; ++tries)
+      e = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes_));
     return e == 0;
   }
   // Whether the file system of the segment (/dev/shm) keeps at least half of its size free
@@ -155,6 +155,7 @@ class Segment {
   bool leaves_room(size_t more) const {
     struct statvfs v {};
     if (::fstatvfs(fd_, &v) != 0) return false;
+    if (v.f_blocks == 0) return true;  // a tmpfs of no set size
     double avail = static_cast<double>(v.f_bavail) * static_cast<double>(v.f_frsize);
     double size = static_cast<double>(v.f_blocks) * static_cast<double>(v.f_frsize);
     return avail - static_cast<double>(more) >= size / 2;
@@ -284,6 +285,9 @@ class EngineImpl : public AllreduceEngine {
       if (j != me_) copy(slot(seq, me_), buf, blk, j, es);
     states_[me_].in.call[seq & 1] = *h_;
     states_[me_].buf[seq & 1] = reinterpret_cast<uintptr_t>(buf);
+    // The process whose buffer that is: a child forked from the rank may have taken its place
+    // (owners write into it with process_vm_writev; its memory holds the same cookie).
+    states_[me_].pid = ::getpid();
     states_[me_].in.v.store(seq, std::memory_order_release);
     if (me_ < owners) {
       wait_all(n_, &RankState::in, seq, d, "to contribute");
@@ -574,27 +578,30 @@ class EngineImpl : public AllreduceEngine {
 class LanedEngine : public AllreduceEngine {
  public:
   explicit LanedEngine(std::vector<std::unique_ptr<EngineImpl>> lanes)
-      : lanes_(std::move(lanes)), pid_(::getpid()) {
-    try {
-      for (size_t l = 1; l < lanes_.size(); ++l) {
-        helpers_.emplace_back([this, l] { serve(l); });
+      : lanes_(std::move(lanes)), pool_(std::make_unique<Pool>()), pid_(::getpid()) {
+    for (size_t l = 1; l < lanes_.size(); ++l) {
+      try {
         std::string name = "dc-shm-lane" + std::to_string(l);
-        ::pthread_setname_np(helpers_.back().native_handle(), name.c_str());
+        pool_->helpers.emplace_back([this, l] { serve(l); });
+        ::pthread_setname_np(pool_->helpers.back().native_handle(), name.c_str());
+      } catch (const std::exception&) {  // no more threads: the rest run on the caller
+        break;
       }
-    } catch (const std::system_error&) {  // no more threads: the rest run on the caller
     }
   }
   ~LanedEngine() override {
-    if (::getpid() != pid_) {  // a forked child: the helpers (and their mutex) are the parent's
-      for (auto& t : helpers_) t.detach();
+    // A forked child: the helpers, and the waiters that the mutex and condition variables count,
+    // are the parent's; neither joining, detaching nor destroying them is safe here.
+    if (::getpid() != pid_) {
+      (void)pool_.release();
       return;
     }
     {
-      std::lock_guard<std::mutex> g(m_);
-      stop_ = true;
+      std::lock_guard<std::mutex> g(pool_->m);
+      pool_->stop = true;
     }
-    start_.notify_all();
-    for (auto& t : helpers_) t.join();
+    pool_->start.notify_all();
+    for (auto& t : pool_->helpers) t.join();
   }
 
   void allreduce(void* buf, size_t count, DType t, Op op, int owners, const Cross& cross,
@@ -628,28 +635,44 @@ class LanedEngine : public AllreduceEngine {
   }
 
  private:
+  // The helpers and what they share with the caller, on the heap: a forked child leaves it be.
+  struct Pool {
+    std::vector<std::thread> helpers;  // helpers[i] runs lane i + 1
+    std::mutex m;
+    std::condition_variable start, done;
+    const std::function<void(size_t)>* job = nullptr;
+    size_t active = 0, pending = 0;  // lanes of the call; helpers still at work
+    uint64_t gen = 0;                // calls that used helpers
+    bool stop = false, spin = true;  // spin: the caller's busy_polling()
+    std::mutex error_m;
+    std::exception_ptr error;  // the call's first error (under error_m)
+  };
+
   // Runs f(0) here and f(1) ... f(n - 1) on the helpers (the lanes that have none here, after
   // f(0)); returns when all have (each lane's waits end by the call's deadline at the latest).
   void run(size_t n, const std::function<void(size_t)>& f) {
-    size_t helped = ::getpid() == pid_ ? std::min(n - 1, helpers_.size()) : 0;
+    Pool& p = *pool_;
+    size_t helped = ::getpid() == pid_ ? std::min(n - 1, p.helpers.size()) : 0;
     if (helped > 0) {
-      std::lock_guard<std::mutex> g(m_);
-      job_ = &f;
-      active_ = helped + 1;
-      pending_ = helped;
-      spin_ = busy_polling();  // the caller's (set_thread_spinning), for its helpers too
-      ++gen_;
+      {
+        std::lock_guard<std::mutex> g(p.m);
+        p.job = &f;
+        p.active = helped + 1;
+        p.pending = helped;
+        p.spin = busy_polling();  // the caller's (set_thread_spinning), for its helpers too
+        ++p.gen;
+      }
+      p.start.notify_all();
     }
-    if (helped > 0) start_.notify_all();
     lane(0, f);
     for (size_t l = helped + 1; l < n; ++l) lane(l, f);
     if (helped > 0) {
-      std::unique_lock<std::mutex> g(m_);
-      done_.wait(g, [&] { return pending_ == 0; });
-      job_ = nullptr;
+      std::unique_lock<std::mutex> g(p.m);
+      p.done.wait(g, [&] { return p.pending == 0; });
+      p.job = nullptr;
     }
     std::exception_ptr e;
-    std::swap(e, error_);  // no lane runs now
+    std::swap(e, p.error);  // no lane runs now
     if (e) std::rethrow_exception(e);
   }
   // Runs lane l; its error becomes the call's unless another lane's came first, and aborts
@@ -659,40 +682,33 @@ class LanedEngine : public AllreduceEngine {
       f(l);
     } catch (...) {
       {
-        std::lock_guard<std::mutex> g(error_m_);
-        if (!error_) error_ = std::current_exception();
+        std::lock_guard<std::mutex> g(pool_->error_m);
+        if (!pool_->error) pool_->error = std::current_exception();
       }
       abort();
     }
   }
   void serve(size_t l) {
+    Pool& p = *pool_;
     uint64_t seen = 0;
-    std::unique_lock<std::mutex> g(m_);
+    std::unique_lock<std::mutex> g(p.m);
     for (;;) {
-      start_.wait(g, [&] { return stop_ || gen_ != seen; });
-      if (stop_) return;
-      seen = gen_;
-      if (l >= active_) continue;
-      const auto* f = job_;
-      set_thread_spinning(spin_);
+      p.start.wait(g, [&] { return p.stop || p.gen != seen; });
+      if (p.stop) return;
+      seen = p.gen;
+      if (l >= p.active) continue;
+      const auto* f = p.job;
+      set_thread_spinning(p.spin);
       g.unlock();
       lane(l, *f);
       g.lock();
-      if (--pending_ == 0) done_.notify_one();
+      if (--p.pending == 0) p.done.notify_one();
     }
   }
 
   std::vector<std::unique_ptr<EngineImpl>> lanes_;
-  std::vector<std::thread> helpers_;
-  std::mutex m_;
-  std::condition_variable start_, done_;
-  const std::function<void(size_t)>* job_ = nullptr;
-  size_t active_ = 0, pending_ = 0;
-  uint64_t gen_ = 0;
-  bool stop_ = false, spin_ = true;
-  std::mutex error_m_;
-  std::exception_ptr error_;  // the call's first error (under error_m_)
-  pid_t pid_;                 // the process whose threads the helpers are
+  std::unique_ptr<Pool> pool_;
+  pid_t pid_;  // the process whose threads the helpers are
 };
 
 }  // namespace
@@ -724,8 +740,13 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
         lanes = l;
         break;
       }
-      auto seg = std::make_unique<Segment>(lane_name(l), bytes, true);
-      if (l > 0 && !seg->allocate()) {
+      std::unique_ptr<Segment> seg;
+      try {
+        seg = std::make_unique<Segment>(lane_name(l), bytes, true);
+      } catch (const Error&) {
+        if (l == 0) throw;
+      }
+      if (l > 0 && !(seg && seg->allocate())) {
         lanes = l;
         break;
       }
