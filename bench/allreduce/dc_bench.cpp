@@ -66,8 +66,9 @@ int main(int argc, char** argv) {
     auto pg = dc::ProcessGroup::init();
     rank = pg->rank();
     if (rank == 0) {
-      std::printf("@@INFO ranks=%d nodes=%d intra=%s inter=%s\n", pg->size(), pg->nodes(),
-                  pg->intra_transport().c_str(), pg->inter_transport().c_str());
+      std::printf("@@INFO ranks=%d nodes=%d intra=%s inter=%s shm_lanes=%d\n", pg->size(),
+                  pg->nodes(), pg->intra_transport().c_str(), pg->inter_transport().c_str(),
+                  pg->shm_lanes());
       std::fflush(stdout);
     }
     std::vector<float> buf(pe_max_bytes(&a) / sizeof(float) + 1);

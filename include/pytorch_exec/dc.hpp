@@ -116,6 +116,9 @@ class ProcessGroup {
   int domain_of(int rank) const;
   const std::string& intra_transport() const;
   const std::string& inter_transport() const;
+  // The lanes of this node's shared memory (PYTORCH_DC_SHM_THREADS): the threads of each rank
+  // for a large allreduce; 0 when the group uses none on this node (one rank here, or not shm).
+  int shm_lanes() const;
   // The default timeout of its operations, seconds (Options::timeout or PYTORCH_DC_TIMEOUT).
   double timeout() const;
 

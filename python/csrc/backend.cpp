@@ -351,9 +351,11 @@ std::string DcBackend::describe() const {
   }
   if (!pg) return "dc rank " + std::to_string(getRank()) + " of " + std::to_string(getSize()) +
                   " (shut down)";
+  int lanes = pg->shm_lanes();
   return "dc rank " + std::to_string(pg->rank()) + " of " + std::to_string(pg->size()) + ", " +
          std::to_string(pg->nodes()) + " node(s), " + pg->intra_transport() + "/" +
-         pg->inter_transport();
+         pg->inter_transport() +
+         (lanes > 1 ? ", " + std::to_string(lanes) + " shm lanes" : std::string());
 }
 
 double DcBackend::seconds(std::chrono::milliseconds t) const {

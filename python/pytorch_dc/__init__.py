@@ -27,7 +27,8 @@ def _create(store, rank, size, timeout):
 
 
 def describe(group=None):
-    """The dc backend of `group` (default: the world) in words: rank, nodes, transports."""
+    """The dc backend of `group` (default: the world) in words: rank, nodes, transports, and the
+    shm lanes of its node where there are several."""
     pg = group or dist.group.WORLD
     for dev in ("cpu", "cuda"):
         try:

@@ -219,6 +219,7 @@ int ProcessGroup::domain_of(int rank) const {
                 std::to_string(impl_->size));
   return impl_->domain_of[static_cast<size_t>(rank)];
 }
+int ProcessGroup::shm_lanes() const { return impl_->engine ? impl_->engine->lanes() : 0; }
 const std::string& ProcessGroup::intra_transport() const { return transport_name(impl_->s.intra); }
 const std::string& ProcessGroup::inter_transport() const { return transport_name(impl_->s.inter); }
 double ProcessGroup::timeout() const { return impl_->s.timeout; }

@@ -320,6 +320,7 @@ TEST(ShmLanes, EveryLaneBeyondTheFirstHasAHelperOnEveryRank) {
     ::unsetenv("PYTORCH_DC_SHM_THREADS");
     EXPECT_EQ(lane_helpers(), nodes.empty() ? 4u : 0u)
         << (nodes.empty() ? "one node, 2 ranks" : "2 nodes of 2 ranks");
+    for (auto& pg : g) EXPECT_EQ(pg->shm_lanes(), nodes.empty() ? 3 : 1);
     g.clear();
     EXPECT_EQ(lane_helpers(), 0u) << "the helpers end with their group";
   }

@@ -633,6 +633,7 @@ class LanedEngine : public AllreduceEngine {
   void abort() override {
     for (auto& l : lanes_) l->abort();
   }
+  int lanes() const override { return static_cast<int>(lanes_.size()); }
 
  private:
   // The helpers and what they share with the caller, on the heap: a forked child leaves it be.

@@ -81,6 +81,8 @@ class AllreduceEngine {
   virtual void barrier(const CallHeader& h, const Deadline& d) = 0;
   // Marks this rank failed so that the others stop waiting for it.
   virtual void abort() = 0;
+  // The node's lanes (at least 1).
+  virtual int lanes() const { return 1; }
 };
 
 }  // namespace pytorch_exec::dc::shm
