@@ -80,6 +80,19 @@ struct Shards {
 
 size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
+// Forks of this process so far, as its children count them (a pthread_atfork handler, set up
+// with the first engine): one load tells a round whether it runs in a child of the process that
+// published its pid.
+std::atomic<uint64_t> g_forks{0};
+
+uint64_t forks() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    ::pthread_atfork(nullptr, nullptr, [] { g_forks.fetch_add(1, std::memory_order_relaxed); });
+  });
+  return g_forks.load(std::memory_order_relaxed);
+}
+
 // This process's PID namespace, as the inode of /proc/self/ns/pid (0 when it cannot be read).
 uint64_t pid_namespace() {
   struct stat st {};
@@ -190,6 +203,7 @@ class EngineImpl : public AllreduceEngine {
     states_ = reinterpret_cast<RankState*>(seg_->base() + 4096);
     data_ = seg_->base() + data_offset(n);
     states_[me_].pid = ::getpid();
+    forks_ = forks();
     states_[me_].pid_ns = pid_namespace();
     states_[me_].life_lock = seg_->hold_life_lock(me_);
     cookie_ = random64() | 1;
@@ -287,7 +301,10 @@ class EngineImpl : public AllreduceEngine {
     states_[me_].buf[seq & 1] = reinterpret_cast<uintptr_t>(buf);
     // The process whose buffer that is: a child forked from the rank may have taken its place
     // (owners write into it with process_vm_writev; its memory holds the same cookie).
-    states_[me_].pid = ::getpid();
+    if (forks() != forks_) {
+      forks_ = forks();
+      states_[me_].pid = ::getpid();
+    }
     states_[me_].in.v.store(seq, std::memory_order_release);
     if (me_ < owners) {
       wait_all(n_, &RankState::in, seq, d, "to contribute");
@@ -563,6 +580,7 @@ class EngineImpl : public AllreduceEngine {
   char* data_;
   uint64_t seq_ = 0;
   const CallHeader* h_ = nullptr;
+  uint64_t forks_ = 0;          // forks() when this process published its pid
   bool direct_ok_ = true;       // process_vm_writev into the other local ranks works
   std::vector<bool> verified_;  // by local rank: is_rank() said yes
   uint64_t cookie_ = 0;
@@ -712,6 +730,20 @@ class LanedEngine : public AllreduceEngine {
   pid_t pid_;  // the process whose threads the helpers are
 };
 
+// A lane beyond the first (local rank 0 creates it), or nullptr: lanes are an optimization, and
+// each is added only while /dev/shm keeps half of its room after it and after all of lane 0
+// (`first`, whose pages are taken as they are used); its pages are reserved now, not found
+// missing later (SIGBUS).
+std::unique_ptr<Segment> extra_lane(const std::string& name, size_t bytes, const Segment& first) {
+  if (!first.leaves_room(2 * bytes)) return nullptr;
+  try {
+    auto seg = std::make_unique<Segment>(name, bytes, true);
+    if (seg->allocate()) return seg;
+  } catch (const Error&) {  // no room or no descriptor: fewer lanes
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<void()>& local_barrier,
@@ -732,32 +764,19 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
     lanes = std::clamp(lanes, 1, kMaxLanes);
     for (int l = 0; l < kMaxLanes; ++l)
       ::shm_unlink(lane_name(l).c_str());  // leftovers of a crashed job with the same key
-    for (int l = 0; l < lanes; ++l) {
-      // Lanes beyond the first are an optimization: each is added only while /dev/shm keeps
-      // half of its room after it and after all of lane 0 (whose pages are taken as they are
-      // used), and its pages are reserved now (not found missing later: SIGBUS).  Where that
-      // fails, the node has fewer.
-      if (l > 0 && !segs[0]->leaves_room(2 * bytes)) {
-        lanes = l;
-        break;
-      }
-      std::unique_ptr<Segment> seg;
-      try {
-        seg = std::make_unique<Segment>(lane_name(l), bytes, true);
-      } catch (const Error&) {
-        if (l == 0) throw;
-      }
-      if (l > 0 && !(seg && seg->allocate())) {
-        lanes = l;
-        break;
-      }
+    segs.push_back(std::make_unique<Segment>(lane_name(0), bytes, true));
+    for (int l = 1; l < lanes; ++l) {
+      auto seg = extra_lane(lane_name(l), bytes, *segs[0]);
+      if (!seg) break;
       segs.push_back(std::move(seg));
-      auto* st = reinterpret_cast<RankState*>(segs.back()->base() + 4096);
-      for (int r = 0; r < local_size; ++r) new (&st[r]) RankState{};
     }
-    for (auto& s : segs)
+    lanes = static_cast<int>(segs.size());
+    for (auto& s : segs) {
       *header(*s) = Header{kMagic, static_cast<uint64_t>(local_size), slot_bytes,
                            static_cast<uint64_t>(lanes)};
+      auto* st = reinterpret_cast<RankState*>(s->base() + 4096);
+      for (int r = 0; r < local_size; ++r) new (&st[r]) RankState{};
+    }
     local_barrier();  // created
     local_barrier();  // attached
     for (auto& s : segs) s->unlink();  // every local rank has them mapped: nothing can leak now
