@@ -152,7 +152,8 @@ Settings resolve_settings(const Options& o) {
   if (threads != "auto") {
     double v = env_number("PYTORCH_DC_SHM_THREADS", 0);
     if (!(v >= 1 && v <= 16) || v != static_cast<int>(v))
-      throw Error("PYTORCH_DC_SHM_THREADS=" + threads + " is not auto or a whole number from 1 to 16");
+      throw Error("PYTORCH_DC_SHM_THREADS=" + threads +
+                  " is not auto or a whole number from 1 to 16");
     s.shm_threads = static_cast<int>(v);
   }
   s.pipeline_bytes = static_cast<size_t>(env_number("PYTORCH_DC_PIPELINE_BYTES", 0));
