@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -252,6 +253,13 @@ double env_number(const char* name, double def) {
   double x = std::strtod(v, &end);
   if (*end || x < 0) throw Error(std::string(name) + "=" + v + " is not a non-negative number");
   return x;
+}
+
+std::string first_line(const std::string& path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
 }
 
 std::vector<std::string> store_allgather(Store& store, const std::string& key, int rank, int size,

@@ -74,5 +74,7 @@ std::string env_or(const char* name, const std::string& def);
 // The environment variable `name` as a number, or `def` when unset; Error naming it when it is
 // set to something else.
 double env_number(const char* name, double def);
+// The first line of a small file (/proc, /sys), "" if it cannot be read.
+std::string first_line(const std::string& path);
 
 }  // namespace pytorch_exec::dc

@@ -58,14 +58,6 @@ int flag(int opt, const char* name, bool def) {
   throw Error(std::string(name) + "=" + v + ": expected 1 or 0");
 }
 
-// The first line of a file ("" when it cannot be read).
-std::string first_line(const std::string& path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
-
 // The quota in processors of one cgroup directory, 0 when it sets none.
 double quota_in(const std::string& dir, bool v2) {
   double quota = 0, period = 0;

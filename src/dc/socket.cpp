@@ -15,10 +15,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <thread>
 #include <vector>
+
+#include "dc/bootstrap.hpp"
 
 namespace pytorch_exec::dc {
 namespace {
@@ -32,14 +33,6 @@ AddrInfo resolve(const std::string& host, int port, int socktype) {
   struct addrinfo* res = nullptr;
   if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) res = nullptr;
   return AddrInfo(res, &::freeaddrinfo);
-}
-
-// The first line of a small file, "" if it cannot be read.
-std::string first_line(const char* path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
 }
 
 }  // namespace

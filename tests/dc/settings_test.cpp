@@ -28,6 +28,7 @@
 #include <string>
 #include <thread>
 
+#include "dc/bootstrap.hpp"
 #include "dc/registry.hpp"
 #include "dc/settings.hpp"
 #include "dc/socket.hpp"
@@ -37,13 +38,6 @@
 using namespace dctest;
 
 namespace {
-
-std::string first_line_of(const std::string& path) {
-  std::ifstream f(path);
-  std::string line;
-  std::getline(f, line);
-  return line;
-}
 
 const char* const kVariables[] = {"PYTORCH_DC_TRANSPORT", "PYTORCH_DC_INTRA", "PYTORCH_DC_INTER"};
 
@@ -275,7 +269,7 @@ TEST(CgroupCpuLimit, ARealCgroupsQuotaLimitsTheUsableProcessors) {
   // The cgroup file system that has the cpu controller: v1's own, or v2's root with "cpu"
   // enabled for its children.
   std::string base, quota_file, quota;
-  std::istringstream enabled(first_line_of("/sys/fs/cgroup/cgroup.subtree_control"));
+  std::istringstream enabled(first_line("/sys/fs/cgroup/cgroup.subtree_control"));
   std::set<std::string> v2(std::istream_iterator<std::string>(enabled), {});
   if (std::filesystem::exists("/sys/fs/cgroup/cpu/cpu.cfs_quota_us")) {
     base = "/sys/fs/cgroup/cpu";
@@ -309,7 +303,7 @@ TEST(CgroupCpuLimit, ARealCgroupsQuotaLimitsTheUsableProcessors) {
     }
   } remove{dir};
   std::ofstream(dir + "/" + quota_file) << quota << "\n";
-  if (first_line_of(dir + "/" + quota_file).rfind(quota, 0) != 0) {
+  if (first_line(dir + "/" + quota_file).rfind(quota, 0) != 0) {
     ::close(fds[0]);
     ::close(fds[1]);
     GTEST_SKIP() << "this kernel does not take a CPU quota in " << dir;
