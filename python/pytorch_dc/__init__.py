@@ -13,6 +13,7 @@ which ranks share a machine (PYTORCH_DC_NODE, else PYTORCH_EXEC_NODEID, else the
 every collective on its own thread in the order they were issued.  See pytorch_dc(7).
 """
 import atexit
+import os
 
 import torch
 import torch.distributed as dist
@@ -22,7 +23,27 @@ from pytorch_dc._C import DcBackend, _drain, cuda_support
 __all__ = ["DcBackend", "cuda_support", "describe"]
 
 
+def _flight_recorder():
+    """Whether torch records this group's dc collectives in its flight recorder.  Torch 2.15 and
+    later attach a generic recorder to each group whose backends do not record by themselves: a
+    Python traceback per collective, about 3 us a call, kept in a ring that nothing reads unless
+    the program dumps it.  Its dc entries are retired when issued (dc has no completion hook), so
+    a dump cannot show a collective that hangs; dc's collectives end in an error that names them
+    within the group's timeout instead.  dc groups go without it unless the program asks for
+    flight recording (TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE set): then torch
+    decides, as for any backend.  Decided when each group is made (torch attaches the recorder
+    right after it made the group's backends)."""
+    own = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if not isinstance(own, set):  # a torch without the generic recorder
+        return
+    if os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        own.discard("dc")
+    else:
+        own.add("dc")  # torch's recorder leaves a group alone whose backends are all in here
+
+
 def _create(store, rank, size, timeout):
+    _flight_recorder()
     return DcBackend(store, rank, size, timeout)
 
 

@@ -185,6 +185,15 @@ def test_devices_and_spellings():
                 print("   ", line)
 
 
+def test_flight_recorder_only_when_asked():
+    """torch's generic flight recorder (a Python traceback per collective) is not attached to dc
+    groups unless TORCH_FR_BUFFER_SIZE asks for it, at start or set by the program later."""
+    for extra in ({}, {"TORCH_FR_BUFFER_SIZE": "2000"}):
+        out = job(2, ["recorder"], extra=extra, timeout=120)
+        check(out.count("ok recorder") == 2 or "recorder skipped" in out, out)
+        print("   ", extra or "default:", out.strip().splitlines()[-1])
+
+
 def direct(n, args, timeout=90, extra=None):
     """n ranks started without a launcher (env://), so that nothing but the backend stops them."""
     port = free_port()
@@ -294,5 +303,6 @@ if __name__ == "__main__":
           test_destroy_releases_connections_and_shared_memory,
           test_copies_into_guarded_tensors,
           test_fsdp_against_gloo, test_devices_and_spellings,
+          test_flight_recorder_only_when_asked,
           test_dead_rank_makes_the_others_raise, test_mismatched_collectives_raise,
           test_restart_with_a_fresh_init, test_torchrun, test_tcp_and_file_init_methods, test_mpirun])

@@ -892,6 +892,36 @@ def devices():
     print(f"ok devices rank {rank}: dc on {got}")
 
 
+def recorder():
+    """torch's generic flight recorder (torch >= 2.15) stays off dc groups unless the program asks
+    for flight recording: checked on the world group and on groups made after the program set or
+    unset TORCH_FR_BUFFER_SIZE, by the hooks torch keeps per group."""
+    rank = int(os.environ["RANK"])
+    c10d = dist.distributed_c10d
+    if not isinstance(getattr(c10d, "_FR_SELF_RECORDING_BACKENDS", None), set):
+        print(f"recorder skipped: torch {torch.__version__} has no generic flight recorder")
+        return
+    asked = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+    hooked = c10d._world.pg_flight_recorder_hooks
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=60))
+    got = {"world": dist.group.WORLD in hooked}
+    want = {"world": any(os.environ.get(v) for v in asked), "asked": True, "unasked": False}
+    for name, value in (("asked", "2000"), ("unasked", None)):
+        for v in asked:
+            os.environ.pop(v, None)
+        if value:
+            os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = value  # the older name
+        g = dist.new_group([0, 1])
+        t = torch.ones(3)
+        dist.all_reduce(t, group=g)
+        same(t, torch.full((3,), 2.0), "allreduce")
+        got[name] = g in hooked
+    if got != want:
+        raise SystemExit(f"flight recorder hooks on {got}, expected {want}")
+    print(f"ok recorder rank {rank}: {got}", flush=True)
+    dist.destroy_process_group()
+
+
 def launcher(init):
     e = os.environ
     rank = int(e.get("RANK", e.get("OMPI_COMM_WORLD_RANK", "-1")))
@@ -921,7 +951,7 @@ MODES = {  # mode -> (function, converter of its argument, or None for none)
     "unsent": (unsent, str), "unread": (unread, str), "kept": (kept, None), "fail": (fail, int),
     "released": (released, str),
     "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
-    "launcher": (launcher, str),
+    "launcher": (launcher, str), "recorder": (recorder, None),
 }
 
 if __name__ == "__main__":
