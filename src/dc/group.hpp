@@ -37,7 +37,8 @@ struct ProcessGroup::Impl {
       false;  // a machine of the group runs more ranks than it has processors (agreed)
   // The shm slot, and the piece of a hierarchical allreduce: PYTORCH_DC_SHM_BYTES, else 512 KiB
   // on one node (a round then fits a 2 MiB L2 cache: 1.3x faster than 4 MiB there) and 4 MiB
-  // across nodes (each owner's cross-node allreduce gets a larger shard).
+  // across nodes (each owner's cross-node allreduce gets a larger shard); across nodes no larger
+  // than the smallest slot of a node (lay_out: one whose /dev/shm had no room has a smaller one).
   size_t shm_bytes = 512 << 10;
   std::shared_ptr<Transport> inter_t,
       intra_t;  // intra_t: the point-to-point transport inside a node

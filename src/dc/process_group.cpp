@@ -111,6 +111,15 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
     engine = shm::AllreduceEngine::create(barrier, key + ".node" + std::to_string(node), local_rank,
                                           local_size, shm_bytes, shm_lanes());
   }
+  if (nodes > 1) {
+    // Every node cuts a hierarchical allreduce into the same pieces, each one round of its shm
+    // engine (whose cross-node step must match the other nodes'): no larger than the smallest
+    // slot of any node (a node whose /dev/shm had no room for the slot asked has a smaller one).
+    int64_t least = engine ? static_cast<int64_t>(engine->slot()) : INT64_MAX;
+    recursive_doubling_allreduce(world_c, &least, 1, DType::I64, Op::Min,
+                                 make_header(Kind::Allreduce, 1, DType::I64, Op::Min, 0), d);
+    shm_bytes = std::min(shm_bytes, static_cast<size_t>(least));
+  }
 }
 
 namespace {

@@ -7,13 +7,16 @@ hierarchical allreduce, unequal ranks per node), with the shm, tcp and mpi trans
 env:// bootstrap, and under Open MPI's mpirun.  A rank that dies in the middle of allreduces
 makes every survivor fail with an error well within the timeout (ranks started without a
 launcher, env://, so that nothing else stops them), also when the shm engine runs an allreduce
-in slices on several threads per rank (PYTORCH_DC_SHM_THREADS).  The example program runs.
+in slices on several threads per rank (PYTORCH_DC_SHM_THREADS).  A /dev/shm too small for the
+shm slots (root only: a tmpfs in a mount namespace) gives smaller slots, or a clear error.  The
+example program runs.
 """
 import os
 import random
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 
 from harness import BUILDDIR, DC_CHECK, EXEC, check, free_port, main, marker_env, run, assert_no_leftovers, skip
@@ -152,6 +155,76 @@ def test_forked_child_takes_the_ranks_place():
     check(r.returncode == 0 and r.stdout.strip() == "ok", f"2 nodes: {r.returncode} {r.stdout}{r.stderr}")
 
 
+def small_dev_shm(size, argv, env=None, timeout=120):
+    """pytorch_exec ARGV in a mount namespace of its own whose /dev/shm is a tmpfs of SIZE."""
+    e = marker_env(env)
+    mount = f'mount -t tmpfs -o size={size} tmpfs /dev/shm && exec "$@"'
+    cmd = ["unshare", "-m", "sh", "-c", mount, "sh", EXEC] + argv
+    r = subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
+    assert_no_leftovers(e["PE_TEST_MARKER"])
+    return r
+
+
+def test_small_dev_shm():
+    # A /dev/shm with no room for the shm slots asked for (a container's 64 MiB, say): local
+    # rank 0 reserves the segment's pages at once, halving the slot until they fit, and says so;
+    # the ranks never find a page missing (SIGBUS) in an allreduce.  With no room even for the
+    # smallest slot, set-up fails on every rank with an error that names /dev/shm.
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        skip("needs root and unshare(1) to mount a small /dev/shm in a mount namespace")
+    probe = subprocess.run(["unshare", "-m", "sh", "-c",
+                            "mount -t tmpfs -o size=1M tmpfs /dev/shm"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        skip(f"cannot mount a tmpfs in a mount namespace here: {probe.stderr.strip()}")
+    note = "/dev/shm has no room for this node's 8192 KiB shared-memory slots"
+    big = os.path.join(BUILDDIR, "bench", "allreduce", "dc_bench")
+    # 2 ranks asking for 8 MiB slots (32 MiB of segment) in 8 MiB: a 64 MiB allreduce touches
+    # every page of the slots (it was a SIGBUS)
+    r = small_dev_shm("8M", ["-n", "2", big, "--sizes", "67108864:2", "--reps", "1"],
+                      env={"PYTORCH_DC_SHM_BYTES": str(8 << 20)})
+    check(r.returncode == 0 and "@@ROW 67108864" in r.stdout and r.stderr.count(note) == 1,
+          f"64 MiB allreduce in a small /dev/shm: {r.returncode} {r.stdout}{r.stderr[-2000:]}")
+    # Correct results with the smaller slots
+    r = small_dev_shm("24M", ["-n", "2", DC_CHECK, "conformance", str(random.randrange(1 << 40))],
+                      env={"PYTORCH_DC_SHM_BYTES": str(8 << 20)})
+    check(r.returncode == 0 and r.stdout.startswith("ok") and note in r.stderr,
+          f"conformance in a small /dev/shm: {r.returncode} {r.stdout}{r.stderr[-2000:]}")
+    # 2 simulated nodes of 2 whose /dev/shm differ (a mount namespace each, kept by a file):
+    # 8 MiB slots on one, 1 MiB on the other; the nodes cut hierarchical allreduces into the same
+    # pieces (they did not: mismatched calls)
+    tmp = tempfile.mkdtemp(prefix="pe_shm_ns_")
+    spaces = [os.path.join(tmp, name) for name in ("big", "small")]
+    try:
+        subprocess.run(["mount", "--bind", tmp, tmp], check=True, timeout=30)
+        subprocess.run(["mount", "--make-private", tmp], check=True, timeout=30)
+        for space, size in zip(spaces, ("40M", "6M")):
+            open(space, "w").close()
+            subprocess.run(["unshare", f"--mount={space}", "sh", "-c",
+                            f"mount -t tmpfs -o size={size} tmpfs /dev/shm"],
+                           check=True, timeout=30)
+        seed = random.randrange(1 << 40)
+        prog = (f'N=$((RANK / 2)); PYTORCH_DC_NODE=n$N exec nsenter --mount={tmp}/$([ $N = 0 ] && '
+                f'echo big || echo small) {DC_CHECK} conformance {seed}')
+        r = run(["-n", "4", "sh", "-c", prog], timeout=300,
+                env=marker_env({"PYTORCH_DC_SHM_BYTES": str(8 << 20)}))
+        check(r.returncode == 0 and r.stdout.startswith("ok") and r.stderr.count(note) == 1,
+              f"nodes of unequal /dev/shm (seed {seed}): {r.returncode} "
+              f"{r.stdout}{r.stderr[-2000:]}")
+    finally:
+        for m in spaces + [tmp]:
+            subprocess.run(["umount", m], capture_output=True, timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
+    r = small_dev_shm("16k", ["-n", "4", "sh", "-c",
+                              NODES_BY.format(by="/2", prog=DC_CHECK, args="info")], timeout=60)
+    check(r.returncode != 0 and "/dev/shm has no room for this node's shared memory" in r.stderr
+          and "PYTORCH_DC_INTRA=tcp" in r.stderr,
+          f"no room at all: {r.returncode} {r.stderr[-2000:]}")
+    r = small_dev_shm("16k", ["-n", "2", DC_CHECK, "info"], env={"PYTORCH_DC_INTRA": "tcp"})
+    check(r.returncode == 0,
+          f"PYTORCH_DC_INTRA=tcp without /dev/shm room: {r.returncode} {r.stderr}")
+
+
 def test_example_runs():
     r = run(["-n", "4", EXAMPLE], env=marker_env(), timeout=120)
     check(r.returncode == 0 and "allreduce ok" in r.stdout, f"example failed: {r.stdout}{r.stderr}")
@@ -197,5 +270,6 @@ if __name__ == "__main__":
     main([test_one_node_shm, test_two_nodes_hierarchical, test_unequal_nodes, test_tcp_only,
           test_unusable_congestion_control_is_a_clear_error, test_env_bootstrap, test_mpi_transport, test_under_mpirun,
           test_peer_death_is_an_error_on_every_survivor, test_forked_child_takes_the_ranks_place,
+          test_small_dev_shm,
           test_example_runs, test_split_then_exit, test_locality_domains,
           test_no_launcher_is_a_clear_error])

@@ -30,7 +30,7 @@
 namespace pytorch_exec::dc::shm {
 namespace {
 
-constexpr uint64_t kMagic = 0x73686d2d64637033;  // "shm-dcp3"
+constexpr uint64_t kMagic = 0x73686d2d64637034;  // "shm-dcp4"
 // Lanes (engine.hpp): at most this many, and an allreduce takes one per this many bytes.
 constexpr int kMaxLanes = 16;
 constexpr size_t kLaneBytes = 1 << 20;
@@ -66,8 +66,9 @@ struct alignas(64) RankState {
 struct Header {
   uint64_t magic;
   uint64_t local_size;
-  uint64_t slot_bytes;
-  uint64_t lanes;  // the node's segments (lane 0's header counts)
+  uint64_t asked_slot;  // the slot every local rank asked for (PYTORCH_DC_SHM_BYTES or default)
+  uint64_t slot_bytes;  // the slot local rank 0 made: smaller where /dev/shm had no room
+  uint64_t lanes;       // the node's segments (lane 0's header counts)
 };
 
 // Shard j of a piece of `total` elements cut in `n` (even_blocks without the vector).
@@ -111,6 +112,7 @@ bool process_gone(pid_t pid) {
   return n > 0 && paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X');
 }
 
+// A shared memory segment: created with `bytes`, or opened (bytes 0) at the size it has.
 class Segment {
  public:
   Segment(const std::string& name, size_t bytes, bool create) : name_(name), bytes_(bytes) {
@@ -125,7 +127,13 @@ class Segment {
       throw Error("shm: cannot size shared memory " + name + " to " + std::to_string(bytes) +
                   " bytes: " + std::strerror(e));
     }
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    struct stat st {};
+    if (!create && (::fstat(fd, &st) != 0 || st.st_size < 4096)) {
+      ::close(fd);
+      throw Error("shm: shared memory " + name + " is not a segment of this group");
+    }
+    if (!create) bytes_ = static_cast<size_t>(st.st_size);
+    void* p = ::mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       int e = errno;
       ::close(fd);
@@ -156,12 +164,13 @@ class Segment {
     struct flock l = life_lock(r);
     return ::fcntl(fd_, F_OFD_GETLK, &l) == 0 && l.l_type == F_UNLCK;
   }
-  // Reserves the segment's pages in /dev/shm now.  False where there is no room.
-  bool allocate() {
+  // Reserves the segment's pages in /dev/shm now, so that none is found missing later (SIGBUS):
+  // 0, or the error (ENOSPC: no room).
+  int allocate() {
     int e = EINTR;
     for (int tries = 0; e == EINTR && tries < 100; ++tries)
       e = ::posix_fallocate(fd_, 0, static_cast<off_t>(bytes_));
-    return e == 0;
+    return e;
   }
   // Whether the file system of the segment (/dev/shm) keeps at least half of its size free
   // after `more` bytes more (other programs need it too: data loaders, NCCL).
@@ -178,6 +187,7 @@ class Segment {
     unlinked_ = true;
   }
   char* base() const { return base_; }
+  size_t size() const { return bytes_; }
 
  private:
   static struct flock life_lock(int r) {
@@ -269,6 +279,7 @@ class EngineImpl : public AllreduceEngine {
   }
 
   void abort() override { states_[me_].failed.store(1, std::memory_order_release); }
+  size_t slot() const override { return slot_; }
 
  private:
   // The piece of local rank r in round `seq`: in its slot, after its shift (published with its
@@ -652,6 +663,7 @@ class LanedEngine : public AllreduceEngine {
     for (auto& l : lanes_) l->abort();
   }
   int lanes() const override { return static_cast<int>(lanes_.size()); }
+  size_t slot() const override { return lanes_[0]->slot(); }
 
  private:
   // The helpers and what they share with the caller, on the heap: a forked child leaves it be.
@@ -731,17 +743,45 @@ class LanedEngine : public AllreduceEngine {
 };
 
 // A lane beyond the first (local rank 0 creates it), or nullptr: lanes are an optimization, and
-// each is added only while /dev/shm keeps half of its room after it and after all of lane 0
-// (`first`, whose pages are taken as they are used); its pages are reserved now, not found
-// missing later (SIGBUS).
+// each is added only while /dev/shm keeps half of its room after it (`first`, lane 0, is
+// reserved already); its pages are reserved now, not found missing later (SIGBUS).
 std::unique_ptr<Segment> extra_lane(const std::string& name, size_t bytes, const Segment& first) {
-  if (!first.leaves_room(2 * bytes)) return nullptr;
+  if (!first.leaves_room(bytes)) return nullptr;
   try {
     auto seg = std::make_unique<Segment>(name, bytes, true);
-    if (seg->allocate()) return seg;
+    if (seg->allocate() == 0) return seg;
   } catch (const Error&) {  // no room or no descriptor: fewer lanes
   }
   return nullptr;
+}
+
+// Lane 0 (local rank 0 creates it) with the largest slot, from `slot` down by halves to
+// `least`, whose pages /dev/shm has room for, reserved now; `slot` becomes the one it has (said
+// on stderr, once a process).  An Error where even `least` has no room.  (A file system that
+// cannot reserve pages at all: the segment as asked, its pages taken as they are used.)
+std::unique_ptr<Segment> first_lane(const std::string& name, int n, size_t& slot, size_t least) {
+  size_t asked = slot;
+  for (;;) {
+    auto seg = std::make_unique<Segment>(name, EngineImpl::bytes(n, slot), true);
+    int e = seg->allocate();
+    if (e != ENOSPC) {
+      static std::atomic<bool> said{false};  // once a process: each group of it would say it
+      if (slot != asked && !said.exchange(true))
+        std::fprintf(stderr,
+                     "pytorch_dc: /dev/shm has no room for this node's %zu KiB shared-memory "
+                     "slots: %zu KiB instead (slower with large messages; a larger /dev/shm, "
+                     "e.g. docker run --shm-size, avoids this)\n",
+                     asked >> 10, slot >> 10);
+      return seg;
+    }
+    if (slot <= least)
+      throw Error("shm: /dev/shm has no room for this node's shared memory (" +
+                  std::to_string(EngineImpl::bytes(n, slot)) + " bytes at least for " +
+                  std::to_string(n) +
+                  " local ranks): enlarge it (e.g. docker run --shm-size) or set "
+                  "PYTORCH_DC_INTRA=tcp");
+    slot = std::max(least, slot / 2 / 4096 * 4096);
+  }
 }
 
 }  // namespace
@@ -752,27 +792,26 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
                                                          int lanes) {
   // A reduce-scatter round puts a piece of every local rank's block in a slot: at least 16
   // bytes each (wider than any element).
-  slot_bytes = round_up(std::max<size_t>({slot_bytes, 4096, 16 * static_cast<size_t>(local_size)}),
-                        4096);
+  size_t least = round_up(std::max<size_t>(4096, 16 * static_cast<size_t>(local_size)), 4096);
+  size_t asked = round_up(std::max(slot_bytes, least), 4096), slot = asked;
   std::string name = "/pytorch_dc." + key;
   std::replace(name.begin() + 1, name.end(), '/', '_');
   auto lane_name = [&](int l) { return l == 0 ? name : name + ".lane" + std::to_string(l); };
-  size_t bytes = EngineImpl::bytes(local_size, slot_bytes);
   std::vector<std::unique_ptr<Segment>> segs;
   auto header = [](Segment& s) { return reinterpret_cast<Header*>(s.base()); };
   if (local_rank == 0) {
     lanes = std::clamp(lanes, 1, kMaxLanes);
     for (int l = 0; l < kMaxLanes; ++l)
       ::shm_unlink(lane_name(l).c_str());  // leftovers of a crashed job with the same key
-    segs.push_back(std::make_unique<Segment>(lane_name(0), bytes, true));
+    segs.push_back(first_lane(lane_name(0), local_size, slot, least));
     for (int l = 1; l < lanes; ++l) {
-      auto seg = extra_lane(lane_name(l), bytes, *segs[0]);
+      auto seg = extra_lane(lane_name(l), EngineImpl::bytes(local_size, slot), *segs[0]);
       if (!seg) break;
       segs.push_back(std::move(seg));
     }
     lanes = static_cast<int>(segs.size());
     for (auto& s : segs) {
-      *header(*s) = Header{kMagic, static_cast<uint64_t>(local_size), slot_bytes,
+      *header(*s) = Header{kMagic, static_cast<uint64_t>(local_size), asked, slot,
                            static_cast<uint64_t>(lanes)};
       auto* st = reinterpret_cast<RankState*>(s->base() + 4096);
       for (int r = 0; r < local_size; ++r) new (&st[r]) RankState{};
@@ -783,21 +822,26 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
   } else {
     local_barrier();
     for (int l = 0; l == 0 || l < lanes; ++l) {
-      segs.push_back(std::make_unique<Segment>(lane_name(l), bytes, false));
+      segs.push_back(std::make_unique<Segment>(lane_name(l), 0, false));
       Header* h = header(*segs.back());
       if (h->magic != kMagic || h->local_size != static_cast<uint64_t>(local_size) ||
-          h->slot_bytes != slot_bytes)
+          h->asked_slot != asked || h->slot_bytes < least || h->slot_bytes > asked ||
+          segs.back()->size() != EngineImpl::bytes(local_size, h->slot_bytes))
         throw Error("shm: segment " + lane_name(l) +
                     " does not match this group (different PYTORCH_DC_SHM_BYTES on the ranks, or "
                     "different versions of libpytorch_dc?)");
-      if (l == 0)  // local rank 0 decided how many
+      if (l == 0) {  // local rank 0 decided how many, and the slot
         lanes = static_cast<int>(std::clamp<uint64_t>(h->lanes, 1, kMaxLanes));
+        slot = h->slot_bytes;
+      } else if (h->slot_bytes != slot) {
+        throw Error("shm: segment " + lane_name(l) + " does not match lane 0's slot");
+      }
     }
     local_barrier();
   }
   std::vector<std::unique_ptr<EngineImpl>> impls;
   for (auto& s : segs)
-    impls.push_back(std::make_unique<EngineImpl>(std::move(s), local_rank, local_size, slot_bytes));
+    impls.push_back(std::make_unique<EngineImpl>(std::move(s), local_rank, local_size, slot));
   if (impls.size() == 1) return std::move(impls[0]);
   return std::make_unique<LanedEngine>(std::move(impls));
 }

@@ -46,7 +46,10 @@ class AllreduceEngine {
   // All `local_size` ranks of the node call this together; `local_barrier` synchronizes them
   // (twice: the segments exist; everyone has them mapped, so local rank 0 unlinks them).  `key`
   // names the segments uniquely among the jobs of this machine and the groups of this job.
-  // `lanes` (>= 1): local rank 0's is the node's.  Throws Error.
+  // `lanes` (>= 1): local rank 0's is the node's.  The slot is `slot_bytes` (at least a page),
+  // or smaller where /dev/shm has no room for it (local rank 0 reserves lane 0's pages at once,
+  // halving the slot until they fit, and says so on stderr; see slot()).  Throws Error, also
+  // where /dev/shm has no room for the smallest.
   static std::unique_ptr<AllreduceEngine> create(const std::function<void()>& local_barrier,
                                                  const std::string& key, int local_rank,
                                                  int local_size, size_t slot_bytes, int lanes);
@@ -83,6 +86,9 @@ class AllreduceEngine {
   virtual void abort() = 0;
   // The node's lanes (at least 1).
   virtual int lanes() const { return 1; }
+  // The slot's bytes: an allreduce goes in rounds of at most this much, each with its own
+  // cross-node step.
+  virtual size_t slot() const = 0;
 };
 
 }  // namespace pytorch_exec::dc::shm
