@@ -117,7 +117,9 @@ class ProcessGroup {
   const std::string& intra_transport() const;
   const std::string& inter_transport() const;
   // The lanes of this node's shared memory (PYTORCH_DC_SHM_THREADS): the threads of each rank
-  // for a large allreduce; 0 when the group uses none on this node (one rank here, or not shm).
+  // for a large allreduce (across nodes: the fewest of any node, each lane with tcp connections
+  // of its own between nodes); 0 when the group uses none on this node (one rank here, or not
+  // shm).
   int shm_lanes() const;
   // The default timeout of its operations, seconds (Options::timeout or PYTORCH_DC_TIMEOUT).
   double timeout() const;

@@ -5,7 +5,9 @@
 //                                                 owns a shard)
 //   several nodes sharing ranks, hierarchical ... hierarchical_allreduce on the host engines
 //                                                 (the node's shm engine or rings over the
-//                                                 local Comm; memcpy copies)
+//                                                 local Comm; memcpy copies), in slices on
+//                                                 the lanes of the shm engine where the
+//                                                 nodes have several (cross_lanes)
 //   otherwise ................................... over all ranks: recursive doubling up to
 //                                                 small_bytes, a pipelined ring above
 // and its reduce_scatter and allgather (broadcast, in process_group.cpp, by the same test):
@@ -26,20 +28,24 @@ namespace pytorch_exec::dc {
 
 namespace {
 
-// The host engines of the level inside a node: the node's shm engine, else rings over the
-// node's Comm.
+// The host engines of the level inside a node: the node's shm engine (or one lane of it),
+// else rings over the node's Comm.
 struct HostIntra {
   std::optional<ShmIntra> shm;
   std::optional<RingIntra> ring;
-  explicit HostIntra(const ProcessGroup::Impl& g) {
-    if (g.engine)
-      shm.emplace(*g.engine);
+  explicit HostIntra(const ProcessGroup::Impl& g) : HostIntra(g, g.engine.get()) {}
+  HostIntra(const ProcessGroup::Impl& g, shm::AllreduceEngine* e) {
+    if (e)
+      shm.emplace(*e);
     else
       ring.emplace(g.local_c);
   }
   IntraEngine& engine() { return shm ? static_cast<IntraEngine&>(*shm) : *ring; }
   IntraBlocks& blocks() { return shm ? static_cast<IntraBlocks&>(*shm) : *ring; }
 };
+
+// A hierarchical allreduce takes a lane per this many bytes (ProcessGroup::Impl::cross_lanes).
+constexpr size_t kCrossLaneBytes = 1 << 20;
 
 // The work buffer of a reduce_scatter: the group's, kept up to this size; larger ones are the
 // call's own.
@@ -63,11 +69,27 @@ void ProcessGroup::Impl::allreduce(void* buf, size_t count, DType t, Op op, cons
     return;
   }
   if (nodes > 1 && max_local > 1 && s.hierarchical) {
-    HostIntra intra(*this);
-    MemcpyCopy copy(s.pipeline_bytes > 0);
-    NodeLevels levels{cross_c,   intra.engine(), copy, min_local, shm_bytes,
-                      size,      s.pipeline_bytes};
-    hierarchical_allreduce(levels, buf, count, t, op, h, d, o);
+    auto levels = [&](char* b, size_t cnt, const Comm& cross, shm::AllreduceEngine* e) {
+      HostIntra intra(*this, e);
+      MemcpyCopy copy(s.pipeline_bytes > 0);
+      NodeLevels n{cross, intra.engine(), copy, min_local, shm_bytes, size, s.pipeline_bytes};
+      hierarchical_allreduce(n, b, cnt, t, op, h, d, o);
+    };
+    // In lanes (at least kCrossLaneBytes each): slices of whole pages, the same on every node;
+    // lane l's through lane l of the node's shm engine and across nodes over lane l's own
+    // connections, on that lane's thread.
+    size_t es = dtype_size(t), n = std::min<size_t>(static_cast<size_t>(cross_lanes),
+                                                    count * es / kCrossLaneBytes);
+    if (n <= 1) return levels(static_cast<char*>(buf), count, cross_c, engine.get());
+    size_t unit = 4096 / es, per = count / n / unit * unit;
+    // An error in one lane aborts this rank's shm lanes (run_lanes), which ends the waits of
+    // its other lanes and of the other local ranks' lanes; once all have returned, guarded()
+    // aborts the connections, which ends the waits of the other nodes.
+    engine->run_lanes(n, [&](size_t l) {
+      size_t first = l * per, cnt = l + 1 == n ? count - first : per;
+      levels(static_cast<char*>(buf) + first * es, cnt, l == 0 ? cross_c : lane_c[l - 1],
+             &engine->lane(static_cast<int>(l)));
+    });
     return;
   }
   o.bf16_wire = o.bf16_wire && nodes > 1;

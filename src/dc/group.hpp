@@ -44,6 +44,12 @@ struct ProcessGroup::Impl {
       intra_t;  // intra_t: the point-to-point transport inside a node
   std::unique_ptr<shm::AllreduceEngine> engine;  // the node's shared memory (intra-node shm)
   Comm world_c, local_c, cross_c;  // cross_c: the ranks with this local rank on every node
+  // The lanes of a hierarchical allreduce (collectives.cpp): the fewest shm lanes of any node
+  // (1 where a node has no shm engine or the transport across nodes is not tcp); lane l > 0 goes
+  // across nodes over lane_c[l - 1], a tcp mesh of its own among cross_c's ranks (lane_t).
+  int cross_lanes = 1;
+  std::vector<std::unique_ptr<Transport>> lane_t;
+  std::vector<Comm> lane_c;
   Comm flat_c;                     // all ranks, over the intra-node transport on a single node
   // Every node has local_size ranks and the ranks go node by node (k * local_size + j: local
   // rank j of node k), as hierarchical_reduce_scatter and hierarchical_allgather need.
@@ -56,14 +62,24 @@ struct ProcessGroup::Impl {
   std::string tcp_host;  // the address of this rank's tcp listener ("": none), for mailbox()
 
   // Fills the layout and the Comms from world, node_of, shared_cpus and rank; creates the shm
-  // segment.
+  // segment, and the lanes' connections across nodes.
   void lay_out(const Deadline& d);
+  // Opens `n` listeners on this rank's tcp interface and tells every rank of the group where
+  // (a collective; in `ls`); returns every rank's addresses (rank r's i-th at r * n + i) and
+  // sets `session` to rank 0's random number (the key of the connections' hellos).
+  std::vector<std::string> publish_listeners(std::vector<Listener>& ls, int n, uint64_t& session,
+                                             const Deadline& d);
+  // Makes lanes 1 ... cross_lanes - 1 of this rank's local rank across nodes (lay_out).
+  void connect_lanes(const std::vector<int>& cross_ranks, const Deadline& d);
+  // Every transport of the group (lanes too) aborted, after an error.
+  void abort_transports(const std::string& why);
   // The processes on this rank's machine (from node_of), and whether they are more than its
   // processors.
   double processes_here() const;
   bool machine_oversubscribed() const;
   // The lanes of the node's shm engine this rank asks for (local rank 0's count): 1 across
-  // nodes, else the setting, else its processors per process on the machine, 1 to 4.
+  // nodes where lanes cannot cross (not tcp, not hierarchical), else the setting, else its
+  // processors per process on the machine, 1 to 4.
   int shm_lanes() const;
   // Runs f; on an error the group (and the transports it shares) is aborted, so that the other
   // ranks get an error too instead of waiting for their timeout.  The error names the call (d).

@@ -24,8 +24,6 @@ namespace pytorch_exec::dc {
 namespace {
 
 constexpr uint32_t kMagic = 0x626d6470;  // "pdmb"
-// The longest tcp address a rank publishes for its mailbox ("ip:port").
-constexpr size_t kAddrBytes = 64;
 
 struct Header {
   uint32_t magic = kMagic;
@@ -311,21 +309,11 @@ std::unique_ptr<Mailbox> ProcessGroup::mailbox(double timeout) {
   m->rank = g.rank;
   m->size = g.size;
   m->timeout = g.s.timeout;
-  // The same interface as the group's own tcp listener, when it has one.
-  Listener l(0, g.tcp_host);
-  std::string mine = (g.tcp_host.empty() || g.tcp_host == "0.0.0.0"
-                          ? transport_address(env_or("MASTER_ADDR", ""))
-                          : g.tcp_host) +
-                     ":" + std::to_string(l.port());
-  if (mine.size() >= kAddrBytes) throw Error("mailbox: address too long: " + mine);
-  std::vector<char> all(kAddrBytes * static_cast<size_t>(g.size)), own(kAddrBytes, '\0');
-  std::memcpy(own.data(), mine.data(), mine.size());
-  uint64_t session = random64();
-  broadcast(&session, 1, DType::I64, 0, timeout);
-  allgather(own.data(), all.data(), kAddrBytes, DType::U8, timeout);
+  std::vector<Listener> l;
+  uint64_t session = 0;
   std::vector<std::string> addrs;
-  for (int r = 0; r < g.size; ++r) addrs.emplace_back(all.data() + kAddrBytes * static_cast<size_t>(r));
-  m->t = tcp::connect_mesh(g.rank, g.size, std::move(l), addrs, session, g.s.tcp_congestion, d);
+  g.run_guarded(d, [&] { addrs = g.publish_listeners(l, 1, session, d); });
+  m->t = tcp::connect_mesh(g.rank, g.size, std::move(l[0]), addrs, session, g.s.tcp_congestion, d);
   m->in.resize(static_cast<size_t>(g.size));
   for (int p = 0; p < g.size; ++p)
     if (p != g.rank) m->post_header(p);

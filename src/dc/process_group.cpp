@@ -16,6 +16,7 @@
 #include "dc/registry.hpp"
 #include "dc/ring.hpp"
 #include "dc/socket.hpp"
+#include "dc/tcp/transport.hpp"
 #include "dc/tree.hpp"
 
 namespace pytorch_exec::dc {
@@ -26,8 +27,7 @@ void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
     throw Error(d.describe() + ": the process group is unusable after an earlier error: " + failed);
   auto fail = [&](const Error& e) {
     failed = e.what();
-    if (inter_t) inter_t->abort(failed);
-    if (intra_t) intra_t->abort(failed);
+    abort_transports(failed);
     if (engine) engine->abort();
   };
   try {
@@ -39,6 +39,12 @@ void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
     fail(e);
     throw Error(d.describe() + ": " + e.what());
   }
+}
+
+void ProcessGroup::Impl::abort_transports(const std::string& why) {
+  if (inter_t) inter_t->abort(why);
+  if (intra_t) intra_t->abort(why);
+  for (auto& t : lane_t) t->abort(why);
 }
 
 void ProcessGroup::Impl::run_guarded(const Deadline& d, const std::function<void()>& f) {
@@ -62,7 +68,10 @@ bool ProcessGroup::Impl::machine_oversubscribed() const {
 }
 
 int ProcessGroup::Impl::shm_lanes() const {
-  if (nodes > 1) return 1;  // every allreduce has a cross-node step there: one lane
+  // Across nodes, lanes need a lane of their own across too (connect_lanes: tcp), and a
+  // hierarchical allreduce to run in.
+  if (nodes > 1 && (s.inter != TransportKind::Tcp || !s.hierarchical || tcp_host.empty()))
+    return 1;
   if (s.shm_threads > 0) return s.shm_threads;
   // The processors this rank can use (its affinity, its cgroups' quota), shared among the
   // processes of the machine; at most 4 lanes (a few cores copy what the memory of a socket can
@@ -115,11 +124,72 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
     // Every node cuts a hierarchical allreduce into the same pieces, each one round of its shm
     // engine (whose cross-node step must match the other nodes'): no larger than the smallest
     // slot of any node (a node whose /dev/shm had no room for the slot asked has a smaller one).
-    int64_t least = engine ? static_cast<int64_t>(engine->slot()) : INT64_MAX;
-    recursive_doubling_allreduce(world_c, &least, 1, DType::I64, Op::Min,
-                                 make_header(Kind::Allreduce, 1, DType::I64, Op::Min, 0), d);
-    shm_bytes = std::min(shm_bytes, static_cast<size_t>(least));
+    // And into the same lanes: the fewest of any node.
+    int64_t least[2] = {engine ? static_cast<int64_t>(engine->slot()) : INT64_MAX,
+                        engine && shm_lanes() > 1 ? engine->lanes() : 1};
+    recursive_doubling_allreduce(world_c, least, 2, DType::I64, Op::Min,
+                                 make_header(Kind::Allreduce, 2, DType::I64, Op::Min, 0), d);
+    shm_bytes = std::min(shm_bytes, static_cast<size_t>(least[0]));
+    cross_lanes = static_cast<int>(least[1]);
+    std::vector<int> cross_ranks;  // the group ranks of cross_c's members
+    if (local_rank < min_local)
+      for (auto& v : on_node) cross_ranks.push_back(v[static_cast<size_t>(local_rank)]);
+    if (cross_lanes > 1) connect_lanes(cross_ranks, d);
   }
+}
+
+std::vector<std::string> ProcessGroup::Impl::publish_listeners(std::vector<Listener>& ls, int n,
+                                                               uint64_t& session,
+                                                               const Deadline& d) {
+  // A record per rank: its random number, then its addresses.
+  constexpr size_t kAddrBytes = 64;
+  size_t record = 8 + kAddrBytes * static_cast<size_t>(n);
+  std::vector<char> own(record, '\0'), all(record * static_cast<size_t>(size));
+  uint64_t mine = random64();
+  std::memcpy(own.data(), &mine, 8);
+  for (int i = 0; i < n; ++i) {
+    ls.emplace_back(0, tcp_host);  // the interface of the group's own tcp listener, if any
+    std::string a = (tcp_host.empty() || tcp_host == "0.0.0.0"
+                         ? transport_address(env_or("MASTER_ADDR", ""))
+                         : tcp_host) +
+                    ":" + std::to_string(ls.back().port());
+    if (a.size() >= kAddrBytes) throw Error("tcp: address too long: " + a);
+    std::memcpy(own.data() + 8 + kAddrBytes * static_cast<size_t>(i), a.data(), a.size());
+  }
+  allgather(own.data(), all.data(), record, DType::U8, d);
+  std::memcpy(&session, all.data(), 8);
+  std::vector<std::string> addrs;
+  for (int r = 0; r < size; ++r)
+    for (int i = 0; i < n; ++i)
+      addrs.emplace_back(all.data() + record * static_cast<size_t>(r) + 8 +
+                         kAddrBytes * static_cast<size_t>(i));
+  return addrs;
+}
+
+void ProcessGroup::Impl::connect_lanes(const std::vector<int>& cross_ranks, const Deadline& d) {
+  int extra = cross_lanes - 1;
+  std::vector<Listener> ls;
+  uint64_t session = 0;
+  std::vector<std::string> addrs = publish_listeners(ls, extra, session, d);
+  for (int l = 1; l <= extra; ++l) {
+    Comm c{inter_t.get(), {}, node};  // no members: this local rank owns no shard
+    if (!cross_ranks.empty()) {
+      std::vector<std::string> peers;
+      for (int r : cross_ranks)
+        peers.push_back(addrs[static_cast<size_t>(r * extra + l - 1)]);
+      // A session of its own for each mesh (lane and local rank)
+      uint64_t mesh = session + static_cast<uint64_t>(local_rank * shm::kMaxLanes + l);
+      lane_t.push_back(tcp::connect_mesh(node, nodes, std::move(ls[static_cast<size_t>(l - 1)]),
+                                         peers, mesh, s.tcp_congestion, d));
+      c = Comm{lane_t.back().get(), {}, node};
+      for (int k = 0; k < nodes; ++k) c.members.push_back(k);
+      c.max_chunk = cross_c.max_chunk;
+    }
+    lane_c.push_back(c);
+  }
+  // Every rank's connections are made before any goes on: one that destroys the group at once
+  // must not fail a peer still connecting.
+  dissemination_barrier(world_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, 0), d);
 }
 
 namespace {
@@ -228,7 +298,10 @@ int ProcessGroup::domain_of(int rank) const {
                 std::to_string(impl_->size));
   return impl_->domain_of[static_cast<size_t>(rank)];
 }
-int ProcessGroup::shm_lanes() const { return impl_->engine ? impl_->engine->lanes() : 0; }
+int ProcessGroup::shm_lanes() const {
+  const Impl& g = *impl_;
+  return !g.engine ? 0 : g.nodes > 1 ? g.cross_lanes : g.engine->lanes();
+}
 const std::string& ProcessGroup::intra_transport() const { return transport_name(impl_->s.intra); }
 const std::string& ProcessGroup::inter_transport() const { return transport_name(impl_->s.inter); }
 double ProcessGroup::timeout() const { return impl_->s.timeout; }

@@ -245,11 +245,18 @@ INSTANTIATE_TEST_SUITE_P(
         Config{"hier_shm_3x2_pipeline_1m_bf16_wire", 6, {0, 0, 1, 1, 2, 2}, "shm", nullptr, 1, 1,
                "1048576"},
         // Lanes of the shm engine: the allreduces of 3.25 MiB in 3 slices (the 4 MiB f32 ones
-        // too, 2 MiB bf16 in 2), with the default slots and with small ones; across nodes a
-        // group has one lane whatever the setting.
+        // too, 2 MiB bf16 in 2), with the default slots and with small ones; across nodes each
+        // lane with its own tcp connections, also with small slots, pipeline chunks and bf16 on
+        // the wire; unequal nodes (one without shm) have one lane.
         Config{"shm_2_ranks_3_lanes", 2, {}, "shm", nullptr, 1, 0, nullptr, "3"},
         Config{"shm_3_ranks_small_slots_4_lanes", 3, {}, "shm", "8192", 1, 0, nullptr, "4"},
-        Config{"hier_shm_2x2_2_lanes", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0, nullptr, "2"}),
+        Config{"hier_shm_2x2_2_lanes", 4, {0, 0, 1, 1}, "shm", nullptr, 1, 0, nullptr, "2"},
+        Config{"hier_shm_3x2_small_slots_3_lanes", 6, {0, 0, 1, 1, 2, 2}, "shm", "8192", 1, 0,
+               nullptr, "3"},
+        Config{"hier_shm_2x3_pipeline_4096_bf16_wire_2_lanes", 6, {0, 0, 0, 1, 1, 1}, "shm",
+               nullptr, 1, 1, "4096", "2"},
+        Config{"hier_shm_unequal_3_1_2_3_lanes", 6, {0, 1, 0, 2, 0, 2}, "shm", "65536", 1, 0,
+               nullptr, "3"}),
     [](const ::testing::TestParamInfo<Config>& i) { return std::string(i.param.name); });
 
 // f32 carried as bf16 between nodes: within the documented error (2^-8 relative per rounding,
@@ -293,8 +300,8 @@ namespace {
 // Back-to-back small allreduces let one rank run a round ahead of the other; each round's call
 // and data must stay its own (a single call slot once made the slower rank check the faster
 // rank's next call and report a mismatch).
-// The lanes asked for are there: each rank of a one-node group has a helper thread for every
-// lane beyond the first; a group across nodes has none.  The helpers of this process, by name.
+// The lanes asked for are there: each rank has a helper thread for every lane beyond the first,
+// on one node and across nodes.  The helpers of this process, by name.
 size_t lane_helpers() {
   size_t n = 0;
   std::error_code ec;
@@ -318,23 +325,23 @@ TEST(ShmLanes, EveryLaneBeyondTheFirstHasAHelperOnEveryRank) {
     ::setenv("PYTORCH_DC_SHM_THREADS", "3", 1);
     auto g = ProcessGroup::threads(nodes.empty() ? 2 : 4, o, nodes);
     ::unsetenv("PYTORCH_DC_SHM_THREADS");
-    EXPECT_EQ(lane_helpers(), nodes.empty() ? 4u : 0u)
+    EXPECT_EQ(lane_helpers(), nodes.empty() ? 4u : 8u)
         << (nodes.empty() ? "one node, 2 ranks" : "2 nodes of 2 ranks");
-    for (auto& pg : g) EXPECT_EQ(pg->shm_lanes(), nodes.empty() ? 3 : 1);
+    for (auto& pg : g) EXPECT_EQ(pg->shm_lanes(), 3);
     g.clear();
     EXPECT_EQ(lane_helpers(), 0u) << "the helpers end with their group";
   }
 }
 
-// A rank whose call has a single element is no owner (it compares no headers); the owner of the
-// node raises in lane 0 and only the abort of every lane ends the other ranks' lanes 1 to 3,
-// which wait for this rank's contributions, before their timeout.
-TEST(ShmLanes, AnErrorInOneLaneEndsTheOthersOnEveryRank) {
+// `n` ranks (on `nodes`) with `lanes` lanes; rank 1 calls an allreduce of a single element, the
+// others of 16 MiB: every rank raises, well before the timeout.
+void one_rank_calls_one_element(int n, const std::vector<int>& nodes, int lanes) {
   Options o;
   o.timeout = 30;
-  ::setenv("PYTORCH_DC_SHM_THREADS", "4", 1);
-  auto g = ProcessGroup::threads(3, o);
+  ::setenv("PYTORCH_DC_SHM_THREADS", std::to_string(lanes).c_str(), 1);
+  auto g = ProcessGroup::threads(n, o, nodes);
   ::unsetenv("PYTORCH_DC_SHM_THREADS");
+  for (auto& pg : g) ASSERT_EQ(pg->shm_lanes(), lanes);
   auto start = std::chrono::steady_clock::now();
   auto e = errors_of(g, [](ProcessGroup& pg, int r) {
     std::vector<float> v(4 << 20, 1.0f);
@@ -343,6 +350,18 @@ TEST(ShmLanes, AnErrorInOneLaneEndsTheOthersOnEveryRank) {
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 10.0) << "the lanes waited for their timeout (30 s)";
   for (auto& s : e) EXPECT_FALSE(s.empty()) << "every rank must get an error";
+}
+
+// A rank whose call has a single element is no owner (it compares no headers); the owner of the
+// node raises in lane 0 and only the abort of every lane ends the other ranks' lanes 1 to 3,
+// which wait for this rank's contributions, before their timeout.
+TEST(ShmLanes, AnErrorInOneLaneEndsTheOthersOnEveryRank) { one_rank_calls_one_element(3, {}, 4); }
+
+// Across nodes (rank 1's call has one lane, the others' 3): its node's owner raises in lane 0;
+// its lanes 1 and 2, and the other node's, which wait for rank 1 in shared memory or for the
+// first node's owners on their own connections, end too.
+TEST(ShmLanes, AnErrorInOneLaneEndsTheOthersAcrossNodes) {
+  one_rank_calls_one_element(4, {0, 0, 1, 1}, 3);
 }
 
 TEST(ShmRounds, ManySmallAllreducesBackToBack) {

@@ -49,6 +49,8 @@ def test_one_node_shm():
 
 def test_two_nodes_hierarchical():
     check("2 nodes, shm/tcp" in conformance(4, nodes="/2"), "expected 2 nodes")
+    # In lanes, each across nodes over connections of its own.
+    conformance(4, nodes="/2", env={"PYTORCH_DC_SHM_THREADS": "2"})
 
 
 def test_unequal_nodes():
@@ -138,8 +140,10 @@ def start_peer_death(env_extra, one_node):
 def test_peer_death_is_an_error_on_every_survivor():
     peer_death({})                                  # shm inside nodes, tcp across
     peer_death({"PYTORCH_DC_TRANSPORT": "tcp"})     # tcp everywhere
-    # One node, the 16 MiB allreduces in two slices on two threads per rank (shm lanes).
+    # The 16 MiB allreduces in two slices on two threads per rank (shm lanes): on one node, and
+    # across two, each lane with connections of its own.
     peer_death({"PYTORCH_DC_SHM_THREADS": "2"}, one_node=True)
+    peer_death({"PYTORCH_DC_SHM_THREADS": "2"})
 
 
 def test_forked_child_takes_the_ranks_place():
@@ -150,9 +154,11 @@ def test_forked_child_takes_the_ranks_place():
     for env in ({}, {"PYTORCH_DC_SHM_THREADS": "3"}):
         r = run(["-n", "2", DC_CHECK, "forked"], env=marker_env(env), timeout=120)
         check(r.returncode == 0 and r.stdout.strip() == "ok", f"{env}: {r.returncode} {r.stdout}{r.stderr}")
-    r = run(["-n", "4", "sh", "-c", NODES_BY.format(by="/2", prog=DC_CHECK, args="forked")],
-            env=marker_env(), timeout=120)
-    check(r.returncode == 0 and r.stdout.strip() == "ok", f"2 nodes: {r.returncode} {r.stdout}{r.stderr}")
+    for env in ({}, {"PYTORCH_DC_SHM_THREADS": "3"}):
+        r = run(["-n", "4", "sh", "-c", NODES_BY.format(by="/2", prog=DC_CHECK, args="forked")],
+                env=marker_env(env), timeout=120)
+        check(r.returncode == 0 and r.stdout.strip() == "ok",
+              f"2 nodes, {env}: {r.returncode} {r.stdout}{r.stderr}")
 
 
 def small_dev_shm(size, argv, env=None, timeout=120):

@@ -144,17 +144,20 @@ def test_destroy_releases_connections_and_shared_memory():
     """destroy_process_group() closes every connection of the groups and unmaps their shared
     memory at once, though the program still holds them (a DDP model, a new_group's handle),
     also when a Future's callback destroys the group: two simulated nodes of two, so that both
-    tcp and shm are used."""
-    with tempfile.TemporaryDirectory() as where:
-        out = job(4, ["released", where], nodes="/2", timeout=120)
-    seen = re.findall(r"released(?: by a callback)?: rank (\d) sockets (\d+) -> (\d+) -> "
-                      r"(\d+), shared memory mappings (\d+) -> (\d+) -> (\d+)", out)
-    check(len(seen) == 8 and out.count("released by a callback") == 4, out)
-    for rank, *counts in seen:
-        s0, s1, s2, m0, m1, m2 = map(int, counts)
-        check(s1 > s0 and m1 > m0, f"rank {rank}: the groups opened no socket or mapping: {out}")
-        check(s2 == s0, f"rank {rank}: {s2 - s0} socket(s) still open after destroy: {out}")
-        check(m2 == m0, f"rank {rank}: shared memory still mapped after destroy: {out}")
+    tcp and shm are used, with one shm lane and with two (their own segments and connections)."""
+    for extra in ({}, {"PYTORCH_DC_SHM_THREADS": "2"}):
+        with tempfile.TemporaryDirectory() as where:
+            out = job(4, ["released", where], nodes="/2", timeout=120, extra=extra)
+        seen = re.findall(r"released(?: by a callback)?: rank (\d) sockets (\d+) -> (\d+) -> "
+                          r"(\d+), shared memory mappings (\d+) -> (\d+) -> (\d+)", out)
+        check(len(seen) == 8 and out.count("released by a callback") == 4, out)
+        for rank, *counts in seen:
+            s0, s1, s2, m0, m1, m2 = map(int, counts)
+            what = f"rank {rank} ({extra or 'one lane'})"
+            check(s1 > s0 and m1 > m0, f"{what}: the groups opened no socket or mapping: {out}")
+            check(s2 == s0, f"{what}: {s2 - s0} socket(s) still open after destroy: {out}")
+            check(m2 == m0, f"{what}: shared memory still mapped after destroy: {out}")
+        print("   ", extra or "one lane:", seen[0])
 
 
 def test_copies_into_guarded_tensors():

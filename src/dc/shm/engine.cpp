@@ -31,8 +31,7 @@ namespace pytorch_exec::dc::shm {
 namespace {
 
 constexpr uint64_t kMagic = 0x73686d2d64637034;  // "shm-dcp4"
-// Lanes (engine.hpp): at most this many, and an allreduce takes one per this many bytes.
-constexpr int kMaxLanes = 16;
+// Lanes (engine.hpp): an allreduce takes one per this many bytes.
 constexpr size_t kLaneBytes = 1 << 20;
 // Two local ranks reduce small pieces both (one hand-over); larger ones are split in shards.
 constexpr size_t kPairBytes = 2048;
@@ -664,6 +663,8 @@ class LanedEngine : public AllreduceEngine {
   }
   int lanes() const override { return static_cast<int>(lanes_.size()); }
   size_t slot() const override { return lanes_[0]->slot(); }
+  AllreduceEngine& lane(int l) override { return *lanes_[static_cast<size_t>(l)]; }
+  void run_lanes(size_t n, const std::function<void(size_t)>& f) override { run(n, f); }
 
  private:
   // The helpers and what they share with the caller, on the heap: a forked child leaves it be.

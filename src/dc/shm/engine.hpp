@@ -21,7 +21,9 @@
 // segments; an allreduce of at least 1 MiB per lane, without a cross-node step, is cut in as many
 // slices, each run by one thread of every local rank through its own segment (the calling thread
 // and helpers).  A single core copies memory at a fraction of what the machine can, so large
-// allreduces are bound by one core per rank otherwise.  Every other operation uses lane 0.
+// allreduces are bound by one core per rank otherwise.  Across nodes the group cuts the slices
+// itself and runs a hierarchical allreduce per lane (lane() and run_lanes(): collectives.cpp),
+// each lane across nodes over connections of its own.  Every other operation uses lane 0.
 //
 // Waiting spins briefly, then yields, then sleeps in short steps; a local rank that died or
 // aborted turns the wait into an Error, and the deadline into a TimeoutError.  A rank has died
@@ -40,6 +42,9 @@
 #include "dc/transport.hpp"
 
 namespace pytorch_exec::dc::shm {
+
+// A node has at most this many lanes.
+inline constexpr int kMaxLanes = 16;
 
 class AllreduceEngine {
  public:
@@ -89,6 +94,15 @@ class AllreduceEngine {
   // The slot's bytes: an allreduce goes in rounds of at most this much, each with its own
   // cross-node step.
   virtual size_t slot() const = 0;
+  // Lane l (0 <= l < lanes()) alone: its segment's rounds, for a caller that runs a slice of a
+  // call per lane itself (run_lanes).
+  virtual AllreduceEngine& lane(int /*l*/) { return *this; }
+  // Runs f(0) on this thread and f(1) ... f(n - 1), n <= lanes(), on the lanes' helpers (where a
+  // lane has none, on this thread after f(0)); returns when all have.  The first error aborts
+  // every lane of this rank and is raised once all have returned.
+  virtual void run_lanes(size_t n, const std::function<void(size_t)>& f) {
+    for (size_t l = 0; l < n; ++l) f(l);
+  }
 };
 
 }  // namespace pytorch_exec::dc::shm
