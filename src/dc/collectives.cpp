@@ -83,12 +83,20 @@ void ProcessGroup::Impl::allreduce(void* buf, size_t count, DType t, Op op, cons
     if (n <= 1) return levels(static_cast<char*>(buf), count, cross_c, engine.get());
     size_t unit = 4096 / es, per = count / n / unit * unit;
     // An error in one lane aborts this rank's shm lanes (run_lanes), which ends the waits of
-    // its other lanes and of the other local ranks' lanes; once all have returned, guarded()
-    // aborts the connections, which ends the waits of the other nodes.
+    // its other lanes and of the other local ranks' lanes; and the lane's own connections
+    // across nodes at once (on its own thread: the lane alone uses them), which ends the waits
+    // of its partners there, who may be waiting for it while it waits for nothing (guarded()
+    // aborts them all once every lane has returned).
     engine->run_lanes(n, [&](size_t l) {
       size_t first = l * per, cnt = l + 1 == n ? count - first : per;
-      levels(static_cast<char*>(buf) + first * es, cnt, l == 0 ? cross_c : lane_c[l - 1],
-             &engine->lane(static_cast<int>(l)));
+      const Comm& cross = l == 0 ? cross_c : lane_c[l - 1];
+      try {
+        levels(static_cast<char*>(buf) + first * es, cnt, cross,
+               &engine->lane(static_cast<int>(l)));
+      } catch (const std::exception& e) {
+        if (l == 0 || !cross.members.empty()) cross.t->abort(e.what());  // this lane's own
+        throw;
+      }
     });
     return;
   }

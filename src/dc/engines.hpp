@@ -15,7 +15,8 @@
 //                (gpu/levels.cpp).
 // The engines are made per call by whoever chooses the algorithm (collectives.cpp, gpu/); they
 // borrow the Comms and the shm engine that ProcessGroup::Impl owns.  Threads: the thread that
-// runs the group's call.
+// runs the group's call, or the lane's thread that runs its slice (one lane's Comms and shm
+// lane).
 #pragma once
 
 #include <cstddef>

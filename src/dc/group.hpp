@@ -1,7 +1,9 @@
 // ProcessGroup::Impl: who is in the group, where they are (nodes, local ranks), and the
 // transports, Comms and shm engine of each level, which it owns.  Built by init()/threads() from
 // a World, and by split().  It chooses the algorithm of each call and hands it the Comms and
-// options it uses (the algorithms never see the Impl).  Threads: the one that uses the group.
+// options it uses (the algorithms never see the Impl).  Threads: the one that uses the group; in
+// a hierarchical allreduce in lanes, the lanes' threads read it, each using its own lane's Comm
+// and shm lane, while the caller waits for them in run_lanes().
 #pragma once
 
 #include <functional>

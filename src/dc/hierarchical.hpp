@@ -14,7 +14,9 @@
 // MemcpyCopy (collectives.cpp); device memory: NCCL and cudaMemcpyAsync (gpu/).
 //
 // The algorithms take the Comms, engines and options they use; ProcessGroup::Impl (group.hpp)
-// owns the Comms and chooses the algorithm.  Threads: the thread that runs the group's call.
+// owns the Comms and chooses the algorithm.  Threads: the thread that runs the group's call, or
+// one lane's thread for its slice of it (collectives.cpp: each lane with its own Comms and shm
+// lane).
 #pragma once
 
 #include <cstddef>

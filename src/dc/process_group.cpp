@@ -111,24 +111,33 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
   for (int r = 0; r < size && node_major; ++r)
     node_major = node_of[static_cast<size_t>(r)] == r / local_size;
   shm_bytes = s.shm_bytes ? s.shm_bytes : nodes > 1 ? 4 << 20 : 512 << 10;
+  bool shm = s.intra == TransportKind::Shm && local_size > 1;
+  int64_t lanes = shm ? shm_lanes() : 1;
+  auto least_of = [&](int64_t* v, size_t n) {  // the smallest of every rank's, in place
+    recursive_doubling_allreduce(world_c, v, n, DType::I64, Op::Min,
+                                 make_header(Kind::Allreduce, n, DType::I64, Op::Min, 0), d);
+  };
+  // Across nodes, lanes run in every node at once: the fewest that any rank asks for (a node
+  // with one rank, or without shm, has one), so that no node makes lanes that go unused.
+  if (nodes > 1) least_of(&lanes, 1);
   // Set up over the node's own connections, not the store: a group made by split() must not
   // depend on the rank that serves the store still being there.
-  if (s.intra == TransportKind::Shm && local_size > 1) {
+  if (shm) {
     auto barrier = [&] {
       dissemination_barrier(local_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, 0), d);
     };
     engine = shm::AllreduceEngine::create(barrier, key + ".node" + std::to_string(node), local_rank,
-                                          local_size, shm_bytes, shm_lanes());
+                                          local_size, shm_bytes, static_cast<int>(lanes));
   }
   if (nodes > 1) {
     // Every node cuts a hierarchical allreduce into the same pieces, each one round of its shm
     // engine (whose cross-node step must match the other nodes'): no larger than the smallest
     // slot of any node (a node whose /dev/shm had no room for the slot asked has a smaller one).
-    // And into the same lanes: the fewest of any node.
+    // And into the same lanes: the fewest that any node made (/dev/shm may have had room for
+    // fewer than asked).
     int64_t least[2] = {engine ? static_cast<int64_t>(engine->slot()) : INT64_MAX,
-                        engine && shm_lanes() > 1 ? engine->lanes() : 1};
-    recursive_doubling_allreduce(world_c, least, 2, DType::I64, Op::Min,
-                                 make_header(Kind::Allreduce, 2, DType::I64, Op::Min, 0), d);
+                        engine ? engine->lanes() : 1};
+    least_of(least, 2);
     shm_bytes = std::min(shm_bytes, static_cast<size_t>(least[0]));
     cross_lanes = static_cast<int>(least[1]);
     std::vector<int> cross_ranks;  // the group ranks of cross_c's members

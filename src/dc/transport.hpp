@@ -14,7 +14,8 @@
 // the node's allreduce engine, with its own interface (shm/engine.hpp).  Transports are created
 // by the registry (registry.hpp) only.
 //
-// Threads: a Transport is used by the one thread that runs the group's operations.
+// Threads: a Transport is used by one thread at a time: the one that runs the group's operations,
+// or, for the connections of a lane of a hierarchical allreduce (collectives.cpp), that lane's.
 #pragma once
 
 #include <chrono>

@@ -331,6 +331,15 @@ TEST(ShmLanes, EveryLaneBeyondTheFirstHasAHelperOnEveryRank) {
     g.clear();
     EXPECT_EQ(lane_helpers(), 0u) << "the helpers end with their group";
   }
+  // A node with one rank has no shared memory, so the group has one lane, and the other node
+  // makes none that would go unused.
+  ::setenv("PYTORCH_DC_SHM_THREADS", "3", 1);
+  Options o;
+  o.timeout = 60;
+  auto g = ProcessGroup::threads(4, o, {0, 0, 0, 1});
+  ::unsetenv("PYTORCH_DC_SHM_THREADS");
+  EXPECT_EQ(lane_helpers(), 0u) << "nodes of 3 ranks and 1";
+  for (int r = 0; r < 4; ++r) EXPECT_EQ(g[static_cast<size_t>(r)]->shm_lanes(), r < 3 ? 1 : 0);
 }
 
 // `n` ranks (on `nodes`) with `lanes` lanes; rank 1 calls an allreduce of a single element, the

@@ -164,7 +164,7 @@ class Segment {
     return ::fcntl(fd_, F_OFD_GETLK, &l) == 0 && l.l_type == F_UNLCK;
   }
   // Reserves the segment's pages in /dev/shm now, so that none is found missing later (SIGBUS):
-  // 0, or the error (ENOSPC: no room).
+  // 0, or the error (ENOSPC, ENOMEM: no room).
   int allocate() {
     int e = EINTR;
     for (int tries = 0; e == EINTR && tries < 100; ++tries)
@@ -765,7 +765,7 @@ std::unique_ptr<Segment> first_lane(const std::string& name, int n, size_t& slot
   for (;;) {
     auto seg = std::make_unique<Segment>(name, EngineImpl::bytes(n, slot), true);
     int e = seg->allocate();
-    if (e != ENOSPC) {
+    if (e != ENOSPC && e != ENOMEM) {  // ENOMEM: a memory cgroup's limit
       static std::atomic<bool> said{false};  // once a process: each group of it would say it
       if (slot != asked && !said.exchange(true))
         std::fprintf(stderr,
