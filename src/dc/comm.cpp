@@ -43,13 +43,14 @@ std::string describe(const CallHeader& h) {
   if (k == Kind::Allreduce || k == Kind::ReduceScatter)
     s += std::string(" (") + op_name(static_cast<Op>(h.op)) + ")";
   if (k == Kind::Broadcast) s += " from root " + std::to_string(h.root);
+  if (h.part) s += ", a step of " + std::to_string(h.part) + " across nodes";
   return s;
 }
 
 void check_header(const CallHeader& mine, const CallHeader& theirs, int from_rank) {
   if (mine.magic == theirs.magic && mine.kind == theirs.kind && mine.dtype == theirs.dtype &&
       mine.op == theirs.op && mine.root == theirs.root && mine.count == theirs.count &&
-      mine.seq == theirs.seq)
+      mine.seq == theirs.seq && mine.part == theirs.part)
     return;
   throw Error("mismatched calls: rank " + std::to_string(from_rank) + " called " +
               describe(theirs) + ", this rank " + describe(mine));
@@ -58,7 +59,7 @@ void check_header(const CallHeader& mine, const CallHeader& theirs, int from_ran
 void recv_header(const Comm& c, int from, const CallHeader& mine, const Deadline& d) {
   CallHeader theirs;
   c.wait(c.irecv(from, &theirs, sizeof theirs), d);
-  check_header(mine, theirs, c.world(from));
+  check_header(mine, theirs, c.rank_of(from));
 }
 
 }  // namespace pytorch_exec::dc

@@ -36,8 +36,11 @@ struct CallHeader {
   uint8_t root = 0;  // broadcast root (low bits; the count check covers the rest)
   uint64_t count = 0;
   uint64_t seq = 0;  // the group's collective counter: catches calls made in different orders
+  // A step of the call across nodes (hierarchical.cpp): its elements, so that nodes that cut a
+  // call differently raise too; 0: the whole call.
+  uint64_t part = 0;
 };
-static_assert(sizeof(CallHeader) == 24);
+static_assert(sizeof(CallHeader) == 32);
 
 CallHeader make_header(Kind k, uint64_t count, DType t, Op op, uint64_t seq, int root = 0);
 std::string describe(const CallHeader& h);
@@ -76,6 +79,10 @@ struct Comm {
 
   int size() const { return static_cast<int>(members.size()); }
   int world(int i) const { return members[static_cast<size_t>(mod(i))]; }
+  // The rank that messages name for member i: its world rank, or names[i] where the transport
+  // numbers its peers otherwise (a lane's own connections across nodes).
+  std::vector<int> names = {};
+  int rank_of(int i) const { return names.empty() ? world(i) : names[static_cast<size_t>(mod(i))]; }
   int mod(int i) const {
     int n = size();
     return ((i % n) + n) % n;

@@ -13,11 +13,13 @@ namespace pytorch_exec::dc {
 
 namespace {
 
-// The header of a cross-node step: the call's (its count whole, not the step's part of it), so
-// that nodes whose calls differ raise, whatever parts of them happen to match.
-CallHeader cross_header(const CallHeader& h, int root = 0) {
+// The header of a cross-node step of `part` elements: the call's, so that nodes whose calls
+// differ raise whatever steps of them happen to match, with the step's size, so that nodes that
+// cut a call differently raise too.
+CallHeader cross_header(const CallHeader& h, size_t part, int root = 0) {
   CallHeader c = h;
   c.root = static_cast<uint8_t>(root);
+  c.part = part;
   return c;
 }
 
@@ -198,7 +200,7 @@ void hierarchical_allreduce(const NodeLevels& n, void* buf, size_t count, DType 
                             const CallHeader& h, const Deadline& d, const CrossOptions& o) {
   size_t es = dtype_size(t), step = std::max<size_t>(1, n.piece_bytes / es);
   auto wire = [&](void* host, size_t k) {
-    cross_allreduce(n.cross, host, k, t, op, cross_header(h), d, o);
+    cross_allreduce(n.cross, host, k, t, op, cross_header(h, k), d, o);
   };
   auto cross = [&](void* shard, size_t k) {
     pipelined_cross(n.copy, wire, shard, k, es, n.chunk_bytes, d);
@@ -261,7 +263,7 @@ void hierarchical_reduce_scatter(const BlockLevels& n, const void* in, void* wor
   s.wire = [&](size_t i, char* host) {
     size_t c = p.count(i, count);
     ring_reduce_scatter(n.cross, host, uniform_blocks(c, n.cross.size()), t, op,
-                        cross_header(h), d);
+                        cross_header(h, c), d);
   };
   s.down = [&](size_t i, int slot, char* host) {
     size_t c = p.count(i, count) * es;
@@ -294,7 +296,7 @@ void hierarchical_allgather(const BlockLevels& n, const void* in, void* out, siz
     Blocks b = uniform_blocks(c, n.cross.size());
     if (host == o)
       for (size_t k = 0; k < nodes; ++k) b.at.push_back(block(k) + p.first(i));
-    ring_allgather(n.cross, host, b, t, cross_header(h), d);
+    ring_allgather(n.cross, host, b, t, cross_header(h, c), d);
   };
   s.down = [&](size_t i, int slot, char* host) {
     size_t c = p.count(i, count) * es, f = p.first(i) * es;
@@ -325,7 +327,7 @@ void hierarchical_broadcast(const BlockLevels& n, void* buf, size_t bytes, int r
     s.wire = [&](size_t i, char* host) {
       size_t c = p.count(i, bytes);
       tree_broadcast(n.cross, host, c, root_node,
-                     cross_header(h, root_node), d);
+                     cross_header(h, c, root_node), d);
     };
     s.down = [&](size_t i, int slot, char* host) {
       if (!root) n.copy.to_device(slot, b + p.first(i), host, p.count(i, bytes));

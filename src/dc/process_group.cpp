@@ -184,14 +184,18 @@ void ProcessGroup::Impl::connect_lanes(const std::vector<int>& cross_ranks, cons
     Comm c{inter_t.get(), {}, node};  // no members: this local rank owns no shard
     if (!cross_ranks.empty()) {
       std::vector<std::string> peers;
-      for (int r : cross_ranks)
+      std::vector<int> names;  // the mesh numbers them by node: errors name their world ranks
+      for (int r : cross_ranks) {
         peers.push_back(addrs[static_cast<size_t>(r * extra + l - 1)]);
+        names.push_back(world[static_cast<size_t>(r)]);
+      }
       // A session of its own for each mesh (lane and local rank)
       uint64_t mesh = session + static_cast<uint64_t>(local_rank * shm::kMaxLanes + l);
       lane_t.push_back(tcp::connect_mesh(node, nodes, std::move(ls[static_cast<size_t>(l - 1)]),
-                                         peers, mesh, s.tcp_congestion, d));
+                                         peers, mesh, s.tcp_congestion, d, names));
       c = Comm{lane_t.back().get(), {}, node};
       for (int k = 0; k < nodes; ++k) c.members.push_back(k);
+      c.names = names;
       c.max_chunk = cross_c.max_chunk;
     }
     lane_c.push_back(c);

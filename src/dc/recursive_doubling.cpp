@@ -41,7 +41,7 @@ class Exchanger {
       c_.wait(split_ ? rh : r, d_);
       CallHeader theirs;
       std::memcpy(&theirs, in_, sizeof theirs);
-      check_header(h_, theirs, c_.world(from));
+      check_header(h_, theirs, c_.rank_of(from));
       c_.wait(r, d_);
     }
     if (to >= 0) c_.wait(s, d_);

@@ -60,7 +60,7 @@ struct HeaderExchange {
   }
   void check(const Comm& c, const CallHeader& mine, const Deadline& d) {
     c.wait(rr, d);
-    check_header(mine, theirs, c.world(c.me - 1));
+    check_header(mine, theirs, c.rank_of(c.me - 1));
   }
 };
 

@@ -67,7 +67,7 @@ void dissemination_barrier(const Comm& c, const CallHeader& h, const Deadline& d
     Request r = c.irecv(c.me - k, &theirs, sizeof theirs);
     Request s = c.isend(c.me + k, &h, sizeof h);
     c.wait(r, d);
-    check_header(h, theirs, c.world(c.me - k));
+    check_header(h, theirs, c.rank_of(c.me - k));
     c.wait(s, d);
   }
 }

@@ -123,12 +123,36 @@ TEST_P(Errors, NodesWhoseCallsDifferAreReported) {
     double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     EXPECT_LT(took, 8.0) << small;
     bool named = false;
-    for (auto& s : e) {
+    for (int r = 0; r < 4; ++r) {
+      const std::string& s = e[static_cast<size_t>(r)];
       EXPECT_FALSE(s.empty()) << "every rank must get an error (" << small << ")";
       named |= s.find("mismatched calls") != std::string::npos;
+      // The ranks named are group ranks (a lane's connections number their peers by node).
+      std::string me = "rank " + std::to_string(r) + " ";
+      EXPECT_EQ(s.find(": " + me + "called"), std::string::npos) << r << ": " << s;
     }
     EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2] << " | " << e[3];
   }
+}
+
+// Nodes of 3 and 2 ranks in different collectives (an allreduce with two shard owners on the
+// first node, a barrier on the second): the ranks that can tell raise, and the others, each
+// waiting for a local rank that waits for the other node, must not wait for their timeout (a
+// local rank's failure ends every wait of the node).  (Other pairs of collectives can leave
+// every rank waiting for one that waits for nobody's message: those end at the timeout.)
+TEST_P(Errors, NodesInDifferentCollectivesAreReported) {
+  auto g = groups(5, GetParam(), {0, 0, 0, 1, 1});
+  auto start = std::chrono::steady_clock::now();
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<float> v(100000, 1.0f);
+    if (r < 3)
+      pg.allreduce(v.data(), v.size(), DType::F32, Op::Sum, 15);
+    else
+      pg.barrier(15);
+  });
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_LT(took, 8.0);
+  for (auto& s : e) EXPECT_FALSE(s.empty()) << "every rank must get an error";
 }
 
 INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp", "shm+lanes"));
@@ -163,11 +187,11 @@ TEST(ErrorsShmLanes, MismatchedCountsAreReportedOnEveryRank) {
   EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2];
 }
 
-// Across nodes with 3 lanes, nodes whose calls differ in the op only: every lane compares the
-// call in the first round inside its node, so some lanes leave before their cross-node step;
-// their partners on the other node, waiting there for them, must not wait for the timeout
-// (each lane that leaves shuts its own connections).  The race that once left a pair waiting
-// showed in about 1 of 14 calls: 20 calls.
+// Across nodes with 3 lanes, nodes whose calls differ in the op only (the same inside each
+// node): the first cross-node step raises; the other lanes of that rank, ended by the abort of
+// its shm lanes, may leave before their own cross-node steps, and their partners on the other
+// node, waiting there for them, must not wait for the timeout (each lane that leaves shuts its
+// own connections).  The race that once left a pair waiting showed in about 1 of 14 calls.
 TEST(ErrorsShmLanes, NodesWhoseOpsDifferEndEveryLanePromptly) {
   for (int call = 0; call < 20; ++call) {
     ::setenv("PYTORCH_DC_SHM_THREADS", "3", 1);

@@ -53,6 +53,18 @@ def test_two_nodes_hierarchical():
     conformance(4, nodes="/2", env={"PYTORCH_DC_SHM_THREADS": "2"})
 
 
+def test_nodes_that_cut_calls_differently_raise():
+    # PYTORCH_DC_PIPELINE_BYTES differs between the nodes (documented: the same on every rank):
+    # their cross-node steps differ in size, and every rank raises instead of one node returning
+    # the other's headers as data.
+    prog = ('N=$((RANK / 2)); [ $N = 1 ] && export PYTORCH_DC_PIPELINE_BYTES=16384; '
+            f'PYTORCH_DC_NODE=n$N exec {DC_CHECK} conformance {random.randrange(1 << 40)}')
+    r = run(["-n", "4", "sh", "-c", prog], env=marker_env({"PYTORCH_DC_TIMEOUT": "20"}),
+            timeout=120)
+    check(r.returncode != 0 and "mismatched calls" in r.stderr and "a step of" in r.stderr
+          and not r.stdout.startswith("ok"), f"{r.returncode} {r.stdout}{r.stderr[-2000:]}")
+
+
 def test_unequal_nodes():
     check("2 nodes" in conformance(5, nodes="%2", env={"PYTORCH_DC_SHM_BYTES": "65536"}), "expected 2 nodes")
 
@@ -273,7 +285,8 @@ def test_no_launcher_is_a_clear_error():
 if __name__ == "__main__":
     if not os.path.exists(DC_CHECK):
         skip(f"{DC_CHECK} is not built")
-    main([test_one_node_shm, test_two_nodes_hierarchical, test_unequal_nodes, test_tcp_only,
+    main([test_one_node_shm, test_two_nodes_hierarchical,
+          test_nodes_that_cut_calls_differently_raise, test_unequal_nodes, test_tcp_only,
           test_unusable_congestion_control_is_a_clear_error, test_env_bootstrap, test_mpi_transport, test_under_mpirun,
           test_peer_death_is_an_error_on_every_survivor, test_forked_child_takes_the_ranks_place,
           test_small_dev_shm,

@@ -30,7 +30,7 @@
 namespace pytorch_exec::dc::shm {
 namespace {
 
-constexpr uint64_t kMagic = 0x73686d2d64637034;  // "shm-dcp4"
+constexpr uint64_t kMagic = 0x73686d2d64637035;  // "shm-dcp5"
 // Lanes (engine.hpp): an allreduce takes one per this many bytes.
 constexpr size_t kLaneBytes = 1 << 20;
 // Two local ranks reduce small pieces both (one hand-over); larger ones are split in shards.
@@ -40,12 +40,30 @@ constexpr size_t kPairBytes = 2048;
 // when the shard has at least this many bytes; below, the system call costs more than the copy.
 constexpr size_t kDirectBytes = 16 << 10;
 
+// A call inside a node: its header without the part (a step across nodes), 24 bytes.
+struct NodeCall {
+  uint32_t magic;
+  uint8_t kind, dtype, op, root;
+  uint64_t count, seq;
+  NodeCall& operator=(const CallHeader& h) {
+    magic = h.magic, kind = h.kind, dtype = h.dtype, op = h.op, root = h.root;
+    count = h.count, seq = h.seq;
+    return *this;
+  }
+  operator CallHeader() const {
+    CallHeader h;
+    h.magic = magic, h.kind = kind, h.dtype = dtype, h.op = op, h.root = root;
+    h.count = count, h.seq = seq;
+    return h;
+  }
+};
+
 // A sequence counter on its own cache line; `in` carries the call of its round on the same
 // line, so that an owner learns both from one transfer.  The call is kept per round parity, like
 // the slots: a rank may already be one round ahead while the others still check this one.
 struct alignas(64) Counter {
   std::atomic<uint64_t> v;
-  CallHeader call[2];
+  NodeCall call[2];
 };
 static_assert(sizeof(Counter) == 64);
 struct alignas(64) RankState {
@@ -567,9 +585,12 @@ class EngineImpl : public AllreduceEngine {
     // Another lane of this rank failed (or the group gave up): this one stops waiting too.
     if (states_[me_].failed.load(std::memory_order_acquire))
       throw Error("shm: this rank gave up while waiting for local rank " + std::to_string(r));
+    // Any local rank that failed: the one waited for may itself wait for another node, whose
+    // ranks wait for this one (2 nodes whose calls differ: only some ranks can tell).
+    for (int q = 0; q < n_; ++q)
+      if (q != me_ && states_[q].failed.load(std::memory_order_acquire))
+        throw Error("shm: local rank " + std::to_string(q) + " failed or gave up");
     RankState& s = states_[r];
-    if (s.failed.load(std::memory_order_acquire))
-      throw Error("shm: local rank " + std::to_string(r) + " failed or gave up");
     // Its life lock is gone once it ended, in whatever PID namespace it runs (a container of
     // its own that shares /dev/shm); its pid, which names nothing or another process from another
     // namespace, is looked at in this one's only (and catches a rank whose forked child still
@@ -778,9 +799,8 @@ std::unique_ptr<Segment> first_lane(const std::string& name, int n, size_t& slot
     if (slot <= least)
       throw Error("shm: /dev/shm has no room for this node's shared memory (" +
                   std::to_string(EngineImpl::bytes(n, slot)) + " bytes at least for " +
-                  std::to_string(n) +
-                  " local ranks): enlarge it (e.g. docker run --shm-size) or set "
-                  "PYTORCH_DC_INTRA=tcp");
+                  std::to_string(n) + " local ranks: " + std::strerror(e) +
+                  "): enlarge it (e.g. docker run --shm-size) or set PYTORCH_DC_INTRA=tcp");
     slot = std::max(least, slot / 2 / 4096 * 4096);
   }
 }

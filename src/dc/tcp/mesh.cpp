@@ -32,9 +32,9 @@ constexpr size_t kMaxPending = 64;
 // its reply (it may have been busy with strangers), until the deadline.
 // `source`: this rank's own published address, so that the connection leaves through the
 // interface this rank listens on (its rail NIC: bootstrap.hpp's transport_address()).
-int connect_to(int rank, int j, const std::string& addr, const std::string& source,
+int connect_to(int rank, int j, int name, const std::string& addr, const std::string& source,
                const std::string& key, const Deadline& d) {
-  std::string who = "rank " + std::to_string(j) + " at " + addr, host;
+  std::string who = "rank " + std::to_string(name) + " at " + addr, host;
   int port = 0;
   split_address(addr, host, port, "tcp");
   for (;;) {
@@ -148,7 +148,8 @@ class Acceptor {
 
 std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
                                         const std::vector<std::string>& addrs, uint64_t session,
-                                        const std::string& congestion, const Deadline& d) {
+                                        const std::string& congestion, const Deadline& d,
+                                        std::vector<int> names) {
   std::vector<int> fds(static_cast<size_t>(size), -1);
   int lfd = listener.release();
   const std::string key = hello_key(session);
@@ -158,7 +159,9 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
       int port = 0;
       split_address(addrs[static_cast<size_t>(rank)], source, port, "tcp");
     }
-    for (int j = 0; j < rank; ++j) fds[j] = connect_to(rank, j, addrs[j], source, key, d);
+    for (int j = 0; j < rank; ++j)
+      fds[j] = connect_to(rank, j, names.empty() ? j : names[static_cast<size_t>(j)], addrs[j],
+                          source, key, d);
     Acceptor(lfd, rank, fds, key).run(size - 1 - rank, d);
     for (int fd : fds) {
       if (fd < 0) continue;
@@ -174,7 +177,7 @@ std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
     throw;
   }
   ::close(lfd);
-  return make_transport(rank, std::move(fds));
+  return make_transport(rank, std::move(fds), std::move(names));
 }
 
 }  // namespace pytorch_exec::dc::tcp

@@ -45,7 +45,8 @@ struct Peer {
 
 class TcpTransport : public Transport {
  public:
-  TcpTransport(int rank, std::vector<int> fds) : rank_(rank), peers_(fds.size()) {
+  TcpTransport(int rank, std::vector<int> fds, std::vector<int> names)
+      : rank_(rank), peers_(fds.size()), names_(std::move(names)) {
     for (size_t i = 0; i < fds.size(); ++i) peers_[i].fd = fds[i];
   }
   ~TcpTransport() override {
@@ -72,7 +73,7 @@ class TcpTransport : public Transport {
       }
       if (completed(r)) break;
       if (busy_polling() && Clock::now() < spin_until) continue;
-      if (d.passed()) d.expire("rank " + std::to_string(peer_of(r)));
+      if (d.passed()) d.expire("rank " + name(peer_of(r)));
       if (!busy_polling() && Clock::now() < spin_until + kYield) {
         ::sched_yield();
         continue;
@@ -112,7 +113,7 @@ class TcpTransport : public Transport {
     if (!failed_.empty())
       throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
     if (peer < 0 || peer >= size() || peer == rank_)
-      throw Error("tcp: no connection to rank " + std::to_string(peer));
+      throw Error("tcp: no connection to rank " + name(peer));
   }
 
   Request post(int peer, int dir, void* buf, size_t bytes) {
@@ -130,7 +131,7 @@ class TcpTransport : public Transport {
   }
 
   [[noreturn]] void lost(int peer, const std::string& how) {
-    std::string why = "lost rank " + std::to_string(peer) + " (" + how + ")";
+    std::string why = "lost rank " + name(peer) + " (" + how + ")";
     abort(why);
     throw Error("tcp: " + why);
   }
@@ -220,12 +221,18 @@ class TcpTransport : public Transport {
   std::vector<int> active_;
   std::vector<struct pollfd> pfds_;
   std::string failed_;
+  std::vector<int> names_;  // the rank that errors name for each peer (empty: its index)
+
+  std::string name(int peer) const {
+    bool named = peer >= 0 && static_cast<size_t>(peer) < names_.size();
+    return std::to_string(named ? names_[static_cast<size_t>(peer)] : peer);
+  }
 };
 
 }  // namespace
 
-std::unique_ptr<Transport> make_transport(int rank, std::vector<int> fds) {
-  return std::make_unique<TcpTransport>(rank, std::move(fds));
+std::unique_ptr<Transport> make_transport(int rank, std::vector<int> fds, std::vector<int> names) {
+  return std::make_unique<TcpTransport>(rank, std::move(fds), std::move(names));
 }
 
 }  // namespace pytorch_exec::dc::tcp

@@ -23,11 +23,14 @@
 namespace pytorch_exec::dc::tcp {
 
 // addrs[r] is rank r's "ip:port" (its own entry is ignored); `congestion`: the congestion control
-// of the connections (set_congestion_control in socket.hpp).
+// of the connections (set_congestion_control in socket.hpp); `names`: the rank that errors name
+// for peer r, where that is not r (empty: r).
 std::unique_ptr<Transport> connect_mesh(int rank, int size, Listener listener,
                                         const std::vector<std::string>& addrs, uint64_t session,
-                                        const std::string& congestion, const Deadline& d);
+                                        const std::string& congestion, const Deadline& d,
+                                        std::vector<int> names = {});
 // The transport over connected sockets (fds[rank] is -1), for connect_mesh.
-std::unique_ptr<Transport> make_transport(int rank, std::vector<int> fds);
+std::unique_ptr<Transport> make_transport(int rank, std::vector<int> fds,
+                                          std::vector<int> names = {});
 
 }  // namespace pytorch_exec::dc::tcp
