@@ -236,7 +236,11 @@ stop() {
     if ps -eo stat=,comm= | awk '$1 !~ /^Z/ && $2 ~ /^(slurmctld|slurmd|slurmdbd)$/ { f = 1 } END { exit !f }'; then
       echo "testbed.sh: munged (pid $pid) left running: another SLURM uses it" >&2
     else
+      # Gone before this returns: a start right after would take a munged still ending for one
+      # that runs (pgrep), and the nodes then fail to register (authentication errors).
       kill "$pid" 2>/dev/null || true
+      for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+      kill -9 "$pid" 2>/dev/null || true
     fi
   fi
   rm -f "$dir/munged.pid"
