@@ -70,6 +70,25 @@ def test_exports_wdir_and_run_id():
         check(os.path.realpath(d["cwd"]) == os.path.realpath(wd), f"rank {i} cwd {d['cwd']}")
 
 
+def test_relative_wdir_and_program():
+    """--wdir sub ./prog runs sub/prog in sub (not sub/sub/prog, which is there too), as does a
+    PATH of relative directories."""
+    top = tmpdir()
+    os.makedirs(os.path.join(top, "sub", "sub"))
+    for where, says in (("sub", "right"), ("sub/sub", "wrong")):
+        with open(os.path.join(top, where, "prog"), "w") as f:
+            f.write(f"#!/bin/sh\necho {says} $(pwd)\n")
+        os.chmod(os.path.join(top, where, "prog"), 0o755)
+    sub = os.path.realpath(os.path.join(top, "sub"))
+    r = run(["-n", "2", "--wdir", "sub", "./prog"], cwd=top)
+    check(r.returncode == 0 and r.stdout.split() == ["right", sub] * 2,
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    r = run(["-n", "1", "--wdir", "sub", "prog"], cwd=top,
+            env=dict(os.environ, PATH="sub:/usr/bin:/bin"))
+    check(r.returncode == 0 and r.stdout.split() == ["right", sub],
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+
+
 # Run by test_pmix_server_does_not_ask_munge in a private mount namespace: a listening socket
 # where munged's would be, and a count of the connections that came to it during the job.
 MUNGE_WATCH = script("""#!/usr/bin/python3
@@ -124,5 +143,5 @@ def test_many_ranks_without_slot_limit():
 
 
 if __name__ == "__main__":
-    main([test_every_rank_gets_its_identity, test_exports_wdir_and_run_id,
+    main([test_every_rank_gets_its_identity, test_exports_wdir_and_run_id, test_relative_wdir_and_program,
           test_pmix_server_does_not_ask_munge, test_many_ranks_without_slot_limit])

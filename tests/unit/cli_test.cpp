@@ -212,7 +212,8 @@ TEST(CliTest, WorkingDirectoriesHereAndOnOtherNodes) {
   EXPECT_EQ(c.remote_wdir, "/launch/dir");
   auto w = config({"--wdir", "rel", "prog"}, ctx);
   EXPECT_EQ(w.wdir, "rel");
-  EXPECT_EQ(w.remote_wdir, "rel");
+  EXPECT_EQ(w.remote_wdir, "/launch/dir/rel");  // the daemons start elsewhere
+  EXPECT_EQ(config({"--wdir", "/abs", "prog"}, ctx).remote_wdir, "/abs");
 }
 
 TEST(CliTest, FindsTheProgramOnlyWhenAsked) {
@@ -269,6 +270,16 @@ TEST(ResolveProgramTest, SearchesPathAndReportsWhyNot) {
   } catch (const pe::ProgramError& e) {
     EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos);
   }
+  // Relative to where pytorch_exec runs, the program is found in a relative --wdir, and named
+  // so that the workers, which start in --wdir, run that file.
+  char here[4096], tmp[4096];
+  ASSERT_NE(::getcwd(here, sizeof here), nullptr);
+  ASSERT_EQ(::chdir(::testing::TempDir().c_str()), 0);
+  ASSERT_NE(::getcwd(tmp, sizeof tmp), nullptr);
+  EXPECT_EQ(pe::resolve_program("./tool", "pe_resolve", ""),
+            std::string(tmp) + "/pe_resolve/./tool");
+  EXPECT_EQ(pe::resolve_program("tool", "", "pe_resolve"), std::string(tmp) + "/pe_resolve/tool");
+  ASSERT_EQ(::chdir(here), 0);
   EXPECT_THROW(pe::resolve_program("tool", dir + "/missing", dir), pe::UsageError);
   EXPECT_THROW(pe::resolve_program("tool", exe, dir), pe::UsageError);
 }

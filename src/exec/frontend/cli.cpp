@@ -487,7 +487,11 @@ LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& 
     if (raw.wdir->empty()) throw UsageError("--wdir: the directory name is empty");
     c.wdir = *raw.wdir;
   }
-  c.remote_wdir = raw.wdir ? c.wdir : ctx.cwd;
+  // Daemons on other nodes start elsewhere: a relative --wdir is this directory's.
+  if (!raw.wdir)
+    c.remote_wdir = ctx.cwd;
+  else
+    c.remote_wdir = c.wdir[0] == '/' || ctx.cwd.empty() ? c.wdir : ctx.cwd + "/" + c.wdir;
   validate_exports(raw, ctx, c);
   c.oversubscribe = raw.oversubscribe;
   validate_output(raw, c);
@@ -522,6 +526,19 @@ void check_stdin_rank(const LaunchConfig& c, int world_size) {
                      " does not exist (the job has " + std::to_string(world_size) + " ranks)");
 }
 
+namespace {
+
+// `path` from the directory this process runs in, when it is relative: the workers start in
+// --wdir, where a relative one would name another file, or none.
+std::string from_here(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[4096];
+  if (!::getcwd(cwd, sizeof cwd)) throw SystemError("getcwd", errno);
+  return std::string(cwd) + "/" + path;
+}
+
+}  // namespace
+
 std::string resolve_program(const std::string& program, const std::string& wdir,
                             const std::string& path_env) {
   if (!wdir.empty()) {
@@ -538,13 +555,13 @@ std::string resolve_program(const std::string& program, const std::string& wdir,
       throw ProgramError("program '" + program + "' not found", 127);
     if (err == EISDIR) throw ProgramError("program '" + program + "' is a directory", 126);
     if (err) throw ProgramError("program '" + program + "' is not executable", 126);
-    return path;
+    return from_here(path);
   }
   bool seen_non_exec = false;
   for (const auto& dir : split(path_env, ':')) {
     std::string path = (dir.empty() ? "." : dir) + "/" + program;
     int err = check_executable(path);
-    if (err == 0) return path;
+    if (err == 0) return from_here(path);
     if (err == EACCES) seen_non_exec = true;
   }
   if (seen_non_exec)
