@@ -47,6 +47,22 @@ def test_worker_that_never_reads_does_not_block_the_job():
     check(r.returncode == 0, f"exit {r.returncode}")
 
 
+def test_a_restarted_generation_sees_the_end_of_stdin():
+    """The job's stdin (a pipe) ended in generation 0; the next generation's ranks read its end
+    at once, whether or not generation 0 read it all (they waited forever)."""
+    for mode in (["--stdin", "all"], []):
+        r = run(["-n", "2", "--max-restarts", "1"] + mode + [
+            "sh", "-c", 'got=$(cat | tr "\\n" ,); [ $PYTORCH_EXEC_GENERATION = 0 ] && exit 1; '
+                        'echo "$RANK:$got"'], input="a\nb\n", timeout=30)
+        check(r.returncode == 0 and lines(r) == ["0:", "1:"],
+              f"{mode}: exit {r.returncode}: {r.stdout} {r.stderr}")
+    r = run(["-n", "1", "--max-restarts", "1", "sh", "-c",
+             '[ $PYTORCH_EXEC_GENERATION = 0 ] && { sleep 0.3; exit 1; }; echo "[$(cat)]"'],
+            input="unread\n", timeout=30)
+    check(r.returncode == 0 and r.stdout == "[]\n", f"exit {r.returncode}: {r.stdout} {r.stderr}")
+
+
 if __name__ == "__main__":
     main([test_default_goes_to_rank_zero, test_one_chosen_rank, test_all_ranks_from_a_pipe,
-          test_all_ranks_from_a_file, test_none, test_worker_that_never_reads_does_not_block_the_job])
+          test_all_ranks_from_a_file, test_none, test_worker_that_never_reads_does_not_block_the_job,
+          test_a_restarted_generation_sees_the_end_of_stdin])

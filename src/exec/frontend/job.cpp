@@ -169,6 +169,9 @@ void JobController::start_generation() {
     timeline_.reformed = ctrl::Heartbeats::steady_seconds();
     if (timeline_.detect < 0) timeline_.detect = timeline_.stopped = timeline_.reformed;
     workers_->start(gen);
+    // The job's stdin ended in an earlier generation: this one's ends too (nodes that joined
+    // since were not told).
+    if (stdin_eof_) workers_->stdin_close_all();
     if (!workers_->reports_running()) on_running(generation_);
     if (workers_->stdin_backlog() == 0) on_stdin_drained();
   } catch (const Error& e) {

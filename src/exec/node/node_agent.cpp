@@ -112,6 +112,7 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
     w->proc = spawn_child(spec.spawn);
     guard_.watch(w->proc.pid);
     watch_output(*w);
+    if (stdin_ended_) drop_stdin(*w);
     logger("agent")->debug("generation {} {} rank {} started as pid {}", generation,
                            spawn ? "spawned job " + std::to_string(spawn) : std::string("job"),
                            w->rank, w->proc.pid);
@@ -285,6 +286,7 @@ void NodeAgent::stdin_write(int rank, std::string_view data) {
 }
 
 void NodeAgent::stdin_close_all() {
+  stdin_ended_ = true;
   for (auto& [pid, w] : workers_) {
     w->in_closing = true;
     if (w->in_pending.empty()) drop_stdin(*w);

@@ -115,6 +115,8 @@ class NodeAgent : public pmix::ServerListener {
   // Standard input for `rank` (a worker started with stdin_pipe).  Data for a rank that is not
   // running, or has closed its stdin, is dropped.
   void stdin_write(int rank, std::string_view data);
+  // The end of the job's standard input: every worker's stdin closes once its data is written,
+  // and workers started later (the next generation) get it closed at once.
   void stdin_close_all();
   size_t stdin_backlog() const { return stdin_backlog_; }
 
@@ -145,6 +147,7 @@ class NodeAgent : public pmix::ServerListener {
   Event sigchld_;
   std::map<pid_t, std::unique_ptr<Worker>> workers_;
   size_t stdin_backlog_ = 0;
+  bool stdin_ended_ = false;  // stdin_close_all() was called
   bool output_paused_ = false;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
