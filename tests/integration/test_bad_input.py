@@ -43,6 +43,12 @@ CASES = [
     (["--launch-agent", '""', "true"], 2, "--launch-agent: the command is empty"),
     (["--launch-agent", "''  ", "true"], 2, "--launch-agent: the command is empty"),
     (["-n", "", "true"], 2, "-n: expected a positive integer, got ''"),
+    # not hostfiles, and host names that ssh would take for its options
+    (["--dry-run", "--hostfile", "/dev/zero", "true"], 2,
+     "/dev/zero:1: a line longer than 4096 bytes (not a hostfile?)"),
+    (["--hostfile", "/tmp", "true"], 2, "--hostfile: '/tmp' is a directory"),
+    (["-H", "-1", "true"], 2, "-H: bad host name '-1'"),
+    (["-H", "n1,-inf", "true"], 2, "-H: bad host name '-inf'"),
 ]
 
 

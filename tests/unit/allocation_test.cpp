@@ -91,6 +91,26 @@ TEST(HostfileTest, ReportsTheLineOfAMistake) {
   std::istringstream badhost("n/1\n");
   EXPECT_NE(error_of([&] { pe::parse_hostfile(badhost, "hf"); }).find("bad host name"),
             std::string::npos);
+  // Contradictions, and host names that a launch agent would take for options.
+  std::istringstream twice("n1\nn2 slots=2 slots=3\n");
+  EXPECT_EQ(error_of([&] { pe::parse_hostfile(twice, "hf"); }), "hf:2: slots given twice for n2");
+  std::istringstream over("n1 max_slots=1 slots=4\n");
+  EXPECT_EQ(error_of([&] { pe::parse_hostfile(over, "hf"); }),
+            "hf:1: n1 has slots=4, more than max_slots=1");
+  for (const char* h : {"-F.ssh-evil slots=1\n", "-oProxyCommand=x\n", ".n1\n"}) {
+    std::istringstream opt(h);
+    EXPECT_NE(error_of([&] { pe::parse_hostfile(opt, "hf"); }).find("bad host name"),
+              std::string::npos)
+        << h;
+  }
+  EXPECT_NE(error_of([] { pe::parse_host_list("-inf"); }).find("bad host name"), std::string::npos);
+  // Not a hostfile: one line, whatever its size, and its bytes shown safely.
+  std::istringstream zeros(std::string(1 << 20, '\0'));
+  EXPECT_EQ(error_of([&] { pe::parse_hostfile(zeros, "hf"); }),
+            "hf:1: a line longer than 4096 bytes (not a hostfile?)");
+  std::istringstream binary(std::string("\x1b[2Jn\x01\n", 7));
+  EXPECT_EQ(error_of([&] { pe::parse_hostfile(binary, "hf"); }),
+            "hf:1: bad host name '\\x1b[2Jn\\x01'");
 }
 
 TEST(HostListOptionTest, AddsUpMentions) {

@@ -1,5 +1,7 @@
 #include "exec/frontend/allocation.hpp"
 
+#include <sys/stat.h>
+
 #include <cctype>
 #include <cerrno>
 #include <climits>
@@ -78,7 +80,8 @@ int parse_slots(const std::string& v, const std::string& where) {
 }
 
 bool valid_host(const std::string& h) {
-  if (h.empty()) return false;
+  // Not an option of ssh or of a launch agent's command ("-F...", "-oProxyCommand=...").
+  if (h.empty() || h[0] == '-' || h[0] == '.') return false;
   for (char c : h)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_'))
       return false;
@@ -132,11 +135,32 @@ std::vector<int> expand_counts(const std::string& what, const std::string& spec)
   return out;
 }
 
+namespace {
+
+constexpr size_t kMaxHostfileLine = 4096;
+
+// std::getline with a bound: a file that is no hostfile (/dev/zero, a binary) is refused before
+// it fills memory.
+bool bounded_line(std::istream& in, std::string& line, const std::string& where) {
+  line.clear();
+  std::istream::int_type c;
+  while ((c = in.get()) != std::istream::traits_type::eof()) {
+    if (c == '\n') return true;
+    if (line.size() == kMaxHostfileLine)
+      throw UsageError(where + ": a line longer than " + std::to_string(kMaxHostfileLine) +
+                       " bytes (not a hostfile?)");
+    line += static_cast<char>(c);
+  }
+  return !line.empty();
+}
+
+}  // namespace
+
 std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name) {
   std::vector<HostSlots> out;
   std::string line;
   int lineno = 0;
-  while (std::getline(in, line)) {
+  while (bounded_line(in, line, name + ":" + std::to_string(lineno + 1))) {
     ++lineno;
     std::string where = name + ":" + std::to_string(lineno);
     line = line.substr(0, line.find('#'));
@@ -149,16 +173,30 @@ std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name)
       slots = parse_slots(host.substr(colon + 1), where);
       host.resize(colon);
     }
-    if (!valid_host(host)) throw UsageError(where + ": bad host name '" + host + "'");
+    if (!valid_host(host))
+      throw UsageError(where + ": bad host name '" + printable(host, 64) + "'");
     std::string w;
+    int max_slots = -1;
+    bool given = colon != std::string::npos;
     while (words >> w) {
       auto eq = w.find('=');
       std::string key = w.substr(0, eq);
       if (eq == std::string::npos || (key != "slots" && key != "max_slots" && key != "max-slots"))
-        throw UsageError(where + ": unknown '" + w + "' (expected slots=N or max_slots=N)");
+        throw UsageError(where + ": unknown '" + printable(w, 64) +
+                         "' (expected slots=N or max_slots=N)");
       int v = parse_slots(w.substr(eq + 1), where);
-      if (key == "slots") slots = v;
+      bool twice = key == "slots" ? given : max_slots >= 0;
+      if (twice) throw UsageError(where + ": " + key + " given twice for " + host);
+      if (key == "slots") {
+        slots = v;
+        given = true;
+      } else {
+        max_slots = v;
+      }
     }
+    if (max_slots >= 0 && slots > max_slots)
+      throw UsageError(where + ": " + host + " has slots=" + std::to_string(slots) +
+                       ", more than max_slots=" + std::to_string(max_slots));
     add(out, host, slots);
   }
   if (out.empty()) throw UsageError(name + ": no hosts");
@@ -227,6 +265,9 @@ Allocation find_allocation(const std::string& hosts, const std::string& hostfile
     std::ifstream in(hostfile);
     if (!in)
       throw UsageError("--hostfile: cannot open '" + hostfile + "': " + std::strerror(errno));
+    struct stat st;
+    if (::stat(hostfile.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      throw UsageError("--hostfile: '" + hostfile + "' is a directory");
     a.source = "hostfile " + hostfile;
     a.nodes = parse_hostfile(in, hostfile);
     return a;
