@@ -39,7 +39,10 @@ def check_stream(text, stream_tag, nranks, tagged):
     seen = {r: 0 for r in range(nranks)}
     ends = {}
     partial = set()
-    for line in text.split("\n")[:-1]:
+    lines = text.split("\n")
+    if lines[-1] == "":  # untagged output ends with the last rank's partial line as it is
+        lines.pop()
+    for line in lines:
         body = line
         if tagged:
             m = re.match(r"^\[1,(\d)\]<(stdout|stderr)>:(.*)$", line)
@@ -220,9 +223,49 @@ def test_closed_stdout():
     check(r.returncode == 0 and r.stderr.count("err\n") == 2, f"exit {r.returncode}: {r.stderr[-1500:]}")
 
 
+def test_one_ranks_bytes_as_they_are():
+    """Without tags one rank's output is passed on byte for byte: binary data, and a last line
+    without a newline (one was added); with tags each line is tagged and ended."""
+    data = bytes(range(256)) * 4096 + b"no newline at the end"
+    path = os.path.join(tmpdir(), "data.bin")
+    with open(path, "wb") as f:
+        f.write(data)
+    out = tmpdir()
+    r = subprocess.run([EXEC, "-n", "1", "--output-filename", out, "cat", path],
+                       capture_output=True, timeout=60, env=marker_env())
+    check(r.returncode == 0 and r.stdout == data, f"exit {r.returncode}: {len(r.stdout)} bytes of "
+          f"{len(data)}, the same: {r.stdout == data}, ends {r.stdout[-30:]!r}")
+    with open(os.path.join(out, "rank.0", "stdout"), "rb") as f:
+        check(f.read() == data, "the rank's file differs from its output")
+    r = run(["-n", "1", "--tag-output", "sh", "-c", "printf 'a\\nb'"])
+    check(r.stdout == "[1,0]<stdout>:a\n[1,0]<stdout>:b\n", f"{r.stdout!r}")
+
+
+def test_a_prompt_shows_before_its_line_ends():
+    """A partial line (a prompt) is passed on while the rank waits, not when its newline comes;
+    pytorch_exec's own messages start a line of their own."""
+    env = marker_env()
+    with reaped(start(["-n", "1", "sh", "-c", "printf 'prompt> '; sleep 3; echo done"], env=env,
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)) as p:
+        os.set_blocking(p.stdout.fileno(), False)
+        got, deadline = b"", time.monotonic() + 2.5
+        while got != b"prompt> " and time.monotonic() < deadline:
+            got += p.stdout.read() or b""
+            time.sleep(0.05)
+        check(got == b"prompt> ", f"after {2.5 - (deadline - time.monotonic()):.1f} s: {got!r}")
+        os.set_blocking(p.stdout.fileno(), True)
+        out, _ = p.communicate(timeout=30)
+        check(out == b"done\n", f"then {out!r}")
+    r = run(["-n", "1", "sh", "-c", "printf 'half a line' >&2; exit 3"])
+    check(r.returncode == 3 and r.stderr.startswith("half a line\npytorch_exec: rank 0 "),
+          f"exit {r.returncode}: {r.stderr!r}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
           test_output_files, test_output_dir_that_cannot_be_created,
           test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job,
           test_sigterm_while_the_output_is_not_read,
-          test_sigusr1_while_the_output_is_not_read_loses_nothing, test_closed_stdout])
+          test_sigusr1_while_the_output_is_not_read_loses_nothing, test_closed_stdout,
+          test_one_ranks_bytes_as_they_are, test_a_prompt_shows_before_its_line_ends])

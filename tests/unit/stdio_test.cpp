@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "common/line_buffer.hpp"
@@ -77,6 +78,46 @@ TEST(OutputSinkTest, WritesTaggedLinesAndKeepsTheStderrTail) {
   sink.clear_tails();
   EXPECT_TRUE(sink.stderr_tail(1, 3).empty());
   for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+}
+
+std::string drain(int fd) {
+  std::string got;
+  char buf[256];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof buf)) > 0) got.append(buf, static_cast<size_t>(n));
+  return got;
+}
+
+// Partial lines (the agent's, after kPartialHold or at exit): a rank's rest goes on its line
+// unless another's output came in between (then the line is ended first); with prefixes the
+// last partial line is ended at the end, without them one rank's bytes stay as they are.  pytorch_exec's own lines start a line of their own.
+TEST(OutputSinkTest, PartialLines) {
+  for (bool tag : {false, true}) {
+    int out[2], err[2];
+    ASSERT_EQ(pipe2(out, O_NONBLOCK), 0);
+    ASSERT_EQ(pipe2(err, O_NONBLOCK), 0);
+    pe::OutputOptions o;
+    o.tag = tag;
+    pe::OutputSink sink(o, 2, out[1], err[1]);
+    sink.write(0, 0, Stream::Out, "prompt> ");
+    sink.write(0, 0, Stream::Out, "answer\na");
+    sink.write(0, 1, Stream::Out, "b\n");
+    sink.write(0, 0, Stream::Out, "c");
+    sink.write(0, 1, Stream::Err, "err");
+    sink.message("pytorch_exec: note\n");
+    sink.flush();
+    if (tag) {
+      EXPECT_EQ(drain(out[0]),
+                "[1,0]<stdout>:prompt> answer\n[1,0]<stdout>:a\n[1,1]<stdout>:b\n"
+                "[1,0]<stdout>:c\n");
+      EXPECT_EQ(drain(err[0]), "[1,1]<stderr>:err\npytorch_exec: note\n");
+    } else {
+      EXPECT_EQ(drain(out[0]), "prompt> answer\na\nb\nc");
+      EXPECT_EQ(drain(err[0]), "err\npytorch_exec: note\n");
+    }
+    for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+  }
+  EXPECT_EQ(pe::prefix_lines("a\nb", "P:", true), "a\nP:b");
 }
 
 TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {

@@ -42,11 +42,6 @@ std::string random_job_id() {
   return s;
 }
 
-void say(const std::string& line) {
-  std::string s = "pytorch_exec: " + line + "\n";
-  write_all(2, s.data(), s.size());
-}
-
 bool contains(const std::vector<int>& v, int x) {
   return std::find(v.begin(), v.end(), x) != v.end();
 }
@@ -198,6 +193,8 @@ void JobController::on_running(int generation) {
         generation, ms(timeline_.stopped), ms(timeline_.reformed), ms(now));
   timeline_ = Timeline{};
 }
+
+void JobController::say(const std::string& line) { sink_.message("pytorch_exec: " + line + "\n"); }
 
 void JobController::on_output(int generation, int rank, Stream s, std::string_view lines) {
   sink_.write(generation, rank, s, lines);
@@ -623,7 +620,7 @@ void JobController::on_all_stopped() {
         std::string report = failure_report(
             *failure_, failure_->spawn ? std::vector<std::string>{}
                                        : sink_.stderr_tail(failure_->rank, kTailLines));
-        write_all(2, report.data(), report.size());
+        sink_.message(report);
         if (restarts_ > 0 && restarts_ == cfg_.max_restarts)
           say("no restarts left (" + std::to_string(restarts_) + " used)");
         finish(failure_exit_code(*failure_));

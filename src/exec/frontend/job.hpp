@@ -38,6 +38,8 @@ class JobController : public AgentListener {
 
   void start_generation();
   std::vector<WorkerSpec> worker_specs(const GenerationInfo& gen);
+  // One line of pytorch_exec's own ("pytorch_exec: LINE") to stderr.
+  void say(const std::string& line);
   void on_output(int generation, int rank, Stream s, std::string_view lines) override;
   void on_spawned_output(int generation, int spawn, int rank, Stream s,
                          std::string_view lines) override;

@@ -38,14 +38,14 @@ std::string line_prefix(const OutputOptions& o, int generation, int rank, Stream
   return p;
 }
 
-std::string prefix_lines(std::string_view lines, const std::string& prefix) {
+std::string prefix_lines(std::string_view lines, const std::string& prefix, bool continuing) {
   std::string out;
   out.reserve(lines.size() + prefix.size() * 8);
   size_t start = 0;
   while (start < lines.size()) {
     size_t nl = lines.find('\n', start);
     size_t end = nl == std::string_view::npos ? lines.size() : nl + 1;
-    out += prefix;
+    if (start > 0 || !continuing) out += prefix;
     out.append(lines.substr(start, end - start));
     start = end;
   }
@@ -174,10 +174,15 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
     clock_gettime(CLOCK_REALTIME, &now);
     ts = format_timestamp(now);
   }
+  bool ends_line = lines.back() == '\n';
   if (int fd = file_of(generation, spawn, rank, s); fd >= 0) {
-    if (opts_.timestamp) {
-      std::string text = prefix_lines(lines, ts + " ");
+    if (opts_.timestamp) {  // one writer per file: a partial line goes on without a prefix
+      std::string text = prefix_lines(lines, ts + " ", files_mid_.count(fd) > 0);
       write_all(fd, text.data(), text.size());
+      if (ends_line)
+        files_mid_.erase(fd);
+      else
+        files_mid_.insert(fd);
     } else {
       write_all(fd, lines.data(), lines.size());
     }
@@ -188,9 +193,23 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   int fd = s == Stream::Out ? out_fd_ : err_fd_;
   std::string& held = s == Stream::Out ? out_held_ : err_held_;
   std::string tagged;
-  if (opts_.tag || opts_.timestamp)
-    tagged = prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn));
-  std::string_view data = opts_.tag || opts_.timestamp ? std::string_view(tagged) : lines;
+  // A partial line of one process goes on with its rest (untagged), unless another process's
+  // output comes in between: then it is ended here, so that lines of two processes do not mix,
+  // and its rest starts a line (with a prefix of its own).  One process's bytes stay as they are.
+  bool prefixed = opts_.tag || opts_.timestamp;
+  OpenLine& open = s == Stream::Out ? out_open_ : err_open_;
+  auto who = std::make_tuple(generation, spawn, rank);
+  bool continuing = open.mid && open.who == who, broken_line = open.mid && !continuing;
+  if (prefixed || broken_line) {
+    tagged = broken_line ? "\n" : "";
+    if (prefixed)
+      tagged += prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn), continuing);
+    else
+      tagged.append(lines);
+  }
+  open.mid = !ends_line;
+  open.who = who;
+  std::string_view data = prefixed || broken_line ? std::string_view(tagged) : lines;
   if (!held.empty()) {  // what a signal interrupted goes first
     held.append(data);
     data = held;
@@ -233,12 +252,21 @@ bool OutputSink::write_out(int fd, std::string_view& data) {
 }
 
 void OutputSink::flush() {
-  for (auto [fd, held, broken] : {std::tuple{out_fd_, &out_held_, out_broken_},
-                                  std::tuple{err_fd_, &err_held_, err_broken_}}) {
+  for (auto [fd, held, broken, open] : {std::tuple{out_fd_, &out_held_, out_broken_, &out_open_},
+                                        std::tuple{err_fd_, &err_held_, err_broken_, &err_open_}}) {
+    // A prefixed partial last line is ended; without prefixes the bytes stay as they were.
+    if (open->mid && (opts_.tag || opts_.timestamp)) held->push_back('\n');
+    open->mid = false;
     std::string_view data = *held;
     if (!broken && !data.empty()) write_out(fd, data);
     held->clear();
   }
+}
+
+void OutputSink::message(const std::string& text) {
+  std::string line = err_open_.mid ? "\n" + text : text;  // not after a rank's partial line
+  err_open_.mid = false;
+  write_all(err_fd_, line.data(), line.size());
 }
 
 std::vector<std::string> OutputSink::stderr_tail(int rank, size_t max_lines) const {

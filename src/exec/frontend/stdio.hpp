@@ -8,6 +8,7 @@
 #include <ctime>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -35,8 +36,10 @@ std::string line_prefix(const OutputOptions& o, int generation, int rank, Stream
 // Where --output-filename DIR puts the files of rank `rank` of spawned job `spawn` of generation
 // `generation` (from 0): "DIR/G.N/rank.R", named as --tag-output tags its lines ("[G.N,R]").
 std::string spawned_output_dir(const std::string& dir, int generation, int spawn, int rank);
-// Puts `prefix` before every line of `lines` (which end with '\n').
-std::string prefix_lines(std::string_view lines, const std::string& prefix);
+// Puts `prefix` before every line of `lines` (the last may lack its '\n'); `continuing`: the
+// first goes on a partial line written before, without a prefix.
+std::string prefix_lines(std::string_view lines, const std::string& prefix,
+                         bool continuing = false);
 // The last `max_lines` lines of `text`.
 std::vector<std::string> last_lines(std::string_view text, size_t max_lines);
 
@@ -63,11 +66,16 @@ class OutputSink {
   // Called once per stream when the terminal or pipe of the ranks' stdout (or stderr) goes away
   // (EPIPE: `pytorch_exec ... | head`); from then on that stream's copy to it is dropped.
   void when_closed(std::function<void(Stream)> closed) { closed_ = std::move(closed); }
-  // `lines` are whole lines ending with '\n'.  `spawn` > 0: a process of that spawned job (its
-  // files, once open, are spawned_output_dir's, created at its first output).
+  // `lines` are whole lines ending with '\n', or end with a partial line whose rest may follow
+  // in a later call (the agent's kPartialHold).  Without prefixes the bytes go on as they are;
+  // with them, each line gets one.  `spawn` > 0: a process of that spawned job (its files, once
+  // open, are spawned_output_dir's, created at its first output).
   void write(int generation, int rank, Stream s, std::string_view lines, int spawn = 0);
-  // At the end of the job: what a signal held back (see while_blocked) is written now.
+  // At the end of the job: what a signal held back (see while_blocked) is written now, and a
+  // newline after a prefixed partial last line.
   void flush();
+  // pytorch_exec's own lines (`text`, ending with '\n') to stderr, on a line of their own.
+  void message(const std::string& text);
   std::vector<std::string> stderr_tail(int rank, size_t max_lines) const;
   // At a group restart: the tails start again with the new generation.
   void clear_tails();
@@ -84,6 +92,13 @@ class OutputSink {
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
   std::string out_held_, err_held_;  // output that a signal interrupted (write)
+  // Whether the terminal's (or pipe's) last line is partial, and whose.
+  struct OpenLine {
+    bool mid = false;
+    std::tuple<int, int, int> who;  // generation, spawn, rank
+  };
+  OpenLine out_open_, err_open_;
+  std::set<int> files_mid_;  // --output-filename files (with timestamps) left on a partial line
   bool files_open_ = false;
   double every_ = 1.0;
   int interrupt_fd_ = -1;

@@ -23,6 +23,7 @@ struct NodeAgent::Worker {
   ChildProcess proc;
   LineBuffer out_buf, err_buf;
   Event out_ev, err_ev, in_ev;
+  Event out_hold, err_hold;  // a partial line's wait for the rest (kPartialHold)
   bool out_open = true, err_open = true;  // until EOF on the pipe
   std::string in_pending;
   bool in_closing = false;
@@ -186,15 +187,30 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
   int fd = (s == Stream::Out ? w.proc.stdout_r : w.proc.stderr_r).get();
   ssize_t n = ::read(fd, buf, sizeof buf);
   if (n > 0) {
-    std::string_view lines =
-        (s == Stream::Out ? w.out_buf : w.err_buf).append(buf, static_cast<size_t>(n));
+    LineBuffer& lb = s == Stream::Out ? w.out_buf : w.err_buf;
+    std::string_view lines = lb.append(buf, static_cast<size_t>(n));
     if (!lines.empty()) output(w, s, lines);
+    // Whole lines go on as they come, so that lines of several ranks do not mix; a partial one
+    // (a prompt, or a block of a program's buffered output) waits a little for its rest.
+    Event& hold = s == Stream::Out ? w.out_hold : w.err_hold;
+    if (lb.empty()) {
+      hold.disarm();
+    } else if (!hold.pending()) {
+      Worker* wp = &w;
+      if (!hold) hold = loop_.timer([this, wp, s] { flush_partial(*wp, s); });
+      hold.arm(kPartialHold);
+    }
     return;
   }
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
   // EOF (or an error): the stream is done even if the process is not.
   (s == Stream::Out ? w.out_open : w.err_open) = false;
   (s == Stream::Out ? w.out_ev : w.err_ev) = Event();
+}
+
+void NodeAgent::flush_partial(Worker& w, Stream s) {
+  std::string rest = (s == Stream::Out ? w.out_buf : w.err_buf).take_rest();
+  if (!rest.empty()) output(w, s, rest);
 }
 
 NodeAgent::Worker* NodeAgent::find_rank(const std::string& nspace, int rank) {
@@ -242,7 +258,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   auto node = workers_.extract(pid);
   Worker& w = *node.mapped();
   guard_.forget(pid);
-  // Drain what the worker wrote before it exited, then flush a partial last line.
+  // Drain what the worker wrote before it exited, then a partial last line, as it is.
   for (Stream s : {Stream::Out, Stream::Err}) {
     int fd = (s == Stream::Out ? w.proc.stdout_r : w.proc.stderr_r).get();
     LineBuffer& lb = s == Stream::Out ? w.out_buf : w.err_buf;
@@ -252,8 +268,7 @@ void NodeAgent::finish(pid_t pid, int status) {
       std::string_view lines = lb.append(buf, static_cast<size_t>(n));
       if (!lines.empty()) output(w, s, lines);
     }
-    std::string rest = lb.take_rest();
-    if (!rest.empty()) output(w, s, rest + "\n");
+    flush_partial(w, s);
   }
   drop_stdin(w);
   WorkerExit e;

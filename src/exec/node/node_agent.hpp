@@ -1,5 +1,5 @@
 // The node agent: starts the workers of one node, watches them (SIGCHLD, no polling), reads
-// their stdout/stderr into whole lines, feeds their stdin, and signals or kills their process
+// their stdout/stderr in whole lines (a partial one after kPartialHold), feeds their stdin, and signals or kills their process
 // groups on command.  In single-node mode it runs inside pytorch_exec; pytorch_execd hosts it
 // on every node of a multi-node job.
 //
@@ -27,6 +27,9 @@ struct hwloc_topology;  // hwloc.h: hwloc_topology_t
 
 namespace pe {
 
+// How long a partial line (no newline yet) waits for its rest before it is passed on as it is.
+constexpr double kPartialHold = 0.1;
+
 struct WorkerSpec {
   int rank = 0;
   SpawnSpec spawn;
@@ -35,7 +38,8 @@ struct WorkerSpec {
 class AgentListener {
  public:
   virtual ~AgentListener() = default;
-  // Whole lines ending in '\n' (a partial last line gets one at exit).
+  // Whole lines ending in '\n'; or a partial line, as it is, once the rank has not written its
+  // rest for kPartialHold seconds, or has exited.
   virtual void on_output(int generation, int rank, Stream s, std::string_view lines) = 0;
   // After the worker's output has been drained.
   virtual void on_exit(const WorkerExit& e) = 0;
@@ -134,6 +138,7 @@ class NodeAgent : public pmix::ServerListener {
   Worker* find_rank(const std::string& nspace, int rank);
   void on_sigchld();
   void on_readable(Worker& w, Stream s);
+  void flush_partial(Worker& w, Stream s);
   void output(const Worker& w, Stream s, std::string_view lines);
   void watch_output(Worker& w);
   void on_stdin_writable(Worker& w);
