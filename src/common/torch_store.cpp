@@ -187,9 +187,8 @@ TorchStore::TorchStore(EventLoop& loop, UniqueFd listener)
 
 TorchStore::~TorchStore() { *alive_ = false; }
 
-std::unique_ptr<TorchStore> TorchStore::host(EventLoop& loop, const std::string& addr) {
-  int port = 0;
-  UniqueFd fd = listen_master_port(addr, &port);
+std::unique_ptr<TorchStore> TorchStore::host(EventLoop& loop, const std::string& addr, int port) {
+  UniqueFd fd = port > 0 ? listen_tcp(addr, port, nullptr) : listen_master_port(addr, &port);
   return std::make_unique<TorchStore>(loop, std::move(fd));
 }
 

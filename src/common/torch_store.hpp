@@ -79,8 +79,8 @@ class TorchStore {
   TorchStore(const TorchStore&) = delete;
   TorchStore& operator=(const TorchStore&) = delete;
 
-  // A store on a port chosen for MASTER_PORT on `addr` (listen_master_port).
-  static std::unique_ptr<TorchStore> host(EventLoop& loop, const std::string& addr);
+  // A store on a port chosen for MASTER_PORT on `addr` (listen_master_port), or on `port`.
+  static std::unique_ptr<TorchStore> host(EventLoop& loop, const std::string& addr, int port = 0);
 
   int port() const { return port_; }
   size_t clients() const { return clients_.size(); }

@@ -89,6 +89,25 @@ def test_relative_wdir_and_program():
           f"exit {r.returncode}: {r.stdout} {r.stderr}")
 
 
+def test_torchrun_single_node_command_lines():
+    """torchrun's one-node lines run as they do under torchrun: --master-port is the workers'
+    MASTER_PORT (the store listens there), --node-rank 0 of --nnodes 1 and --master-addr are its
+    defaults; --node-rank 1 alone is refused."""
+    with socket.socket() as s:  # a port free now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    probe = ("import os, socket; e = os.environ; "
+             "socket.create_connection(('127.0.0.1', int(e['MASTER_PORT'])), 5); "
+             "print(e['RANK'], e['MASTER_PORT'])")
+    for extra in ([], ["--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1"]):
+        r = run([f"--master_port={port}", "--nproc_per_node=2"] + extra +
+                [SYSTEM_PYTHON, "-c", probe])
+        check(r.returncode == 0 and sorted(r.stdout.split("\n")) == ["", f"0 {port}", f"1 {port}"],
+              f"{extra}: exit {r.returncode}: {r.stdout} {r.stderr}")
+    r = run(["--node_rank=1", "-n", "1", "true"])
+    check(r.returncode == 2 and "--node-rank 1 needs --rdzv-endpoint" in r.stderr, r.stderr)
+
+
 # Run by test_pmix_server_does_not_ask_munge in a private mount namespace: a listening socket
 # where munged's would be, and a count of the connections that came to it during the job.
 MUNGE_WATCH = script("""#!/usr/bin/python3
@@ -143,5 +162,6 @@ def test_many_ranks_without_slot_limit():
 
 
 if __name__ == "__main__":
-    main([test_every_rank_gets_its_identity, test_exports_wdir_and_run_id, test_relative_wdir_and_program,
+    main([test_every_rank_gets_its_identity, test_exports_wdir_and_run_id,
+          test_relative_wdir_and_program, test_torchrun_single_node_command_lines,
           test_pmix_server_does_not_ask_munge, test_many_ranks_without_slot_limit])

@@ -153,6 +153,23 @@ TEST(RdzvOptionsTest, SecretIsRequiredUnlessInsecure) {
             "exclude each other");
 }
 
+// torchrun's single-node command lines: its static defaults name this machine, and the job
+// runs as without them, with --master-port as the workers' MASTER_PORT.
+TEST(RdzvOptionsTest, TorchrunOnOneNode) {
+  auto c = config({"--master-port", "29533", "--nproc-per-node", "2"});
+  EXPECT_FALSE(c.join_mode());
+  EXPECT_EQ(c.master_port, 29533);
+  EXPECT_EQ(c.np, 2);
+  c = config({"--nnodes", "1", "--node-rank", "0", "--master-addr", "127.0.0.1", "--master-port",
+              "29534", "--rdzv-id", "job7", "--rdzv-backend", "static"});
+  EXPECT_FALSE(c.join_mode());
+  EXPECT_EQ(c.master_port, 29534);
+  EXPECT_EQ(c.run_id, "job7");
+  EXPECT_EQ(config({"--master-addr", "elsewhere"}).master_port, 0);
+  EXPECT_TRUE(config({"--nnodes", "2", "--master-addr", "m", "--node-rank", "0"}).join_mode());
+  EXPECT_EQ(config({"--nnodes", "2", "--master-addr", "m", "--node-rank", "0"}).master_port, 0);
+}
+
 TEST(RdzvOptionsTest, MistakesNameTheOption) {
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "h", "--rdzv-backend", "etcd"}),
             "--rdzv-backend: 'etcd' is not supported (pytorch_exec hosts its own rendezvous: "
@@ -161,9 +178,11 @@ TEST(RdzvOptionsTest, MistakesNameTheOption) {
   EXPECT_EQ(usage_error({"--rdzv-endpoint", ":5"}), "--rdzv-endpoint: no host in ':5'");
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "a:b:c"}),
             "--rdzv-endpoint: 'a:b:c' is not HOST[:PORT] (write an IPv6 address in [])");
-  EXPECT_EQ(usage_error({"--rdzv-id", "x"}), "--rdzv-id needs --rdzv-endpoint (or --master-addr)");
+  EXPECT_EQ(usage_error({"--rdzv-conf", "join_timeout=5"}),
+            "--rdzv-conf needs --rdzv-endpoint (or --master-addr)");
   EXPECT_EQ(usage_error({"--node-rank", "1"}),
-            "--node-rank needs --rdzv-endpoint (or --master-addr)");
+            "--node-rank 1 needs --rdzv-endpoint (or --master-addr)");
+  EXPECT_EQ(usage_error({"--master-port", "x"}), "--master-port: 'x' is not a port number");
   EXPECT_EQ(usage_error({"--rdzv-backend", "c10d", "--master-addr", "m"}),
             "--rdzv-backend c10d needs --rdzv-endpoint HOST[:PORT]");
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "h", "-H", "a,b"}),

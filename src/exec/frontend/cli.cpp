@@ -182,7 +182,9 @@ const OptionDef<RawOptions> kOptions[] = {
      "static rendezvous (torchrun's default): the host of node rank 0 (the endpoint is "
      "HOST:--master-port)",
      &RawOptions::master_addr},
-    {"master-port", 0, "Join mode", "PORT", "static rendezvous: its port (default 29500)",
+    {"master-port", 0, "Join mode", "PORT",
+     "static rendezvous: its port (default 29500); on one node (alone, or with --nnodes 1), as "
+     "with torchrun: the workers' MASTER_PORT",
      &RawOptions::master_port},
     {"standalone", 0, "Join mode", nullptr,
      "torchrun's single-node mode: accepted; pytorch_exec runs on this machine",

@@ -87,6 +87,9 @@ struct LaunchConfig {
   bool rdzv_insecure = false;      // no secret: a fixed key derived from the id alone
   std::string rdzv_key;            // the control plane's key (auth::rdzv_key), set by main
   bool join_mode() const { return !rdzv_host.empty(); }
+  // torchrun's single-node runs (--master-port, or --master-addr with --nnodes 1): the workers'
+  // MASTER_PORT on this machine; 0: chosen by pytorch_exec.
+  int master_port = 0;
 
   std::string run_id;  // TORCHELASTIC_RUN_ID; empty: the job id (join mode: the rdzv id)
   int verbosity = 0;

@@ -67,19 +67,26 @@ void apply_conf(const RawOptions& raw, LaunchConfig& c) {
     throw UsageError("--rdzv-conf: the keep-alive timeout must be longer than its interval");
 }
 
-// Options that mean something in join mode only.
+// Options that mean something in join mode only; torchrun's single-node defaults (--node-rank 0,
+// --rdzv-backend static, --rdzv-id) are not among them.
 void refuse_alone(const RawOptions& raw) {
-  const std::pair<bool, const char*> given[] = {
-      {raw.rdzv_id.has_value(), "--rdzv-id"},
-      {raw.rdzv_backend.has_value(), "--rdzv-backend"},
+  bool first = raw.node_rank && parse_int(*raw.node_rank, 0, 0).has_value();
+  const std::pair<bool, std::string> given[] = {
+      {raw.rdzv_backend.has_value() && *raw.rdzv_backend != "static", "--rdzv-backend"},
       {raw.rdzv_conf.has_value(), "--rdzv-conf"},
       {raw.rdzv_host, "--rdzv-host"},
       {raw.rdzv_secret_file.has_value(), "--rdzv-secret-file"},
       {raw.rdzv_insecure, "--rdzv-insecure"},
-      {raw.node_rank.has_value(), "--node-rank"},
-      {raw.master_port.has_value(), "--master-port"}};
+      {raw.node_rank.has_value() && !first, "--node-rank " + raw.node_rank.value_or("")}};
   for (const auto& [g, name] : given)
-    if (g) throw UsageError(std::string(name) + " needs --rdzv-endpoint (or --master-addr)");
+    if (g) throw UsageError(name + " needs --rdzv-endpoint (or --master-addr)");
+}
+
+// torchrun on one node: its static rendezvous of --nnodes 1 (the default), node rank 0, names
+// this machine whatever --master-addr says; it runs as pytorch_exec does without them, with
+// --master-port as the workers' MASTER_PORT.
+bool single_node(const RawOptions& raw, const LaunchConfig& c) {
+  return (!raw.rdzv_backend || *raw.rdzv_backend == "static") && c.nnodes_max <= 1;
 }
 
 void check_secret(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
@@ -135,7 +142,16 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
     c.nnodes_min = c.nnodes_max = 0;
     return;
   }
-  if (!endpoint && !master) return refuse_alone(raw);
+  if (!endpoint && (!master || single_node(raw, c))) {
+    refuse_alone(raw);
+    if (raw.master_port) {
+      auto p = parse_int(*raw.master_port, 1, 65535);
+      if (!p) throw UsageError("--master-port: '" + *raw.master_port + "' is not a port number");
+      c.master_port = static_cast<int>(*p);
+    }
+    if (raw.rdzv_id && c.run_id.empty()) c.run_id = *raw.rdzv_id;
+    return;
+  }
   if (!c.hosts.empty() || !c.hostfile.empty() || !c.host_discovery.empty() || c.spares > 0)
     throw UsageError(
         "--rdzv-endpoint: nodes join by themselves (run pytorch_exec on each); -H, --hostfile, "

@@ -27,7 +27,12 @@ LocalWorkers::~LocalWorkers() = default;
 // The previous generation's workers are gone: its store (and what it holds) goes with them.
 int LocalWorkers::master_port() {
   store_.reset();
-  store_ = TorchStore::host(loop_, master_addr());
+  try {
+    store_ = TorchStore::host(loop_, master_addr(), cfg_.master_port);
+  } catch (const SystemError& e) {
+    if (!cfg_.master_port) throw;
+    throw Error("--master-port " + std::to_string(cfg_.master_port) + ": " + e.what());
+  }
   return store_->port();
 }
 
