@@ -37,6 +37,37 @@ def test_normal_end_leaves_nothing():
     check(not os.listdir(env["TMPDIR"]), f"temporary files left behind: {os.listdir(env['TMPDIR'])}")
 
 
+def test_daemons_in_sessions_of_their_own_end_with_the_ranks():
+    """A rank's daemon (setsid: out of its process group) whose parent exited is killed when the
+    node has no rank left: at a restart (generation 1 sees none of generation 0's) and at the
+    end; one that cleared PYTORCH_EXEC_JOBID from its environment is left alone."""
+    env = marker_env()
+    marker = env["PE_TEST_MARKER"]
+    rank = ('sh -c "setsid sleep 30$TORCHELASTIC_RESTART_COUNT &"; sleep 0.3; '
+            '[ $TORCHELASTIC_RESTART_COUNT = 0 ] && exit 1; '
+            'echo "left: $(pgrep -f "^sleep 300" | wc -l)"; '
+            'env -u PYTORCH_EXEC_JOBID setsid sleep 309 & sleep 0.3')
+    r = subprocess.run([EXEC, "-n", "2", "--max-restarts", "1", "sh", "-c", rank],
+                       env=env, capture_output=True, text=True, timeout=60)
+    check(r.returncode == 0 and r.stdout.split("\n") == ["left: 0", "left: 0", ""],
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    try:
+        check(wait_until(lambda: [comm_args(p) for p in processes_with_marker(marker)] ==
+                         ["sleep 309"] * 2, 5),
+              f"left: {[comm_args(p) for p in processes_with_marker(marker)]}")
+    finally:
+        for p in processes_with_marker(marker):
+            os.kill(p, signal.SIGKILL)
+
+
+def comm_args(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().rstrip(b"\0").replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
 def marked_by(parent, pid):
     """The directories pytorch_exec.* in `parent` whose owner mark names `pid`."""
     found = []
@@ -92,4 +123,5 @@ def test_a_later_job_removes_what_a_killed_one_left():
 
 if __name__ == "__main__":
     main([test_sigkill_of_pytorch_exec_leaves_nothing, test_normal_end_leaves_nothing,
+          test_daemons_in_sessions_of_their_own_end_with_the_ranks,
           test_a_later_job_removes_what_a_killed_one_left])

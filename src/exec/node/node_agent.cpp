@@ -1,12 +1,19 @@
 #include "exec/node/node_agent.hpp"
 
+#include <dirent.h>
 #include <hwloc.h>
+#include <pytorch_exec/version.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "common/log.hpp"
 #include "pmix_rdzv/ompi_env.hpp"
@@ -33,6 +40,8 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
                      const std::string& server_nspace, hwloc_topology_t topology)
     : loop_(loop), listener_(listener) {
   sigchld_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
+  // Orphans among the workers' descendants come here, not to init (end_strays).
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);
   if (router) {
     pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace, topology);
     guard_.remove_on_death(pmix_->tmpdir());
@@ -42,6 +51,7 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
 
 NodeAgent::~NodeAgent() {
   for (auto& [pid, w] : workers_) ::kill(-pid, SIGKILL);
+  end_strays();
   // Reap what dies within a moment; a process stuck in the kernel is left to init rather than
   // hanging pytorch_exec (the job controller has already reported the timeout).
   for (int i = 0; i < 100 && !workers_.empty(); ++i) {
@@ -105,6 +115,9 @@ void NodeAgent::prepare_pmix(const pmix::NamespaceInfo& ns, std::vector<WorkerSp
 void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
                        std::vector<WorkerSpec>& specs) {
   for (auto& spec : specs) {
+    if (job_marker_.empty())
+      for (const auto& e : spec.spawn.envp)
+        if (e.rfind(PYTORCH_EXEC_ENV_JOBID "=", 0) == 0) job_marker_ = e;
     auto w = std::make_unique<Worker>();
     w->rank = spec.rank;
     w->generation = generation;
@@ -254,6 +267,42 @@ void NodeAgent::on_sigchld() {
   }
 }
 
+// This process is the workers' subreaper (the constructor): a process that a rank started in a
+// session of its own (setsid: a daemon), whose parent has exited, is its child now.  Those of
+// this job (its job id in their environment) are killed once the node has no rank left: with
+// the generation (a restart) or the job, as the ranks' own process groups are.
+void NodeAgent::end_strays() {
+  if (job_marker_.empty()) return;
+  pid_t me = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return;
+  std::vector<pid_t> strays;
+  while (struct dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end || workers_.count(static_cast<pid_t>(pid))) continue;
+    std::ifstream st("/proc/" + std::string(e->d_name) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
+    auto close = stat.rfind(')');  // after the command name, which may hold anything
+    long ppid = -1;
+    if (close == std::string::npos ||
+        std::sscanf(stat.c_str() + close + 1, " %*c %ld", &ppid) != 1 || ppid != me)
+      continue;
+    std::ifstream env("/proc/" + std::string(e->d_name) + "/environ");
+    std::string var;
+    while (std::getline(env, var, '\0'))
+      if (var == job_marker_) {
+        strays.push_back(static_cast<pid_t>(pid));
+        break;
+      }
+  }
+  ::closedir(d);
+  for (pid_t p : strays) {
+    logger("agent")->info("killing pid {}: it outlived its rank in a session of its own", p);
+    ::kill(p, SIGKILL);  // reaped by on_sigchld (any child), or by init after this process
+  }
+}
+
 void NodeAgent::finish(pid_t pid, int status) {
   auto node = workers_.extract(pid);
   Worker& w = *node.mapped();
@@ -281,6 +330,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.bind_failed = w.proc.bind_failed;
   e.pmix_unfinalized = w.pmix_connected && !w.pmix_finalized;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
+  if (workers_.empty()) end_strays();
   listener_.on_exit(e);
 }
 

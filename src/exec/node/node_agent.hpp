@@ -145,6 +145,7 @@ class NodeAgent : public pmix::ServerListener {
   void flush_stdin(Worker& w);
   void drop_stdin(Worker& w);
   void finish(pid_t pid, int status);
+  void end_strays();
 
   OrphanGuard guard_;  // first member: outlives the workers' cleanup in ~NodeAgent
   EventLoop& loop_;
@@ -153,6 +154,7 @@ class NodeAgent : public pmix::ServerListener {
   std::map<pid_t, std::unique_ptr<Worker>> workers_;
   size_t stdin_backlog_ = 0;
   bool stdin_ended_ = false;  // stdin_close_all() was called
+  std::string job_marker_;    // "PYTORCH_EXEC_JOBID=..." of the workers (end_strays)
   bool output_paused_ = false;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
