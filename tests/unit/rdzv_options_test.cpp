@@ -166,6 +166,8 @@ TEST(RdzvOptionsTest, TorchrunOnOneNode) {
   EXPECT_EQ(c.master_port, 29534);
   EXPECT_EQ(c.run_id, "job7");
   EXPECT_EQ(config({"--master-addr", "elsewhere"}).master_port, 0);
+  EXPECT_EQ(usage_error({"--master-addr", "m", "--node-rank", "1"}),
+            "--node-rank 1 is not below --nnodes 1");
   EXPECT_TRUE(config({"--nnodes", "2", "--master-addr", "m", "--node-rank", "0"}).join_mode());
   EXPECT_EQ(config({"--nnodes", "2", "--master-addr", "m", "--node-rank", "0"}).master_port, 0);
 }

@@ -86,7 +86,8 @@ void refuse_alone(const RawOptions& raw) {
 // this machine whatever --master-addr says; it runs as pytorch_exec does without them, with
 // --master-port as the workers' MASTER_PORT.
 bool single_node(const RawOptions& raw, const LaunchConfig& c) {
-  return (!raw.rdzv_backend || *raw.rdzv_backend == "static") && c.nnodes_max <= 1;
+  bool first = !raw.node_rank || parse_int(*raw.node_rank, 0, 0).has_value();
+  return (!raw.rdzv_backend || *raw.rdzv_backend == "static") && c.nnodes_max <= 1 && first;
 }
 
 void check_secret(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {

@@ -273,34 +273,54 @@ void NodeAgent::on_sigchld() {
 // the generation (a restart) or the job, as the ranks' own process groups are.
 void NodeAgent::end_strays() {
   if (job_marker_.empty()) return;
-  pid_t me = ::getpid();
-  DIR* d = ::opendir("/proc");
-  if (!d) return;
   std::vector<pid_t> strays;
-  while (struct dirent* e = ::readdir(d)) {
-    char* end = nullptr;
-    long pid = std::strtol(e->d_name, &end, 10);
-    if (pid <= 0 || *end || workers_.count(static_cast<pid_t>(pid))) continue;
-    std::ifstream st("/proc/" + std::string(e->d_name) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
-    auto close = stat.rfind(')');  // after the command name, which may hold anything
-    long ppid = -1;
-    if (close == std::string::npos ||
-        std::sscanf(stat.c_str() + close + 1, " %*c %ld", &ppid) != 1 || ppid != me)
-      continue;
-    std::ifstream env("/proc/" + std::string(e->d_name) + "/environ");
+  for (pid_t pid : children()) {
+    if (workers_.count(pid)) continue;
+    std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
     std::string var;
     while (std::getline(env, var, '\0'))
       if (var == job_marker_) {
-        strays.push_back(static_cast<pid_t>(pid));
+        strays.push_back(pid);
         break;
       }
   }
-  ::closedir(d);
   for (pid_t p : strays) {
     logger("agent")->info("killing pid {}: it outlived its rank in a session of its own", p);
     ::kill(p, SIGKILL);  // reaped by on_sigchld (any child), or by init after this process
   }
+}
+
+// This process's children: from /proc/self/task/*/children, or where the kernel has no such
+// files, from every process's parent in /proc.
+std::vector<pid_t> NodeAgent::children() {
+  std::vector<pid_t> out;
+  bool listed = false;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (struct dirent* e = ::readdir(d)) {
+      std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/children");
+      listed = listed || f.is_open();
+      for (long pid; f >> pid;) out.push_back(static_cast<pid_t>(pid));
+    }
+    ::closedir(d);
+  }
+  if (listed) return out;
+  pid_t me = ::getpid();
+  DIR* d = ::opendir("/proc");
+  if (!d) return out;
+  while (struct dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (pid <= 0 || *end) continue;
+    std::ifstream st("/proc/" + std::string(e->d_name) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
+    auto close = stat.rfind(')');  // after the command name, which may hold anything
+    long ppid = -1;
+    if (close != std::string::npos &&
+        std::sscanf(stat.c_str() + close + 1, " %*c %ld", &ppid) == 1 && ppid == me)
+      out.push_back(static_cast<pid_t>(pid));
+  }
+  ::closedir(d);
+  return out;
 }
 
 void NodeAgent::finish(pid_t pid, int status) {

@@ -146,6 +146,7 @@ class NodeAgent : public pmix::ServerListener {
   void drop_stdin(Worker& w);
   void finish(pid_t pid, int status);
   void end_strays();
+  static std::vector<pid_t> children();
 
   OrphanGuard guard_;  // first member: outlives the workers' cleanup in ~NodeAgent
   EventLoop& loop_;
