@@ -45,7 +45,9 @@ CASES = [
     (["-n", "", "true"], 2, "-n: expected a positive integer, got ''"),
     # not hostfiles, and host names that ssh would take for its options
     (["--dry-run", "--hostfile", "/dev/zero", "true"], 2,
-     "/dev/zero:1: a line longer than 4096 bytes (not a hostfile?)"),
+     "/dev/zero:1: a line longer than 65536 bytes (not a hostfile?)"),
+    (["-H", "a,b", "--master-port", "29777", "true"], 2,
+     "--master-port 29777 applies to a job on one machine"),
     (["--hostfile", "/tmp", "true"], 2, "--hostfile: '/tmp' is a directory"),
     (["-H", "-1", "true"], 2, "-H: bad host name '-1'"),
     (["-H", "n1,-inf", "true"], 2, "-H: bad host name '-inf'"),

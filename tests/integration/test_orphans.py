@@ -38,14 +38,18 @@ def test_normal_end_leaves_nothing():
 
 
 def test_daemons_in_sessions_of_their_own_end_with_the_ranks():
-    """A rank's daemon (setsid: out of its process group) whose parent exited is killed when the
-    node has no rank left: at a restart (generation 1 sees none of generation 0's) and at the
-    end; one that cleared PYTORCH_EXEC_JOBID from its environment is left alone."""
+    """A rank's daemon (setsid: out of its process group) whose parent exited is killed, with
+    what it started, when its generation has no rank left on the node: at a restart (generation
+    1 sees none of generation 0's, also of one whose parent stayed in the rank's group until
+    that was killed) and at the end; one that cleared PYTORCH_EXEC_JOBID is left alone."""
     env = marker_env()
     marker = env["PE_TEST_MARKER"]
-    rank = ('sh -c "setsid sleep 30$TORCHELASTIC_RESTART_COUNT &"; sleep 0.3; '
+    rank = ('sh -c "setsid sleep 30$TORCHELASTIC_RESTART_COUNT &"; '
+            'G=$TORCHELASTIC_RESTART_COUNT; '
+            'sh -c "setsid sh -c \\"sleep 3${G}5 & sleep 3${G}6\\" </dev/null & sleep 1000" & '
+            'sleep 0.3; '
             '[ $TORCHELASTIC_RESTART_COUNT = 0 ] && exit 1; '
-            'echo "left: $(pgrep -f "^sleep 300" | wc -l)"; '
+            'echo "left: $(pgrep -f "^sleep 30[056]" | wc -l)"; '
             'env -u PYTORCH_EXEC_JOBID setsid sleep 309 & sleep 0.3')
     r = subprocess.run([EXEC, "-n", "2", "--max-restarts", "1", "sh", "-c", rank],
                        env=env, capture_output=True, text=True, timeout=60)

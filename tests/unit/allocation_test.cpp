@@ -107,7 +107,7 @@ TEST(HostfileTest, ReportsTheLineOfAMistake) {
   // Not a hostfile: one line, whatever its size, and its bytes shown safely.
   std::istringstream zeros(std::string(1 << 20, '\0'));
   EXPECT_EQ(error_of([&] { pe::parse_hostfile(zeros, "hf"); }),
-            "hf:1: a line longer than 4096 bytes (not a hostfile?)");
+            "hf:1: a line longer than 65536 bytes (not a hostfile?)");
   std::istringstream binary(std::string("\x1b[2Jn\x01\n", 7));
   EXPECT_EQ(error_of([&] { pe::parse_hostfile(binary, "hf"); }),
             "hf:1: bad host name '\\x1b[2Jn\\x01'");

@@ -118,6 +118,21 @@ TEST(OutputSinkTest, PartialLines) {
     for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
   }
   EXPECT_EQ(pe::prefix_lines("a\nb", "P:", true), "a\nP:b");
+  // stdout and stderr on one pipe (2>&1): a line of either stream ends the other's partial one.
+  int both[2];
+  ASSERT_EQ(pipe2(both, O_NONBLOCK), 0);
+  pe::OutputSink sink({}, 2, both[1], both[1]);
+  sink.write(0, 0, Stream::Out, "Enter: ");
+  sink.write(0, 1, Stream::Err, "warning\n");
+  sink.write(0, 0, Stream::Out, "x\n");
+  sink.write(0, 0, Stream::Out, "abc");
+  sink.message("pytorch_exec: rank 0 exited\n");
+  sink.write(0, 0, Stream::Err, "e");
+  sink.write(0, 0, Stream::Out, "o");
+  sink.flush();
+  EXPECT_EQ(drain(both[0]), "Enter: \nwarning\nx\nabc\npytorch_exec: rank 0 exited\ne\no");
+  close(both[0]);
+  close(both[1]);
 }
 
 TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {

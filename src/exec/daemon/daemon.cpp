@@ -110,7 +110,9 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
         agent_->notify_failure(m.generation, m.spawn, m.rank, m.exit_code, m.aborted);
       })
       .on<Stdin>([this](Stdin& m) { on_stdin(m); })
-      .on<StdinClose>([this](StdinClose&) { agent_->stdin_close_all(); })
+      .on<StdinClose>([this](StdinClose&) {
+        if (agent_) agent_->stdin_close_all();
+      })
       .on<FenceDone>([this](FenceDone& m) { on_fence_done(m); })
       .on<DmodexReq>([this](DmodexReq& m) { on_dmodex_request(m); })
       .on<DmodexResp>([this](DmodexResp& m) {

@@ -137,7 +137,7 @@ std::vector<int> expand_counts(const std::string& what, const std::string& spec)
 
 namespace {
 
-constexpr size_t kMaxHostfileLine = 4096;
+constexpr size_t kMaxHostfileLine = 64 << 10;
 
 // std::getline with a bound: a file that is no hostfile (/dev/zero, a binary) is refused before
 // it fills memory.

@@ -71,6 +71,10 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSet
 JobController::~JobController() = default;
 
 int JobController::run() {
+  if (cfg_.master_port && !source_.local)
+    throw UsageError("--master-port " + std::to_string(cfg_.master_port) +
+                     " applies to a job on one machine (torchrun's one-node runs); across "
+                     "nodes pytorch_exec chooses MASTER_PORT");
   if (!cfg_.dry_run) setup_stdin(source_.local);
   workers_ = source_.make(WorkerSetContext{
       loop_, *this, cfg_, env_, base_map_, job_id_, stdin_how_,

@@ -66,7 +66,12 @@ std::vector<std::string> last_lines(std::string_view text, size_t max_lines) {
 }
 
 OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
-    : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd), tails_(static_cast<size_t>(nranks)) {}
+    : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd), tails_(static_cast<size_t>(nranks)) {
+  // stdout and stderr on one terminal or pipe (2>&1): one line, whichever stream writes it.
+  struct stat a, b;
+  same_file_ = ::fstat(out_fd, &a) == 0 && ::fstat(err_fd, &b) == 0 && a.st_dev == b.st_dev &&
+               a.st_ino == b.st_ino;
+}
 
 namespace {
 
@@ -177,12 +182,14 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   bool ends_line = lines.back() == '\n';
   if (int fd = file_of(generation, spawn, rank, s); fd >= 0) {
     if (opts_.timestamp) {  // one writer per file: a partial line goes on without a prefix
-      std::string text = prefix_lines(lines, ts + " ", files_mid_.count(fd) > 0);
+      auto mid = files_mid_.find(fd);  // unless it was another generation's
+      std::string text = mid != files_mid_.end() && mid->second != generation ? "\n" : "";
+      text += prefix_lines(lines, ts + " ", mid != files_mid_.end() && mid->second == generation);
       write_all(fd, text.data(), text.size());
       if (ends_line)
         files_mid_.erase(fd);
       else
-        files_mid_.insert(fd);
+        files_mid_[fd] = generation;
     } else {
       write_all(fd, lines.data(), lines.size());
     }
@@ -197,8 +204,8 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   // output comes in between: then it is ended here, so that lines of two processes do not mix,
   // and its rest starts a line (with a prefix of its own).  One process's bytes stay as they are.
   bool prefixed = opts_.tag || opts_.timestamp;
-  OpenLine& open = s == Stream::Out ? out_open_ : err_open_;
-  auto who = std::make_tuple(generation, spawn, rank);
+  OpenLine& open = line_of(s);
+  auto who = std::make_tuple(generation, spawn, rank, s);
   bool continuing = open.mid && open.who == who, broken_line = open.mid && !continuing;
   if (prefixed || broken_line) {
     tagged = broken_line ? "\n" : "";
@@ -252,8 +259,9 @@ bool OutputSink::write_out(int fd, std::string_view& data) {
 }
 
 void OutputSink::flush() {
-  for (auto [fd, held, broken, open] : {std::tuple{out_fd_, &out_held_, out_broken_, &out_open_},
-                                        std::tuple{err_fd_, &err_held_, err_broken_, &err_open_}}) {
+  for (auto [fd, held, broken, open] :
+       {std::tuple{out_fd_, &out_held_, out_broken_, &line_of(Stream::Out)},
+        std::tuple{err_fd_, &err_held_, err_broken_, &line_of(Stream::Err)}}) {
     // A prefixed partial last line is ended; without prefixes the bytes stay as they were.
     if (open->mid && (opts_.tag || opts_.timestamp)) held->push_back('\n');
     open->mid = false;
@@ -261,11 +269,14 @@ void OutputSink::flush() {
     if (!broken && !data.empty()) write_out(fd, data);
     held->clear();
   }
+  for (const auto& [fd, generation] : files_mid_) write_all(fd, "\n", 1);
+  files_mid_.clear();
 }
 
 void OutputSink::message(const std::string& text) {
-  std::string line = err_open_.mid ? "\n" + text : text;  // not after a rank's partial line
-  err_open_.mid = false;
+  OpenLine& open = line_of(Stream::Err);
+  std::string line = open.mid ? "\n" + text : text;  // not after a rank's partial line
+  open.mid = false;
   write_all(err_fd_, line.data(), line.size());
 }
 

@@ -8,7 +8,6 @@
 #include <ctime>
 #include <functional>
 #include <map>
-#include <set>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -95,10 +94,13 @@ class OutputSink {
   // Whether the terminal's (or pipe's) last line is partial, and whose.
   struct OpenLine {
     bool mid = false;
-    std::tuple<int, int, int> who;  // generation, spawn, rank
+    std::tuple<int, int, int, Stream> who;  // generation, spawn, rank, stream
   };
+  OpenLine& line_of(Stream s) { return s == Stream::Out || same_file_ ? out_open_ : err_open_; }
   OpenLine out_open_, err_open_;
-  std::set<int> files_mid_;  // --output-filename files (with timestamps) left on a partial line
+  bool same_file_ = false;  // stdout and stderr are one file: out_open_ serves both
+  // --output-filename files (with timestamps) left on a partial line, and its generation.
+  std::map<int, int> files_mid_;
   bool files_open_ = false;
   double every_ = 1.0;
   int interrupt_fd_ = -1;

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <set>
 
 #include "common/log.hpp"
 #include "pmix_rdzv/ompi_env.hpp"
@@ -34,6 +35,7 @@ struct NodeAgent::Worker {
   bool out_open = true, err_open = true;  // until EOF on the pipe
   std::string in_pending;
   bool in_closing = false;
+  std::string generation_marker;  // "PYTORCH_EXEC_GENERATION=G" in its environment (end_strays)
 };
 
 NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
@@ -115,10 +117,11 @@ void NodeAgent::prepare_pmix(const pmix::NamespaceInfo& ns, std::vector<WorkerSp
 void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
                        std::vector<WorkerSpec>& specs) {
   for (auto& spec : specs) {
-    if (job_marker_.empty())
-      for (const auto& e : spec.spawn.envp)
-        if (e.rfind(PYTORCH_EXEC_ENV_JOBID "=", 0) == 0) job_marker_ = e;
     auto w = std::make_unique<Worker>();
+    for (const auto& e : spec.spawn.envp) {
+      if (e.rfind(PYTORCH_EXEC_ENV_JOBID "=", 0) == 0) job_marker_ = e;
+      if (e.rfind(PYTORCH_EXEC_ENV_GENERATION "=", 0) == 0) w->generation_marker = e;
+    }
     w->rank = spec.rank;
     w->generation = generation;
     w->spawn = spawn;
@@ -204,11 +207,12 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
     std::string_view lines = lb.append(buf, static_cast<size_t>(n));
     if (!lines.empty()) output(w, s, lines);
     // Whole lines go on as they come, so that lines of several ranks do not mix; a partial one
-    // (a prompt, or a block of a program's buffered output) waits a little for its rest.
+    // (a prompt, a progress bar, a block of a program's buffered output) waits a little for its
+    // rest: kPartialHold from its first bytes, however often more of it comes meanwhile.
     Event& hold = s == Stream::Out ? w.out_hold : w.err_hold;
     if (lb.empty()) {
       hold.disarm();
-    } else if (!hold.pending()) {
+    } else if (!hold.pending() || !lines.empty()) {  // a new partial line began here
       Worker* wp = &w;
       if (!hold) hold = loop_.timer([this, wp, s] { flush_partial(*wp, s); });
       hold.arm(kPartialHold);
@@ -263,30 +267,35 @@ void NodeAgent::on_sigchld() {
     if (workers_.count(pid)) ::kill(-pid, SIGKILL);  // stragglers in the rank's group
     int status = 0;
     if (::waitpid(pid, &status, 0) != pid) continue;
-    if (workers_.count(pid)) finish(pid, status);
+    if (workers_.count(pid))
+      finish(pid, status);
+    else
+      end_strays();  // what it left came here as it exited (a rank's child, a stray's)
   }
 }
 
 // This process is the workers' subreaper (the constructor): a process that a rank started in a
 // session of its own (setsid: a daemon), whose parent has exited, is its child now.  Those of
-// this job (its job id in their environment) are killed once the node has no rank left: with
-// the generation (a restart) or the job, as the ranks' own process groups are.
+// this job (its job id in their environment) are killed once their generation has no rank left
+// here: at a restart, or the end of the job, as the ranks' own process groups are.
 void NodeAgent::end_strays() {
   if (job_marker_.empty()) return;
-  std::vector<pid_t> strays;
+  std::set<std::string> live;  // the generations that still have a rank here
+  for (const auto& [pid, w] : workers_) live.insert(w->generation_marker);
   for (pid_t pid : children()) {
     if (workers_.count(pid)) continue;
     std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
-    std::string var;
-    while (std::getline(env, var, '\0'))
-      if (var == job_marker_) {
-        strays.push_back(pid);
-        break;
-      }
-  }
-  for (pid_t p : strays) {
-    logger("agent")->info("killing pid {}: it outlived its rank in a session of its own", p);
-    ::kill(p, SIGKILL);  // reaped by on_sigchld (any child), or by init after this process
+    bool ours = false, alive = false;
+    for (std::string var; std::getline(env, var, '\0');) {
+      ours = ours || var == job_marker_;
+      alive = alive || live.count(var);
+    }
+    if (!ours || alive) continue;
+    logger("agent")->info("killing pid {}: it outlived its rank in a session of its own", pid);
+    // With what it started (its group; what left that comes here in turn, see on_sigchld).
+    pid_t group = ::getpgid(pid);
+    if (group > 1 && group != ::getpgrp() && !workers_.count(group)) ::kill(-group, SIGKILL);
+    ::kill(pid, SIGKILL);  // reaped by on_sigchld (any child), or by init after this process
   }
 }
 
@@ -350,7 +359,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.bind_failed = w.proc.bind_failed;
   e.pmix_unfinalized = w.pmix_connected && !w.pmix_finalized;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
-  if (workers_.empty()) end_strays();
+  end_strays();  // those of a generation that has no rank here any more
   listener_.on_exit(e);
 }
 

@@ -27,7 +27,8 @@ struct hwloc_topology;  // hwloc.h: hwloc_topology_t
 
 namespace pe {
 
-// How long a partial line (no newline yet) waits for its rest before it is passed on as it is.
+// How long a partial line (no newline yet) waits for its rest, from its first bytes, before what
+// there is of it is passed on as it is (a progress bar that rewrites its line with \r shows).
 constexpr double kPartialHold = 0.1;
 
 struct WorkerSpec {
@@ -38,8 +39,8 @@ struct WorkerSpec {
 class AgentListener {
  public:
   virtual ~AgentListener() = default;
-  // Whole lines ending in '\n'; or a partial line, as it is, once the rank has not written its
-  // rest for kPartialHold seconds, or has exited.
+  // Whole lines ending in '\n'; or a partial line, as it is, kPartialHold seconds after its
+  // first bytes came if its rest has not, or when the rank has exited.
   virtual void on_output(int generation, int rank, Stream s, std::string_view lines) = 0;
   // After the worker's output has been drained.
   virtual void on_exit(const WorkerExit& e) = 0;
