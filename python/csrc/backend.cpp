@@ -112,12 +112,16 @@ std::vector<size_t> split_bytes(const at::Tensor& t, const std::vector<int64_t>&
                                 const char* what) {
   std::vector<size_t> out(static_cast<size_t>(n));
   int64_t rows = t.dim() ? t.size(0) : 1, sum = 0;
+  if (!splits.empty() && splits.size() != static_cast<size_t>(n))
+    bad(what, std::to_string(splits.size()) + " split sizes for a group of " + std::to_string(n));
   for (int r = 0; r < n; ++r) {
-    int64_t k = splits.empty() ? rows / n : splits.at(static_cast<size_t>(r));
+    int64_t k = splits.empty() ? rows / n : splits[static_cast<size_t>(r)];
+    // Checked here, before anything is sent: the peers' calls are not broken by it.
+    if (k < 0) bad(what, "split size " + std::to_string(k) + " for rank " + std::to_string(r));
     out[static_cast<size_t>(r)] = static_cast<size_t>(k) * row_bytes(t);
     sum += k;
   }
-  if ((!splits.empty() && splits.size() != static_cast<size_t>(n)) || sum != rows)
+  if (sum != rows)
     bad(what, "the splits do not add up to the tensor's " + std::to_string(rows) + " rows");
   return out;
 }

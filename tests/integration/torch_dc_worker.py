@@ -176,6 +176,18 @@ def check_alltoall_p2p(gloo, seed):
     dist.all_to_all_single(a, t, outs, ins)
     dist.all_to_all_single(b, t, outs, ins, group=gloo)
     same(a, b, "all_to_all_single with splits")
+    # bad splits are one ValueError on this rank, before anything is sent: the group goes on
+    if world > 1:
+        t = torch.zeros(world)
+        negative = [2, -1] + [1] * (world - 2)
+        for bad, why in ((negative, "split size -1 for rank 1"),
+                         ([world], f"1 split sizes for a group of {world}")):
+            try:
+                dist.all_to_all_single(torch.zeros(world), t, input_split_sizes=bad)
+                raise SystemExit(f"all_to_all_single with splits {bad} did not raise")
+            except ValueError as e:
+                if why not in str(e):
+                    raise SystemExit(f"unclear error for splits {bad}: {e}")
     lst = [data(5, torch.float64, seed + j, rank) for j in range(world)]
     o1 = [torch.empty(5, dtype=torch.float64) for _ in range(world)]
     o2 = [torch.empty(5, dtype=torch.float64) for _ in range(world)]
