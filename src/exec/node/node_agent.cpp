@@ -53,13 +53,19 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
 
 NodeAgent::~NodeAgent() {
   for (auto& [pid, w] : workers_) ::kill(-pid, SIGKILL);
-  end_strays();
   // Reap what dies within a moment; a process stuck in the kernel is left to init rather than
   // hanging pytorch_exec (the job controller has already reported the timeout).
   for (int i = 0; i < 100 && !workers_.empty(); ++i) {
     for (auto it = workers_.begin(); it != workers_.end();)
       it = ::waitpid(it->first, nullptr, WNOHANG) == 0 ? std::next(it) : workers_.erase(it);
     if (!workers_.empty()) ::usleep(10000);
+  }
+  // What the ranks left in sessions of their own comes here as the processes between them die,
+  // which the loop no longer sees: looked for until none is left (a moment), reaping meanwhile.
+  for (int i = 0; i < 100 && end_strays() > 0; ++i) {
+    while (::waitpid(-1, nullptr, WNOHANG) > 0) {
+    }
+    ::usleep(10000);
   }
 }
 
@@ -278,8 +284,9 @@ void NodeAgent::on_sigchld() {
 // session of its own (setsid: a daemon), whose parent has exited, is its child now.  Those of
 // this job (its job id in their environment) are killed once their generation has no rank left
 // here: at a restart, or the end of the job, as the ranks' own process groups are.
-void NodeAgent::end_strays() {
-  if (job_marker_.empty()) return;
+size_t NodeAgent::end_strays() {
+  if (job_marker_.empty()) return 0;
+  size_t found = 0;
   std::set<std::string> live;  // the generations that still have a rank here
   for (const auto& [pid, w] : workers_) live.insert(w->generation_marker);
   for (pid_t pid : children()) {
@@ -291,12 +298,14 @@ void NodeAgent::end_strays() {
       alive = alive || live.count(var);
     }
     if (!ours || alive) continue;
+    ++found;
     logger("agent")->info("killing pid {}: it outlived its rank in a session of its own", pid);
     // With what it started (its group; what left that comes here in turn, see on_sigchld).
     pid_t group = ::getpgid(pid);
     if (group > 1 && group != ::getpgrp() && !workers_.count(group)) ::kill(-group, SIGKILL);
-    ::kill(pid, SIGKILL);  // reaped by on_sigchld (any child), or by init after this process
+    ::kill(pid, SIGKILL);  // reaped by on_sigchld (any child), or by ~NodeAgent
   }
+  return found;
 }
 
 // This process's children: from /proc/self/task/*/children, or where the kernel has no such

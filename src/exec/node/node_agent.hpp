@@ -146,7 +146,9 @@ class NodeAgent : public pmix::ServerListener {
   void flush_stdin(Worker& w);
   void drop_stdin(Worker& w);
   void finish(pid_t pid, int status);
-  void end_strays();
+  // Kills the strays of generations that have no rank here; how many there were (a zombie is
+  // none: its environment is gone).
+  size_t end_strays();
   static std::vector<pid_t> children();
 
   OrphanGuard guard_;  // first member: outlives the workers' cleanup in ~NodeAgent
