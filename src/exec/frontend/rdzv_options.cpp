@@ -67,17 +67,21 @@ void apply_conf(const RawOptions& raw, LaunchConfig& c) {
     throw UsageError("--rdzv-conf: the keep-alive timeout must be longer than its interval");
 }
 
+// No --node-rank, or 0: torchrun's default.
+bool first_node(const RawOptions& raw) {
+  return !raw.node_rank || parse_int(*raw.node_rank, 0, 0).has_value();
+}
+
 // Options that mean something in join mode only; torchrun's single-node defaults (--node-rank 0,
 // --rdzv-backend static, --rdzv-id) are not among them.
 void refuse_alone(const RawOptions& raw) {
-  bool first = raw.node_rank && parse_int(*raw.node_rank, 0, 0).has_value();
   const std::pair<bool, std::string> given[] = {
       {raw.rdzv_backend.has_value() && *raw.rdzv_backend != "static", "--rdzv-backend"},
       {raw.rdzv_conf.has_value(), "--rdzv-conf"},
       {raw.rdzv_host, "--rdzv-host"},
       {raw.rdzv_secret_file.has_value(), "--rdzv-secret-file"},
       {raw.rdzv_insecure, "--rdzv-insecure"},
-      {raw.node_rank.has_value() && !first, "--node-rank " + raw.node_rank.value_or("")}};
+      {!first_node(raw), "--node-rank " + raw.node_rank.value_or("")}};
   for (const auto& [g, name] : given)
     if (g) throw UsageError(name + " needs --rdzv-endpoint (or --master-addr)");
 }
@@ -86,8 +90,8 @@ void refuse_alone(const RawOptions& raw) {
 // this machine whatever --master-addr says; it runs as pytorch_exec does without them, with
 // --master-port as the workers' MASTER_PORT.
 bool single_node(const RawOptions& raw, const LaunchConfig& c) {
-  bool first = !raw.node_rank || parse_int(*raw.node_rank, 0, 0).has_value();
-  return (!raw.rdzv_backend || *raw.rdzv_backend == "static") && c.nnodes_max <= 1 && first;
+  return (!raw.rdzv_backend || *raw.rdzv_backend == "static") && c.nnodes_max <= 1 &&
+         first_node(raw);
 }
 
 void check_secret(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
