@@ -179,17 +179,11 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
     clock_gettime(CLOCK_REALTIME, &now);
     ts = format_timestamp(now);
   }
-  bool ends_line = lines.back() == '\n';
+  Who who{generation, spawn, rank, s};
   if (int fd = file_of(generation, spawn, rank, s); fd >= 0) {
-    if (opts_.timestamp) {  // one writer per file: a partial line goes on without a prefix
-      auto mid = files_mid_.find(fd);  // unless it was another generation's
-      std::string text = mid != files_mid_.end() && mid->second != generation ? "\n" : "";
-      text += prefix_lines(lines, ts + " ", mid != files_mid_.end() && mid->second == generation);
+    if (opts_.timestamp) {  // one writer per file: its lines, between generations
+      std::string text = carry(file_lines_[fd], who, lines, ts + " ");
       write_all(fd, text.data(), text.size());
-      if (ends_line)
-        files_mid_.erase(fd);
-      else
-        files_mid_[fd] = generation;
     } else {
       write_all(fd, lines.data(), lines.size());
     }
@@ -199,24 +193,10 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   if (broken) return;
   int fd = s == Stream::Out ? out_fd_ : err_fd_;
   std::string& held = s == Stream::Out ? out_held_ : err_held_;
-  std::string tagged;
-  // A partial line of one process goes on with its rest (untagged), unless another process's
-  // output comes in between: then it is ended here, so that lines of two processes do not mix,
-  // and its rest starts a line (with a prefix of its own).  One process's bytes stay as they are.
   bool prefixed = opts_.tag || opts_.timestamp;
-  OpenLine& open = line_of(s);
-  auto who = std::make_tuple(generation, spawn, rank, s);
-  bool continuing = open.mid && open.who == who, broken_line = open.mid && !continuing;
-  if (prefixed || broken_line) {
-    tagged = broken_line ? "\n" : "";
-    if (prefixed)
-      tagged += prefix_lines(lines, line_prefix(opts_, generation, rank, s, ts, spawn), continuing);
-    else
-      tagged.append(lines);
-  }
-  open.mid = !ends_line;
-  open.who = who;
-  std::string_view data = prefixed || broken_line ? std::string_view(tagged) : lines;
+  std::string text = carry(line_of(s), who, lines,
+                           prefixed ? line_prefix(opts_, generation, rank, s, ts, spawn) : "");
+  std::string_view data = text;
   if (!held.empty()) {  // what a signal interrupted goes first
     held.append(data);
     data = held;
@@ -258,6 +238,23 @@ bool OutputSink::write_out(int fd, std::string_view& data) {
   return true;
 }
 
+// `lines` of `who` as they go onto a terminal or file whose last line is `open` (updated): a
+// partial line of another writer (or stream, or generation) is ended first, so that lines do
+// not mix; with a prefix, each line gets it but the rest of the writer's own partial line.
+// Without one, a writer's bytes stay as they are.
+std::string OutputSink::carry(OpenLine& open, const Who& who, std::string_view lines,
+                              const std::string& prefix) {
+  bool continuing = open.mid && open.who == who;
+  std::string out = open.mid && !continuing ? "\n" : "";
+  if (prefix.empty())
+    out.append(lines);
+  else
+    out += prefix_lines(lines, prefix, continuing);
+  open.mid = lines.back() != '\n';
+  open.who = who;
+  return out;
+}
+
 void OutputSink::flush() {
   for (auto [fd, held, broken, open] :
        {std::tuple{out_fd_, &out_held_, out_broken_, &line_of(Stream::Out)},
@@ -269,8 +266,9 @@ void OutputSink::flush() {
     if (!broken && !data.empty()) write_out(fd, data);
     held->clear();
   }
-  for (const auto& [fd, generation] : files_mid_) write_all(fd, "\n", 1);
-  files_mid_.clear();
+  for (auto& [fd, open] : file_lines_)
+    if (open.mid) write_all(fd, "\n", 1);
+  file_lines_.clear();
 }
 
 void OutputSink::message(const std::string& text) {

@@ -91,16 +91,18 @@ class OutputSink {
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
   std::string out_held_, err_held_;  // output that a signal interrupted (write)
-  // Whether the terminal's (or pipe's) last line is partial, and whose.
+  // Whether the last line of a terminal (or pipe, or file) is partial, and whose.
+  using Who = std::tuple<int, int, int, Stream>;  // generation, spawn, rank, stream
   struct OpenLine {
     bool mid = false;
-    std::tuple<int, int, int, Stream> who;  // generation, spawn, rank, stream
+    Who who;
   };
+  static std::string carry(OpenLine& open, const Who& who, std::string_view lines,
+                           const std::string& prefix);
   OpenLine& line_of(Stream s) { return s == Stream::Out || same_file_ ? out_open_ : err_open_; }
   OpenLine out_open_, err_open_;
   bool same_file_ = false;  // stdout and stderr are one file: out_open_ serves both
-  // --output-filename files (with timestamps) left on a partial line, and its generation.
-  std::map<int, int> files_mid_;
+  std::map<int, OpenLine> file_lines_;  // --output-filename files, with timestamps
   bool files_open_ = false;
   double every_ = 1.0;
   int interrupt_fd_ = -1;

@@ -10,10 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <set>
 
 #include "common/log.hpp"
@@ -308,36 +305,17 @@ size_t NodeAgent::end_strays() {
   return found;
 }
 
-// This process's children: from /proc/self/task/*/children, or where the kernel has no such
-// files, from every process's parent in /proc.
+// This process's children, from /proc/self/task/*/children (a kernel built without
+// CONFIG_PROC_CHILDREN lists none: strays are then left to init, as before subreaping).
 std::vector<pid_t> NodeAgent::children() {
   std::vector<pid_t> out;
-  bool listed = false;
   if (DIR* d = ::opendir("/proc/self/task")) {
     while (struct dirent* e = ::readdir(d)) {
       std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/children");
-      listed = listed || f.is_open();
       for (long pid; f >> pid;) out.push_back(static_cast<pid_t>(pid));
     }
     ::closedir(d);
   }
-  if (listed) return out;
-  pid_t me = ::getpid();
-  DIR* d = ::opendir("/proc");
-  if (!d) return out;
-  while (struct dirent* e = ::readdir(d)) {
-    char* end = nullptr;
-    long pid = std::strtol(e->d_name, &end, 10);
-    if (pid <= 0 || *end) continue;
-    std::ifstream st("/proc/" + std::string(e->d_name) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(st)), std::istreambuf_iterator<char>());
-    auto close = stat.rfind(')');  // after the command name, which may hold anything
-    long ppid = -1;
-    if (close != std::string::npos &&
-        std::sscanf(stat.c_str() + close + 1, " %*c %ld", &ppid) == 1 && ppid == me)
-      out.push_back(static_cast<pid_t>(pid));
-  }
-  ::closedir(d);
   return out;
 }
 
