@@ -1,5 +1,6 @@
 """A real torch.distributed gloo job through env://, and a group restart under torch."""
 import os
+import re
 
 from harness import SRCDIR, TORCH_PYTHON, check, main, need_torch, run, script
 
@@ -16,6 +17,22 @@ t = torch.ones(3) * (rank + 1)
 dist.all_reduce(t)
 print(f"rank {rank} restart {restart} sum {t.tolist()}", flush=True)
 dist.destroy_process_group()
+""", ".py")
+
+RECORD = script("""#!/usr/bin/env python3
+import os, time
+from torch.distributed.elastic.multiprocessing.errors import record
+@record
+def main():
+    rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    print(f"rank {rank} restart {restart} nccl {os.environ['TORCH_NCCL_ASYNC_ERROR_HANDLING']}",
+          flush=True)
+    if (rank, restart) == (1, 0):
+        raise ValueError("first generation's error\\nsecond line")
+    if (rank, restart) == (0, 1):
+        raise RuntimeError("second generation's error")
+    time.sleep(60)
+main()
 """, ".py")
 
 
@@ -35,6 +52,19 @@ def test_gloo_wires_up_again_after_a_restart():
     check("rank 1 (pid" in r.stderr and "exited with status 9; restarting" in r.stderr, r.stderr)
 
 
+def test_record_names_the_exception_of_each_generation():
+    """As torchrun: TORCHELASTIC_ERROR_FILE, where torch's @record writes the exception."""
+    r = run(["-n", "2", "--max-restarts", "1", TORCH_PYTHON, RECORD], timeout=240)
+    check(r.returncode == 1, f"exit {r.returncode}: {r.stderr}")
+    check("rank 0 restart 1 nccl 1" in r.stdout, r.stdout)
+    check(re.search(r"rank 1 \(pid \d+ on \S+\) exited with status 1: ValueError: first "
+                    r"generation's error; restarting", r.stderr), r.stderr)
+    # The report names this generation's exception, not the file of the one before.
+    check(re.search(r"pytorch_exec: rank 0 \(pid \d+ on \S+\) exited with status 1: "
+                    r"RuntimeError: second generation's error\n", r.stderr), r.stderr)
+
+
 if __name__ == "__main__":
     need_torch()
-    main([test_gloo_allreduce_four_ranks, test_gloo_wires_up_again_after_a_restart])
+    main([test_gloo_allreduce_four_ranks, test_gloo_wires_up_again_after_a_restart,
+          test_record_names_the_exception_of_each_generation])

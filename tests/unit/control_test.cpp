@@ -139,7 +139,9 @@ TEST(ControlTest, GenerationAndExitRoundTrip) {
   e.pid = 42;
   e.status = 9;
   e.pmix_unfinalized = true;
+  e.error = "ValueError: \xff bad\nline";
   auto f = ctrl::decode<ctrl::Exit>(ctrl::encode(ctrl::Exit{e})).e;
+  EXPECT_EQ(f.error, e.error);
   EXPECT_EQ(f.rank, 3);
   EXPECT_EQ(f.pid, 42);
   EXPECT_EQ(f.status, 9);

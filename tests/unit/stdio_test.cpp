@@ -6,6 +6,7 @@
 #include "common/line_buffer.hpp"
 #include "exec/frontend/failure.hpp"
 #include "exec/frontend/stdio.hpp"
+#include "exec/node/error_file.hpp"
 
 using pe::Stream;
 
@@ -135,8 +136,20 @@ TEST(OutputSinkTest, PartialLines) {
   close(both[1]);
 }
 
+pe::Failure failure(int rank, pid_t pid, const std::string& host, int status, int exec_errno,
+                    const std::string& program) {
+  pe::Failure f;
+  f.rank = rank;
+  f.pid = pid;
+  f.host = host;
+  f.status = status;
+  f.exec_errno = exec_errno;
+  f.program = program;
+  return f;
+}
+
 TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
-  pe::Failure f{1, 42, "node1", 3 << 8, 0, "/bin/prog"};
+  pe::Failure f = failure(1, 42, "node1", 3 << 8, 0, "/bin/prog");
   EXPECT_TRUE(pe::is_failure(f.status, 0));
   EXPECT_FALSE(pe::is_failure(0, 0));
   EXPECT_EQ(pe::describe_failure(f), "rank 1 (pid 42 on node1) exited with status 3");
@@ -148,7 +161,7 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
   EXPECT_EQ(pe::failure_exit_code(f), 126);
   EXPECT_NE(pe::describe_failure(f).find("could not execute /bin/prog: Exec format error"),
             std::string::npos);
-  pe::Failure a{2, 7, "n", 5, 0, "/bin/prog"};
+  pe::Failure a = failure(2, 7, "n", 5, 0, "/bin/prog");
   a.aborted = true;
   a.abort_message = "N/A";
   EXPECT_EQ(pe::describe_failure(a),
@@ -157,7 +170,7 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
   a.abort_message = "bad input";
   EXPECT_EQ(pe::describe_failure(a),
             "rank 2 (pid 7 on n) called MPI_Abort/PMIx_Abort with status 5: bad input");
-  pe::Failure u{1, 8, "n", 0, 0, "/bin/prog"};
+  pe::Failure u = failure(1, 8, "n", 0, 0, "/bin/prog");
   u.unfinalized = true;
   EXPECT_TRUE(pe::is_failure(0, 0, true));
   EXPECT_EQ(pe::failure_exit_code(u), 1);
@@ -171,8 +184,38 @@ TEST(FailureTest, DescribesExitsSignalsAndExecErrors) {
             std::string::npos);
 }
 
+TEST(FailureTest, NamesTheExceptionOfTheErrorFile) {
+  pe::Failure f = failure(1, 42, "node1", 1 << 8, 0, "/bin/prog");
+  f.error = "ValueError: bad batch\nsecond line";
+  EXPECT_EQ(pe::describe_failure(f),
+            "rank 1 (pid 42 on node1) exited with status 1: ValueError: bad batch");
+  f.error = "E: \x1b[2J";  // shown, not obeyed
+  EXPECT_EQ(pe::describe_failure(f), "rank 1 (pid 42 on node1) exited with status 1: E: \\x1b[2J");
+  f.error = std::string(5000, 'x');
+  EXPECT_LT(pe::describe_failure(f).size(), 500u);
+}
+
+TEST(ErrorFileTest, FindsTorchsMessageInEitherForm) {
+  EXPECT_EQ(pe::error_file_message(
+                R"({"message": {"message": "ValueError: 7\nbad \"x\" \u00e9", "extraInfo": )"
+                R"({"py_callstack": "Traceback\n", "timestamp": "1700000000"}}})"),
+            "ValueError: 7\nbad \"x\" \xc3\xa9");
+  // Key order, older string form, extra keys and arrays elsewhere.
+  EXPECT_EQ(pe::error_file_message(R"({"a": [1, {"message": "no"}], "message": {"extraInfo": )"
+                                   R"({"message": "no"}, "message": "yes", "errorCode": 1}})"),
+            "yes");
+  EXPECT_EQ(pe::error_file_message(R"( {"message": "RuntimeError: x"} )"), "RuntimeError: x");
+  // Anything else: nothing.
+  for (const char* bad : {"", "{", R"({"message": )", R"({"message": "x")", R"(["message"])",
+                          R"({"other": "x"})", R"({"message": "x"} trailing)", "null",
+                          R"({"message": "\u12"})"})
+    EXPECT_EQ(pe::error_file_message(bad), "") << bad;
+  std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(pe::error_file_message(deep), "");  // bounded nesting, no stack overflow
+}
+
 TEST(FailureTest, BindingFailuresAreNamedAsSuch) {
-  pe::Failure b{3, 9, "n", 0, 22, "/bin/prog"};
+  pe::Failure b = failure(3, 9, "n", 0, 22, "/bin/prog");
   b.bind_failed = true;
   EXPECT_EQ(pe::describe_failure(b),
             "rank 3 (pid 9 on n) could not be bound to its processors: Invalid argument");

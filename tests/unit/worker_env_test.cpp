@@ -44,6 +44,7 @@ TEST(WorkerEnvTest, SetsTheTorchrunAndOpenMpiNames) {
                                           {"TORCHELASTIC_MAX_RESTARTS", "5"},
                                           {"TORCHELASTIC_RUN_ID", "abc123"},
                                           {"OMP_NUM_THREADS", "1"},
+                                          {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
                                           {"OMPI_COMM_WORLD_RANK", "3"},
                                           {"OMPI_COMM_WORLD_SIZE", "4"},
                                           {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
@@ -73,8 +74,10 @@ TEST(WorkerEnvTest, KeepsTheUsersThreadCountAndRunId) {
   auto m = pe::map_single_node("h", 1);
   auto g = gen();
   g.run_id = "myrun";
-  auto env = pe::worker_environment({{"OMP_NUM_THREADS", "8"}}, {}, m, 0, g);
+  auto env = pe::worker_environment(
+      {{"OMP_NUM_THREADS", "8"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, {}, m, 0, g);
   EXPECT_EQ(env["OMP_NUM_THREADS"], "8");
+  EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "3");
   EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "myrun");
   auto env2 = pe::worker_environment({}, {{"OMP_NUM_THREADS", "2"}}, m, 0, g);
   EXPECT_EQ(env2["OMP_NUM_THREADS"], "2");

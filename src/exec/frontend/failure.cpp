@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/strings.hpp"
 #include "exec/node/child_process.hpp"
 
 namespace pe {
@@ -39,7 +40,10 @@ std::string describe_failure(const Failure& f) {
   if (f.unfinalized && !WIFSIGNALED(f.status))
     return who + " " + describe_wait_status(f.status) +
            " without calling MPI_Finalize (it had connected to the PMIx server)";
-  return who + " " + describe_wait_status(f.status);
+  // torch's @record wrote the uncaught exception: its first line (the traceback is on stderr).
+  std::string error = f.error.substr(0, f.error.find('\n'));
+  return who + " " + describe_wait_status(f.status) +
+         (error.empty() ? "" : ": " + printable(error, 400));
 }
 
 std::string failure_report(const Failure& f, const std::vector<std::string>& stderr_tail) {

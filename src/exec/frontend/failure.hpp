@@ -17,6 +17,7 @@ struct Failure {
   std::string program;
   bool aborted = false;  // PMIx_Abort / MPI_Abort; status is then the abort code
   std::string abort_message;
+  std::string error;  // the exception in its TORCHELASTIC_ERROR_FILE, if it wrote one
   bool unfinalized = false;  // exited 0 after connecting to PMIx without finalizing
   bool bind_failed = false;  // exec_errno is sched_setaffinity's
   int spawn = 0;  // > 0: a process of that spawned job (MPI_Comm_spawn), not a rank of the job
@@ -28,7 +29,7 @@ bool is_failure(int wait_status, int exec_errno, bool unfinalized = false);
 // The job's exit status for this failure: the exit code, 128+signal, or 126/127 when the
 // program could not be executed.
 int failure_exit_code(const Failure& f);
-// "rank 1 (pid 42 on node1) exited with status 3"
+// "rank 1 (pid 42 on node1) exited with status 3", then ": ValueError: ..." with an error file
 std::string describe_failure(const Failure& f);
 // The report printed when the job ends because of `f`: the line above, then the tail of its
 // stderr, indented.

@@ -227,6 +227,7 @@ void JobController::on_exit(const WorkerExit& e) {
     f.bind_failed = e.bind_failed;
     f.program = cfg_.program;
     f.unfinalized = e.pmix_unfinalized;
+    f.error = e.error;
     on_rank_failed(std::move(f));
   }
   if (workers_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();

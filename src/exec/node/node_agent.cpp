@@ -14,6 +14,7 @@
 #include <set>
 
 #include "common/log.hpp"
+#include "exec/node/error_file.hpp"
 #include "pmix_rdzv/ompi_env.hpp"
 
 namespace pe {
@@ -33,6 +34,7 @@ struct NodeAgent::Worker {
   std::string in_pending;
   bool in_closing = false;
   std::string generation_marker;  // "PYTORCH_EXEC_GENERATION=G" in its environment (end_strays)
+  std::string error_file;         // its TORCHELASTIC_ERROR_FILE
 };
 
 NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
@@ -129,6 +131,19 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
     w->generation = generation;
     w->spawn = spawn;
     w->nspace = nspace;
+    // As torchrun: where torch's @record writes an uncaught exception (read in finish()).
+    if (pmix_) {
+      w->error_file = pmix_->tmpdir() + "/error." + std::to_string(generation) + "." +
+                      std::to_string(spawn) + "." + std::to_string(spec.rank) + ".json";
+      ::unlink(w->error_file.c_str());
+      auto& env = spec.spawn.envp;
+      env.erase(std::remove_if(env.begin(), env.end(),
+                               [](const std::string& e) {
+                                 return e.rfind("TORCHELASTIC_ERROR_FILE=", 0) == 0;
+                               }),
+                env.end());
+      env.push_back("TORCHELASTIC_ERROR_FILE=" + w->error_file);
+    }
     w->proc = spawn_child(spec.spawn);
     guard_.watch(w->proc.pid);
     watch_output(*w);
@@ -345,6 +360,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.exec_errno = w.proc.exec_errno;
   e.bind_failed = w.proc.bind_failed;
   e.pmix_unfinalized = w.pmix_connected && !w.pmix_finalized;
+  if (!w.error_file.empty()) e.error = take_error_file(w.error_file).substr(0, kMaxWorkerError);
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
   end_strays();  // those of a generation that has no rank here any more
   listener_.on_exit(e);

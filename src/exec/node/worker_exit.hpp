@@ -3,7 +3,12 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <string>
+
 namespace pe {
+
+inline constexpr uint32_t kMaxWorkerError = 4096;  // bytes of WorkerExit::error
 
 struct WorkerExit {
   int rank = 0;
@@ -14,6 +19,7 @@ struct WorkerExit {
   int exec_errno = 0;  // non-zero when execve (or binding, with bind_failed) failed in the child
   bool bind_failed = false;
   bool pmix_unfinalized = false;  // connected to the PMIx server but never finalized
+  std::string error;  // the exception its TORCHELASTIC_ERROR_FILE names (torch's @record)
   // Front end only: a spawned process stopped on purpose (its MPI_Comm_spawn failed on another
   // node), whatever its status: no failure of the job.
   bool stopped = false;
