@@ -133,8 +133,8 @@ def test_pet_variables_only():
 def test_static_rendezvous_keeps_node_ranks():
     """PET_MASTER_ADDR/PORT and PET_NODE_RANK (torchrun's static rendezvous): nodes 2 and 1
     start before node 0, in that order; GROUP_RANK is each node's own rank.  Node 2 tags its
-    own output (--tag-output)."""
-    prog = script(ENV_SCRIPT)
+    own output (--tag-output): its partial last line is ended, the others' are not."""
+    prog = script(ENV_SCRIPT + "printf 'no newline'\n")
     env = secret_env({"PET_NNODES": "3", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": BED.addr(1),
                       "PET_MASTER_PORT": "29402"})
     procs = []
@@ -147,6 +147,8 @@ def test_static_rendezvous_keeps_node_ranks():
         check(rc == 0, f"host {host}: exit {rc}: {err}")
         check(f"node{host} rank={rank} world=3 group={rank} groups=3" in out, f"host {host}: {out}")
     check(res[0][1].startswith("[1,2]<stdout>:node3 rank=2"), res[0][1])
+    check(res[0][1].endswith("\n[1,2]<stdout>:no newline\n"), repr(res[0][1]))
+    check(res[1][1].endswith("\nno newline"), repr(res[1][1]))
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 

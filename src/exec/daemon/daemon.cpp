@@ -216,6 +216,7 @@ int Daemon::run() {
   loop_.run();
   agent_ = nullptr;
   runner_.reset();  // kills and reaps whatever is left
+  if (join_sink_) join_sink_->flush();  // a tagged partial last line is ended, as on the host
   beats_.reset();
   relay_.reset();
   opts_.secret.assign(opts_.secret.size(), '\0');
