@@ -40,7 +40,7 @@ def test_every_rank_gets_its_identity():
                 "GROUP_WORLD_SIZE": 1, "ROLE_RANK": i, "ROLE_WORLD_SIZE": n,
                 "TORCHELASTIC_RESTART_COUNT": 0, "TORCHELASTIC_MAX_RESTARTS": 0,
                 "OMPI_COMM_WORLD_RANK": i, "OMPI_COMM_WORLD_SIZE": n, "OMPI_COMM_WORLD_LOCAL_RANK": i,
-                "OMPI_COMM_WORLD_LOCAL_SIZE": n, "OMPI_COMM_WORLD_NODE_RANK": 0,
+                "OMPI_COMM_WORLD_LOCAL_SIZE": n, "OMPI_COMM_WORLD_NODE_RANK": i,
                 "PYTORCH_EXEC_GENERATION": 0, "PYTORCH_EXEC_NODEID": 0, "OMP_NUM_THREADS": 1}
         for k, v in want.items():
             check(e.get(k) == str(v), f"rank {i}: {k}={e.get(k)!r}, expected {v}")

@@ -129,6 +129,27 @@ TEST(CliTest, RejectsBadExports) {
             std::string::npos);
 }
 
+TEST(CliTest, MpirunsMcaAndRootOptions) {
+  auto c = config({"--mca", "btl", "self,vader", "-x", "OMPI_MCA_pml=cm", "-mca", "pml", "ob1",
+                   "--allow-run-as-root", "prog", "--mca", "a", "b"});
+  std::vector<std::pair<std::string, std::string>> want{
+      {"OMPI_MCA_pml", "cm"}, {"OMPI_MCA_btl", "self,vader"}, {"OMPI_MCA_pml", "ob1"}};
+  EXPECT_EQ(c.exports, want);  // --mca after -x: its value wins
+  EXPECT_EQ(c.args, (std::vector<std::string>{"--mca", "a", "b"}));  // the program's own
+  EXPECT_NE(usage_error({"--mca", "btl"}).find("--mca needs two values: --mca KEY VALUE"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--mca=btl", "tcp", "prog"}).find("needs two values"), std::string::npos);
+  EXPECT_NE(usage_error({"--mca", "a-b", "1", "prog"}).find("'a-b' is not an MCA parameter"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--mca", "", "1", "prog"}).find("not an MCA parameter"),
+            std::string::npos);
+}
+
+TEST(CliTest, RefusesMpirunsMultiProgramForm) {
+  EXPECT_NE(usage_error({"-n", "1", "a", ":", "-n", "2", "b"}).find("(MPMD)"), std::string::npos);
+  EXPECT_EQ(config({"prog", "a:b", "::"}).args, (std::vector<std::string>{"a:b", "::"}));
+}
+
 TEST(CliTest, ParsesStdinTargets) {
   EXPECT_EQ(config({"prog"}).stdin_mode, StdinMode::OneRank);
   EXPECT_EQ(config({"prog"}).stdin_rank, 0);

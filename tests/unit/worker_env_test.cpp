@@ -49,7 +49,7 @@ TEST(WorkerEnvTest, SetsTheTorchrunAndOpenMpiNames) {
                                           {"OMPI_COMM_WORLD_SIZE", "4"},
                                           {"OMPI_COMM_WORLD_LOCAL_RANK", "3"},
                                           {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"},
-                                          {"OMPI_COMM_WORLD_NODE_RANK", "0"},
+                                          {"OMPI_COMM_WORLD_NODE_RANK", "3"},
                                           {"PYTORCH_EXEC_JOBID", "abc123"},
                                           {"PYTORCH_EXEC_GENERATION", "2"},
                                           {"PYTORCH_EXEC_NODEID", "0"},

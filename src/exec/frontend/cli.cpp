@@ -83,6 +83,13 @@ const OptionDef<RawOptions> kOptions[] = {
     {"wdir", 0, "Environment", "DIR", "working directory of every process", &RawOptions::wdir},
     {"x", 'x', "Environment", "VAR[=VALUE]",
      "set VAR in every process, to VALUE or to its value here (repeatable)", &RawOptions::exports},
+    {"mca", 0, "Environment", "KEY VALUE",
+     "set Open MPI's MCA parameter KEY to VALUE in every process (OMPI_MCA_KEY=VALUE, as mpirun "
+     "--mca; repeatable)",
+     &RawOptions::mca},
+    {"allow-run-as-root", 0, "Environment", nullptr,
+     "accepted for mpirun's command lines: pytorch_exec runs as root without it",
+     &RawOptions::allow_run_as_root},
     {"run-id", 0, "Environment", "ID", "TORCHELASTIC_RUN_ID of the job (default: the job id)",
      &RawOptions::run_id},
     {"tag-output", 0, "Output", nullptr,
@@ -261,7 +268,8 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
   }
 }
 
-// -x VAR[=VALUE]: VAR alone takes its value from the launching environment.
+// -x VAR[=VALUE]: VAR alone takes its value from the launching environment.  --mca KEY VALUE:
+// OMPI_MCA_KEY=VALUE, after them.
 void validate_exports(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
   for (const auto& x : raw.exports) {
     auto eq = x.find('=');
@@ -277,6 +285,12 @@ void validate_exports(const RawOptions& raw, const ValidationContext& ctx, Launc
     if (it == ctx.env.end())
       throw UsageError("-x: " + name + " is not set here (use -x " + name + "=VALUE)");
     c.exports.emplace_back(name, it->second);
+  }
+  for (const auto& m : raw.mca) {
+    std::string key = m.substr(0, m.find('\n')), value = m.substr(m.find('\n') + 1);
+    if (key.empty() || !is_env_name("OMPI_MCA_" + key))
+      throw UsageError("--mca: '" + printable(key) + "' is not an MCA parameter name");
+    c.exports.emplace_back("OMPI_MCA_" + key, value);
   }
 }
 
@@ -485,6 +499,10 @@ LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& 
   if (raw.command[0].empty()) throw UsageError("the program name is empty");
   c.program_arg0 = raw.command[0];
   c.args.assign(raw.command.begin() + 1, raw.command.end());
+  // mpirun's MPMD form, "-n 1 a : -n 2 b": not run as one program with ":" among its arguments.
+  if (std::find(raw.command.begin(), raw.command.end(), ":") != raw.command.end())
+    throw UsageError("':' separates programs on mpirun's command line (MPMD), which pytorch_exec "
+                     "does not run: start one program that branches on RANK");
   if (raw.wdir) {
     if (raw.wdir->empty()) throw UsageError("--wdir: the directory name is empty");
     c.wdir = *raw.wdir;

@@ -83,7 +83,13 @@ void take(Prescan& p, const OptionSyntax* o, const std::optional<std::string>& i
     return;
   }
   std::string value;
-  if (inline_value) {
+  if (std::string(o->value_name).find(' ') != std::string::npos) {  // "KEY VALUE": two words
+    if (inline_value || i + 2 >= toks.size())
+      throw UsageError("option " + spelled + " needs two values: " + spelled + " " +
+                       o->value_name);
+    value = toks[i + 1] + '\n' + toks[i + 2];
+    i += 2;
+  } else if (inline_value) {
     value = *inline_value;
   } else {
     if (i + 1 >= toks.size()) throw UsageError("option " + spelled + " needs a value");

@@ -66,7 +66,8 @@ EnvMap worker_environment(const EnvMap& base,
   seti("OMPI_COMM_WORLD_SIZE", map.world_size);
   seti("OMPI_COMM_WORLD_LOCAL_RANK", loc.local_rank);
   seti("OMPI_COMM_WORLD_LOCAL_SIZE", local_size);
-  seti("OMPI_COMM_WORLD_NODE_RANK", node.node_rank);
+  // mpirun's node rank: the process's number among the job's processes on its node.
+  seti("OMPI_COMM_WORLD_NODE_RANK", loc.local_rank);
 
   // Ours.
   set(PYTORCH_EXEC_ENV_JOBID, gen.job_id);
