@@ -115,6 +115,14 @@ def test_output_files():
     check(r.returncode == 0 and r.stdout == "", f"nocopy printed {r.stdout!r}")
     with open(os.path.join(d2, "rank.1", "stdout")) as f:
         check(f.read() == "o1\n", "nocopy file")
+    # A generation's partial last line stays as it is; the next generation starts a line.
+    d3 = os.path.join(tmpdir(), "gens")
+    r = run(["-n", "1", "--max-restarts", "1", "--output-filename", d3, "sh", "-c",
+             'if [ $PYTORCH_EXEC_GENERATION = 0 ]; then printf partial; exit 1; fi; printf end'])
+    check(r.returncode == 0, r.stderr)
+    with open(os.path.join(d3, "rank.0", "stdout")) as f:
+        got = f.read()
+    check(got == "partial\nend", f"rank 0's file across generations: {got!r}")
 
 
 def test_output_dir_that_cannot_be_created():

@@ -64,7 +64,6 @@ TEST(RdzvOptionsTest, DefaultsAreTorchruns) {
   EXPECT_EQ(c.nnodes_max, 1);
   EXPECT_EQ(c.join_timeout, 600);
   EXPECT_FALSE(config({"-n", "2", "prog2"}, {}).join_mode());
-  EXPECT_EQ(config({"--rdzv-endpoint", "[fe80::1]:99"}).rdzv_host, "fe80::1");
 }
 
 TEST(RdzvOptionsTest, PetVariablesFillWhatTheCommandLineLeaves) {
@@ -179,7 +178,14 @@ TEST(RdzvOptionsTest, MistakesNameTheOption) {
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "h:0"}), "--rdzv-endpoint: '0' is not a port number");
   EXPECT_EQ(usage_error({"--rdzv-endpoint", ":5"}), "--rdzv-endpoint: no host in ':5'");
   EXPECT_EQ(usage_error({"--rdzv-endpoint", "a:b:c"}),
-            "--rdzv-endpoint: 'a:b:c' is not HOST[:PORT] (write an IPv6 address in [])");
+            "--rdzv-endpoint: 'a:b:c' is not HOST[:PORT] (no IPv6: pytorch_exec's nodes meet "
+            "over IPv4)");
+  EXPECT_NE(usage_error({"--rdzv-endpoint", "[::1]:29400"}).find("no IPv6"), std::string::npos);
+  EXPECT_EQ(usage_error({"--rdzv-endpoint", "10.9.9.9:"}),
+            "--rdzv-endpoint: no port after the ':' in '10.9.9.9:'");
+  EXPECT_EQ(usage_error({"--rdzv-endpoint", "h", "--rdzv-conf", "is_host=maybe"}),
+            "--rdzv-conf is_host: 'maybe' is not true or false");
+  EXPECT_EQ(config({"--rdzv-endpoint", "h", "--rdzv-conf", "is_host=Y"}).rdzv_is_host, 1);
   EXPECT_EQ(usage_error({"--rdzv-conf", "join_timeout=5"}),
             "--rdzv-conf needs --rdzv-endpoint (or --master-addr)");
   EXPECT_EQ(usage_error({"--node-rank", "1"}),

@@ -1,5 +1,7 @@
 #include "exec/frontend/rdzv_options.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <climits>
 #include <vector>
 
@@ -19,6 +21,17 @@ const char* const kIgnoredConfKeys[] = {"use_agent_store", "use_libuv", "close_t
 
 bool truthy(const std::string& v) {
   return v == "1" || v == "true" || v == "True" || v == "yes" || v == "on";
+}
+
+// A boolean of --rdzv-conf, read as torchrun reads one.
+bool conf_bool(const std::string& key, const std::string& v) {
+  std::string l = v;
+  for (char& ch : l) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  for (const char* t : {"1", "true", "t", "yes", "y"})
+    if (l == t) return true;
+  for (const char* f : {"0", "false", "f", "no", "n"})
+    if (l == f) return false;
+  throw UsageError("--rdzv-conf " + key + ": '" + printable(v) + "' is not true or false");
 }
 
 // --rdzv-conf k=v,...: join_timeout, last_call_timeout, read_timeout, is_host,
@@ -44,7 +57,8 @@ void apply_conf(const RawOptions& raw, LaunchConfig& c) {
     } else if (k == "read_timeout") {
       c.rdzv_read_timeout = positive_seconds("--rdzv-conf read_timeout", v);
     } else if (k == "is_host") {
-      if (!raw.rdzv_host) c.rdzv_is_host = truthy(v) ? 1 : 0;
+      bool is_host = conf_bool(k, v);
+      if (!raw.rdzv_host) c.rdzv_is_host = is_host ? 1 : 0;
     } else if (k == "keep_alive_interval") {
       keep_alive = positive_seconds("--rdzv-conf keep_alive_interval", v);
     } else if (k == "keep_alive_max_attempt") {
@@ -115,23 +129,20 @@ void check_secret(const RawOptions& raw, const ValidationContext& ctx, LaunchCon
 
 std::pair<std::string, int> parse_endpoint(const std::string& opt, const std::string& v,
                                            int default_port) {
+  // The control plane speaks IPv4 (its daemons, store and heartbeats): an IPv6 address, written
+  // as torchrun writes one, is refused here rather than failing to resolve until the timeout.
+  if ((!v.empty() && v[0] == '[') || std::count(v.begin(), v.end(), ':') > 1)
+    throw UsageError(opt + ": '" + printable(v) +
+                     "' is not HOST[:PORT] (no IPv6: pytorch_exec's nodes meet over IPv4)");
   std::string host = v, port;
-  if (!v.empty() && v[0] == '[') {  // [IPv6]:PORT
-    auto close = v.find(']');
-    if (close == std::string::npos) throw UsageError(opt + ": '" + v + "' is not HOST[:PORT]");
-    host = v.substr(1, close - 1);
-    if (close + 1 < v.size()) {
-      if (v[close + 1] != ':') throw UsageError(opt + ": '" + v + "' is not HOST[:PORT]");
-      port = v.substr(close + 2);
-    }
-  } else if (auto colon = v.find(':'); colon != std::string::npos) {
-    if (v.find(':', colon + 1) != std::string::npos)
-      throw UsageError(opt + ": '" + v + "' is not HOST[:PORT] (write an IPv6 address in [])");
+  auto colon = v.find(':');
+  if (colon != std::string::npos) {
     host = v.substr(0, colon);
     port = v.substr(colon + 1);
+    if (port.empty()) throw UsageError(opt + ": no port after the ':' in '" + printable(v) + "'");
   }
-  if (host.empty()) throw UsageError(opt + ": no host in '" + v + "'");
-  if (port.empty()) return {host, default_port};
+  if (host.empty()) throw UsageError(opt + ": no host in '" + printable(v) + "'");
+  if (colon == std::string::npos) return {host, default_port};
   auto p = parse_int(port, 1, 65535);
   if (!p) throw UsageError(opt + ": '" + port + "' is not a port number");
   return {host, static_cast<int>(*p)};

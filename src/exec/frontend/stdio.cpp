@@ -181,12 +181,10 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
   }
   Who who{generation, spawn, rank, s};
   if (int fd = file_of(generation, spawn, rank, s); fd >= 0) {
-    if (opts_.timestamp) {  // one writer per file: its lines, between generations
-      std::string text = carry(file_lines_[fd], who, lines, ts + " ");
-      write_all(fd, text.data(), text.size());
-    } else {
-      write_all(fd, lines.data(), lines.size());
-    }
+    // One writer per file, one after another across generations: a new generation's output
+    // starts on a line of its own.
+    std::string text = carry(file_lines_[fd], who, lines, opts_.timestamp ? ts + " " : "");
+    write_all(fd, text.data(), text.size());
     if (!opts_.copy) return;
   }
   bool& broken = s == Stream::Out ? out_broken_ : err_broken_;
@@ -267,7 +265,7 @@ void OutputSink::flush() {
     held->clear();
   }
   for (auto& [fd, open] : file_lines_)
-    if (open.mid) write_all(fd, "\n", 1);
+    if (open.mid && opts_.timestamp) write_all(fd, "\n", 1);  // as on the terminal
   file_lines_.clear();
 }
 

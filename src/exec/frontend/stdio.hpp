@@ -102,7 +102,7 @@ class OutputSink {
   OpenLine& line_of(Stream s) { return s == Stream::Out || same_file_ ? out_open_ : err_open_; }
   OpenLine out_open_, err_open_;
   bool same_file_ = false;  // stdout and stderr are one file: out_open_ serves both
-  std::map<int, OpenLine> file_lines_;  // --output-filename files, with timestamps
+  std::map<int, OpenLine> file_lines_;  // --output-filename files: the open line of each
   bool files_open_ = false;
   double every_ = 1.0;
   int interrupt_fd_ = -1;
