@@ -48,6 +48,21 @@ def test_a_lost_node_reforms_the_group():
                         r"re-forming the group on the 2 node\(s\) left")
 
 
+def test_a_lost_relay_takes_the_nodes_below_it():
+    """--tree-radix 1: a chain, a above b above c above d.  b's daemon dies: c and d, below it,
+    go with it, and the group re-forms once, on a."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    r = run(["--nnodes", "1:4", "--tree-radix", "1", "-H", "a,b,c,d", "--launch-agent",
+             agent(marker), WORKER], env=env, timeout=90)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
+    check(re.search(r"node b: lost contact with its daemon .*; and with it the node\(s\) below it in "
+                    r"the control tree: c, d; re-forming the group on the 1 node\(s\) left",
+                    r.stderr), r.stderr[-2000:])
+    check(r.stdout == "gen 1 rank 0 of 1 node a group 0/1 restarts 1\n", r.stdout)
+    assert_no_leftovers(marker, timeout=5)
+
+
 def test_mpi_programs_run_in_the_reformed_group():
     if not build_mpi():
         print("  (mpicc not found: MPI part not run)")
@@ -306,7 +321,8 @@ def test_random_losses_and_arrivals():
 
 
 if __name__ == "__main__":
-    main([test_a_lost_node_reforms_the_group, test_mpi_programs_run_in_the_reformed_group,
+    main([test_a_lost_node_reforms_the_group, test_a_lost_relay_takes_the_nodes_below_it,
+          test_mpi_programs_run_in_the_reformed_group,
           test_a_spare_takes_the_place_of_a_lost_node, test_a_frozen_daemon_is_lost_by_its_silence,
           test_a_host_that_comes_back_waits_its_cooldown,
           test_a_host_no_longer_listed_leaves_and_may_come_back,

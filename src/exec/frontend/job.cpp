@@ -277,14 +277,40 @@ void JobController::on_rank_failed(Failure f) {
 // survivor and re-forms on the nodes that are left while at least MIN are; otherwise everything
 // else is stopped and the job fails, naming the node.
 void JobController::on_node_lost(const std::string& host, const std::string& why) {
+  on_nodes_lost(host, why, {});
+}
+
+void JobController::on_nodes_lost(const std::string& host, const std::string& why,
+                                  const std::vector<std::string>& below) {
   if (state_ == State::Done) return;
-  if (spawn_only(host)) {  // its spawned processes are gone: a failure, the group cannot re-form
-    membership_.lost(membership_.find(host), ctrl::Heartbeats::steady_seconds());
-    return fail_with_node(host, why);
+  // The nodes below a lost relay leave the membership first (those still in it), so that the
+  // group re-forms once, on the nodes really left, and the report names them all.
+  std::vector<std::string> gone;
+  bool members_below = false, spawn_below = false;
+  for (const auto& h : below) {
+    int slot = membership_.find(h);
+    if (slot < 0 || membership_.node(slot).state == Membership::State::Lost) continue;
+    gone.push_back(h);
+    members_below = members_below ||
+                    contains(state_ == State::Preparing ? membership_.next_generation() : members_,
+                             slot);
+    spawn_below = spawn_below || spawn_only(h);
+    if (h == retiring_)
+      membership_.retire(slot);
+    else
+      membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
+  }
+  std::string all = why;
+  if (!gone.empty())
+    all += "; and with it the node(s) below it in the control tree: " + join(gone, ", ");
+  if (spawn_only(host) || spawn_below) {  // spawned processes are gone: a failure, no re-forming
+    if (spawn_only(host))
+      membership_.lost(membership_.find(host), ctrl::Heartbeats::steady_seconds());
+    return fail_with_node(host, all);
   }
   std::string cannot;
-  if (cfg_.nnodes_min > 0 && (cannot = reform_without(host, why)).empty()) return;
-  fail_with_node(host, why);
+  if (cfg_.nnodes_min > 0 && (cannot = reform_without(host, all, members_below)).empty()) return;
+  fail_with_node(host, all);
   if (!cannot.empty()) say(cannot);
 }
 
@@ -294,11 +320,13 @@ void JobController::on_start_failed(const std::string& host, const std::string& 
 }
 
 // "" when the job goes on without `host` (or already did), else why it cannot.
-std::string JobController::reform_without(const std::string& host, const std::string& why) {
+std::string JobController::reform_without(const std::string& host, const std::string& why,
+                                          bool members_below) {
   int slot = membership_.find(host);
   if (slot < 0) return "";  // already gone
-  bool member =
-      contains(state_ == State::Preparing ? membership_.next_generation() : members_, slot);
+  bool member = members_below ||
+                contains(state_ == State::Preparing ? membership_.next_generation() : members_,
+                         slot);
   // A rank's failure just before (its peer went away) does not end an elastic job; a signal
   // or a failure of another kind does.
   if (state_ == State::Interrupted || (state_ == State::Failing && !failure_))

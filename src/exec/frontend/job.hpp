@@ -47,8 +47,11 @@ class JobController : public AgentListener {
   void on_abort(int generation, int rank, pid_t pid, int status, const std::string& msg) override;
   void on_rank_failed(Failure f);
   void on_node_lost(const std::string& host, const std::string& why) override;
+  void on_nodes_lost(const std::string& host, const std::string& why,
+                     const std::vector<std::string>& below) override;
   void on_start_failed(const std::string& host, const std::string& why) override;
-  std::string reform_without(const std::string& host, const std::string& why);
+  std::string reform_without(const std::string& host, const std::string& why,
+                             bool members_below = false);
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
   void on_hosts(const std::vector<HostSlots>& hosts);
   void on_unlisted(const std::string& host);

@@ -364,12 +364,16 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
   }
   if (why.empty()) return;  // shutting down
   logger("ctrl")->info("node {} ({}) lost: {}", node, nodes_[static_cast<size_t>(node)].host, why);
-  for (int i = 0; i < tree_.size(); ++i)
-    if (ctrl::in_subtree(node, i, cfg_.tree_radix)) spawn_.on_node_lost(i, why);
-  if (idle_spawn_node)
+  std::vector<std::string> below;
+  for (int i = 0; i < tree_.size(); ++i) {
+    if (!ctrl::in_subtree(node, i, cfg_.tree_radix)) continue;
+    spawn_.on_node_lost(i, why);
+    if (i != node) below.push_back(nodes_[static_cast<size_t>(i)].host);
+  }
+  if (idle_spawn_node && below.empty())
     listener_.on_spawn_host_lost(nodes_[static_cast<size_t>(node)].host, why);
   else
-    listener_.on_node_lost(nodes_[static_cast<size_t>(node)].host, why);
+    listener_.on_nodes_lost(nodes_[static_cast<size_t>(node)].host, why, below);
   check_ready();  // an elastic job starts without it
 }
 

@@ -59,6 +59,13 @@ class AgentListener {
   virtual void on_node_lost(const std::string& host, const std::string& why) {
     (void)host, (void)why;
   }
+  // Multi-node jobs: a relay of the control tree went away, and with it the nodes below it
+  // (`below`, whose daemons exit when their parent goes): one event for all of them.
+  virtual void on_nodes_lost(const std::string& host, const std::string& why,
+                             const std::vector<std::string>& below) {
+    on_node_lost(host, why);
+    for (const auto& h : below) on_node_lost(h, "lost with the relay " + host + " above it");
+  }
   // Multi-node jobs: MPI_Comm_spawn wants processes on `host`, a host of the job's list that runs
   // none of its ranks: the front end has a daemon started there, for spawned processes only.
   // "" (on_node_lost or a ready daemon follows) or why it cannot.
