@@ -377,7 +377,9 @@ def start_running_job(command, stderr=subprocess.PIPE):
 
 
 def test_losing_a_daemon_ends_the_job_naming_the_node():
-    p, marker = start_running_job("echo up; exec sleep 60")
+    """Nothing is left of it either: not the ranks' processes in sessions of their own, whose
+    subreaper the daemon was (its orphan guard finds them by the job's id)."""
+    p, marker = start_running_job("setsid sleep 60 </dev/null >/dev/null 2>&1 & echo up; exec sleep 60")
 
     pid = daemon_of(marker, "b")
     os.kill(pid, signal.SIGKILL)
@@ -388,7 +390,8 @@ def test_losing_a_daemon_ends_the_job_naming_the_node():
 
 
 def test_killing_the_front_end_leaves_nothing_on_any_node():
-    p, marker = start_running_job("echo up; sleep 60 & wait", stderr=subprocess.DEVNULL)
+    p, marker = start_running_job("setsid sleep 60 </dev/null >/dev/null 2>&1 & echo up; sleep 60 & wait",
+                                  stderr=subprocess.DEVNULL)
     check(len(processes_with_marker(marker)) >= 10, "expected daemons, workers and their children")
     p.kill()
     p.wait()

@@ -13,7 +13,7 @@ def test_sigkill_of_pytorch_exec_leaves_nothing():
     env = marker_env({"TMPDIR": tmpdir()})
     marker = env["PE_TEST_MARKER"]
     # Each worker starts two grandchildren in its process group, and one that leaves it (setsid).
-    p = start(["-n", "4", "sh", "-c", "sleep 300 & sleep 300 & wait"], env=env,
+    p = start(["-n", "4", "sh", "-c", "sleep 300 & setsid sleep 300 & wait"], env=env,
               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     check(wait_until(lambda: len(processes_with_marker(marker)) >= 1 + 4 * 3, 30),
           f"only {len(processes_with_marker(marker))} processes started")

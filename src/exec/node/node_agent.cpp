@@ -124,7 +124,10 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
   for (auto& spec : specs) {
     auto w = std::make_unique<Worker>();
     for (const auto& e : spec.spawn.envp) {
-      if (e.rfind(PYTORCH_EXEC_ENV_JOBID "=", 0) == 0) job_marker_ = e;
+      if (e.rfind(PYTORCH_EXEC_ENV_JOBID "=", 0) == 0 && e != job_marker_) {
+        job_marker_ = e;
+        guard_.kill_marked_on_death(e);
+      }
       if (e.rfind(PYTORCH_EXEC_ENV_GENERATION "=", 0) == 0) w->generation_marker = e;
     }
     w->rank = spec.rank;

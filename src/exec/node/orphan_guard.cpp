@@ -1,5 +1,6 @@
 #include "exec/node/orphan_guard.hpp"
 
+#include <dirent.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -8,8 +9,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,7 +23,63 @@ namespace pe {
 namespace {
 
 constexpr pid_t kGoodbye = 0;
-constexpr pid_t kDirectory = INT32_MIN;  // followed by a uint32 length and the path
+constexpr pid_t kDirectory = INT32_MIN;    // followed by a uint32 length and the path
+constexpr pid_t kMarker = INT32_MIN + 1;  // followed by a uint32 length and the marker
+
+// A process's parent and, through `comm`, its name; false when it is gone.
+bool parent_of(pid_t pid, pid_t& ppid, std::string& comm) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(f, stat)) return false;
+  auto open = stat.find('('), close = stat.rfind(')');
+  if (open == std::string::npos || close == std::string::npos || close < open) return false;
+  comm = stat.substr(open + 1, close - open - 1);
+  std::istringstream rest(stat.substr(close + 1));
+  std::string state;
+  return static_cast<bool>(rest >> state >> ppid);
+}
+
+bool has_marker(pid_t pid, const std::string& marker) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
+  for (std::string var; std::getline(f, var, '\0');)
+    if (var == marker) return true;
+  return false;
+}
+
+// Under a live pytorch_exec or pytorch_execd: another node's (simulated nodes on one machine),
+// or a job's that a rank started.  A process under none is an orphan of the dead one.
+bool under_a_launcher(pid_t pid) {
+  std::string comm;
+  for (int depth = 0; depth < 64 && pid > 1; ++depth) {
+    pid_t ppid = 0;
+    if (!parent_of(pid, ppid, comm)) return false;
+    if (depth > 0 && (comm == "pytorch_exec" || comm == "pytorch_execd")) return true;
+    pid = ppid;
+  }
+  return false;
+}
+
+// The job's processes that left the ranks' process groups (setsid) and so outlived the group
+// kill: those with `marker` in their environment that no live launcher is above.  Returns how
+// many were killed.
+int kill_marked_orphans(const std::string& marker) {
+  int killed = 0;
+  DIR* d = ::opendir("/proc");
+  if (!d) return 0;
+  while (struct dirent* e = ::readdir(d)) {
+    char* end = nullptr;
+    long pid = std::strtol(e->d_name, &end, 10);
+    if (*end != '\0' || pid <= 1 || pid == ::getpid()) continue;
+    auto p = static_cast<pid_t>(pid);
+    if (!has_marker(p, marker) || under_a_launcher(p)) continue;
+    pid_t group = ::getpgid(p);
+    if (group > 1 && group != ::getpgrp()) ::kill(-group, SIGKILL);
+    ::kill(p, SIGKILL);
+    ++killed;
+  }
+  ::closedir(d);
+  return killed;
+}
 
 bool read_exact(int fd, void* buf, size_t len) {
   auto* p = static_cast<char*>(buf);
@@ -40,17 +100,21 @@ bool read_exact(int fd, void* buf, size_t len) {
   ::prctl(PR_SET_NAME, "pe-orphan-guard");
   std::vector<pid_t> groups;
   std::vector<std::string> dirs;
+  std::string marker;
   for (;;) {
     pid_t pgid;
     if (read_exact(fd, &pgid, sizeof pgid)) {
       if (pgid == kGoodbye) ::_exit(0);
-      if (pgid == kDirectory) {
+      if (pgid == kDirectory || pgid == kMarker) {
         uint32_t len = 0;
-        std::string dir;
+        std::string text;
         if (!read_exact(fd, &len, sizeof len) || len > 4096) break;
-        dir.resize(len);
-        if (!read_exact(fd, dir.data(), len)) break;
-        dirs.push_back(dir);
+        text.resize(len);
+        if (!read_exact(fd, text.data(), len)) break;
+        if (pgid == kDirectory)
+          dirs.push_back(text);
+        else
+          marker = text;
         continue;
       }
       if (pgid > 0) {
@@ -67,6 +131,13 @@ bool read_exact(int fd, void* buf, size_t len) {
     break;  // EOF: pytorch_exec died
   }
   for (pid_t g : groups) ::kill(-g, SIGKILL);
+  // Then what the ranks started in sessions of their own, which the dead process no longer
+  // reaps as their subreaper: three looks 20 ms apart (their parents die meanwhile), then more
+  // while they still find some, for a second at most.
+  for (int i = 0; i < 50 && !marker.empty(); ++i) {
+    if (kill_marked_orphans(marker) == 0 && i >= 2) break;
+    ::usleep(20000);
+  }
   for (const auto& d : dirs) {
     std::error_code ec;
     std::filesystem::remove_all(d, ec);
@@ -99,14 +170,17 @@ void OrphanGuard::watch(pid_t pgid) {
   write_all(pipe_.get(), reinterpret_cast<const char*>(&pgid), sizeof pgid);
 }
 
-void OrphanGuard::remove_on_death(const std::string& dir) {
-  pid_t marker = kDirectory;
-  uint32_t len = static_cast<uint32_t>(dir.size());
-  std::string msg(reinterpret_cast<const char*>(&marker), sizeof marker);
+void OrphanGuard::send_text(pid_t kind, const std::string& text) {
+  uint32_t len = static_cast<uint32_t>(text.size());
+  std::string msg(reinterpret_cast<const char*>(&kind), sizeof kind);
   msg.append(reinterpret_cast<const char*>(&len), sizeof len);
-  msg += dir;
+  msg += text;
   write_all(pipe_.get(), msg.data(), msg.size());
 }
+
+void OrphanGuard::remove_on_death(const std::string& dir) { send_text(kDirectory, dir); }
+
+void OrphanGuard::kill_marked_on_death(const std::string& marker) { send_text(kMarker, marker); }
 
 void OrphanGuard::forget(pid_t pgid) {
   pid_t neg = -pgid;
