@@ -173,6 +173,7 @@ std::string rank_list(const std::vector<int>& ranks) {
 }
 
 using CString = std::unique_ptr<char, decltype(&::free)>;
+using Bitmap = std::unique_ptr<hwloc_bitmap_s, decltype(&hwloc_bitmap_free)>;
 
 int num_apps(const NamespaceInfo& info) {
   int n = 1;
@@ -258,10 +259,42 @@ void add_job_info(InfoList& il, const NamespaceInfo& info, const std::string& tm
   }
 }
 
-// Every process of the job: where it runs.  No PMIX_LOCALITY_STRING: the ranks are not bound,
-// and PMIx's rule is that an unbound process has no locality (Open MPI then treats local peers
-// as sharing the node).  Binding (topology mapping) will add it.
-void add_proc_info(InfoList& il, const NamespaceInfo& info, const std::string& nsdir) {
+std::string list_of(hwloc_const_bitmap_t set) {
+  char* s = nullptr;
+  if (hwloc_bitmap_list_asprintf(&s, set) < 0 || !s) return "";
+  return CString(s, &::free).get();
+}
+
+// Where a bound process sits, as Open MPI writes and compares it: for each kind of object
+// (package SK, caches L3 L2 L1, core CR, hardware thread HT, NUMA node NM) the logical indexes
+// of those its processors touch, "SK0:L30:L20:L10:CR0:HT0:NM0".
+std::string locality_string(hwloc_topology_t topo, const std::vector<int>& os_cpus) {
+  Bitmap cpus(hwloc_bitmap_alloc(), &hwloc_bitmap_free);
+  for (int c : os_cpus) hwloc_bitmap_set(cpus.get(), static_cast<unsigned>(c));
+  std::string out;
+  const std::pair<hwloc_obj_type_t, const char*> kinds[] = {
+      {HWLOC_OBJ_PACKAGE, "SK"}, {HWLOC_OBJ_L3CACHE, "L3"}, {HWLOC_OBJ_L2CACHE, "L2"},
+      {HWLOC_OBJ_L1CACHE, "L1"}, {HWLOC_OBJ_CORE, "CR"},    {HWLOC_OBJ_PU, "HT"},
+      {HWLOC_OBJ_NUMANODE, "NM"}};
+  for (const auto& [type, tag] : kinds) {
+    Bitmap touched(hwloc_bitmap_alloc(), &hwloc_bitmap_free);
+    int n = hwloc_get_nbobjs_by_type(topo, type);
+    for (int i = 0; i < n; ++i) {
+      hwloc_obj_t o = hwloc_get_obj_by_type(topo, type, static_cast<unsigned>(i));
+      if (o && o->cpuset && hwloc_bitmap_intersects(o->cpuset, cpus.get()))
+        hwloc_bitmap_set(touched.get(), o->logical_index);
+    }
+    if (hwloc_bitmap_iszero(touched.get())) continue;
+    out += (out.empty() ? "" : ":") + std::string(tag) + list_of(touched.get());
+  }
+  return out;
+}
+
+// Every process of the job: where it runs.  A bound process of this node also gets its
+// processors and its locality; an unbound one has no locality (PMIx's rule: Open MPI then
+// treats local peers as sharing the node and nothing smaller).
+void add_proc_info(InfoList& il, const NamespaceInfo& info, const std::string& nsdir,
+                   hwloc_topology_t topo) {
   for (size_t node = 0; node < info.node_ranks.size(); ++node) {
     const auto& ranks = info.node_ranks[node];
     for (size_t lr = 0; lr < ranks.size(); ++lr) {
@@ -278,8 +311,16 @@ void add_proc_info(InfoList& il, const NamespaceInfo& info, const std::string& n
       p.u32(PMIX_NODEID, static_cast<uint32_t>(node));
       p.str(PMIX_HOSTNAME, info.hosts[node]);
       p.u32(PMIX_REINCARNATION, 0);
-      if (static_cast<int>(node) == info.this_node)
+      if (static_cast<int>(node) == info.this_node) {
         p.str(PMIX_PROCDIR, nsdir + "/" + std::to_string(ranks[lr]));
+        auto bound = info.bound_cpus.find(ranks[lr]);
+        if (bound != info.bound_cpus.end() && !bound->second.empty() && topo) {
+          Bitmap set(hwloc_bitmap_alloc(), &hwloc_bitmap_free);
+          for (int c : bound->second) hwloc_bitmap_set(set.get(), static_cast<unsigned>(c));
+          p.str(PMIX_CPUSET, list_of(set.get()));
+          p.str(PMIX_LOCALITY_STRING, locality_string(topo, bound->second));
+        }
+      }
       pmix_data_array_t arr;
       p.convert(&arr);
       il.add(PMIX_PROC_DATA, &arr, PMIX_DATA_ARRAY);
@@ -325,7 +366,7 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   ::mkdir(nsdir.c_str(), 0700);
   InfoList il;
   add_job_info(il, info, impl_->tmpdir, nsdir, impl_->topo_xml);
-  add_proc_info(il, info, nsdir);
+  add_proc_info(il, info, nsdir, impl_->topo);
   pmix_data_array_t all;
   il.convert(&all);
   auto* w = new OpWait;

@@ -53,6 +53,9 @@ struct NamespaceInfo {
   std::string parent_nspace;
   int parent_rank = 0;
   std::vector<int> appnum;
+  // This node's ranks that are bound (--bind-to): their OS processors, for PMIX_CPUSET and
+  // PMIX_LOCALITY_STRING (from which Open MPI learns which peers share a socket, a cache...).
+  std::map<int, std::vector<int>> bound_cpus;
 };
 
 // One application of a PMIx_Spawn request (MPI_Comm_spawn_multiple has several).

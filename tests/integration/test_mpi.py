@@ -18,7 +18,7 @@ ENV = dict(os.environ)
 def build():
     if not shutil.which("mpicc"):
         skip("mpicc not found (libopenmpi-dev)")
-    for prog in ("hello", "ring", "collectives", "abort", "no_finalize", "restart"):
+    for prog in ("hello", "ring", "collectives", "abort", "no_finalize", "restart", "locality"):
         r = subprocess.run(["mpicc", "-O1", "-o", os.path.join(BIN, prog),
                             os.path.join(MPI_SRC, prog + ".c")], capture_output=True, text=True)
         check(r.returncode == 0, f"mpicc {prog}.c: {r.stderr}")
@@ -100,6 +100,38 @@ def test_oversubscribed_node_yields_and_pmix_says_so():
           "rmaps_base_oversubscribe=1" in r.stdout, r.stdout)
 
 
+def cpu_topology(cpu):
+    base = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    with open(base + "physical_package_id") as p, open(base + "core_id") as c:
+        return int(p.read()), int(c.read())
+
+
+def test_bound_ranks_know_which_peers_share_their_package_and_core():
+    """--bind-to core: each rank's PMIX_CPUSET and PMIX_LOCALITY_STRING tell Open MPI which peers
+    share its package and core (MPI_Comm_split_type), as under mpirun.  Unbound ranks share only
+    the node, as under mpirun --bind-to none."""
+    for bind in (["--bind-to", "core"], []):
+        r = run(["-n", "2"] + bind + [prog("locality")], env=ENV, timeout=60)
+        check(r.returncode == 0, f"{bind}: exit {r.returncode}: {r.stderr}")
+        rows = {}
+        for line in r.stdout.splitlines():
+            m = re.match(r"rank (\d) cpu (\d+) of (\d+) socket (-?\d+) core (-?\d+)$", line)
+            check(m, f"{bind}: bad line {line!r}")
+            rows[int(m[1])] = [int(x) for x in m.groups()[1:]]
+        check(sorted(rows) == [0, 1], f"{bind}: {r.stdout}")
+        where = {rank: cpu_topology(row[0]) for rank, row in rows.items()}
+        for rank, (cpu, ncpus, socket_size, core_size) in rows.items():
+            if bind:
+                check(ncpus >= 1, f"rank {rank} not bound: {ncpus} processors")
+                want_socket = sum(w[0] == where[rank][0] for w in where.values())
+                want_core = sum(w == where[rank] for w in where.values())
+            else:
+                want_socket = want_core = 1
+            check((socket_size, core_size) == (want_socket, want_core),
+                  f"{bind} rank {rank} on cpu {cpu}: socket {socket_size} core {core_size}, "
+                  f"expected {want_socket} {want_core}: {r.stdout}")
+
+
 def test_clients_that_finalize_and_exit_together_are_not_failures():
     """24 PMIx clients finalize and exit at the same moment, 25 times.  Each "finalized" notice
     is posted before its client exits; a launcher that drained those notices only once per
@@ -153,6 +185,7 @@ if __name__ == "__main__":
     main([test_hello_one_to_eight_ranks, test_ring, test_allreduce_alltoall_connectivity,
           test_mpi_abort_stops_the_job_with_its_code, test_exit_without_finalize_is_reported_and_does_not_hang,
           test_plain_pmix_client, test_oversubscribed_node_yields_and_pmix_says_so,
+          test_bound_ranks_know_which_peers_share_their_package_and_core,
           test_clients_that_finalize_and_exit_together_are_not_failures,
           test_mpi_wires_up_again_after_a_group_restart,
           test_open_mpi_errors_reach_the_user, test_fences_through_the_launcher, test_mpi4py])

@@ -92,10 +92,14 @@ void NodeAgent::start_spawned(int generation, int number, std::vector<WorkerSpec
   launch(generation, number, ns.nspace, specs);
 }
 
-// Registers the namespace; every worker's environment gets Open MPI's variables (unless the
-// user set them) and what PMIx_server_setup_fork adds.
+// Registers the namespace (with the processors of the workers that are bound); every worker's
+// environment gets Open MPI's variables (unless the user set them) and what
+// PMIx_server_setup_fork adds.
 void NodeAgent::prepare_pmix(const pmix::NamespaceInfo& ns, std::vector<WorkerSpec>& specs) {
-  pmix_->register_namespace(ns);
+  pmix::NamespaceInfo here = ns;
+  for (const auto& spec : specs)
+    if (!spec.spawn.cpus.empty()) here.bound_cpus[spec.rank] = spec.spawn.cpus;
+  pmix_->register_namespace(here);
   auto ompi = pmix::open_mpi_environment({ns.nspace, pmix_->tmpdir(),
                                           ns.universe_size > 0 ? ns.universe_size : ns.world_size,
                                           pmix_->shm_dir()});
