@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <random>
 
@@ -80,6 +82,22 @@ namespace {
 
 // --- env:// -------------------------------------------------------------------------------
 
+// Rank 0's store outlives the group it was made for: a later init() (a second group while the
+// first lives, or after it ended) uses it again, where the other ranks look for it.  A new one on
+// the same port would race the old one's end: a rank could prove itself to the old one and lose
+// it a moment later, or be reset while the old one closed.
+std::shared_ptr<TcpStoreServer> env_store_server(int port, const std::string& master, int* bound) {
+  static std::mutex m;
+  static std::map<std::pair<int, std::string>, std::pair<std::shared_ptr<TcpStoreServer>, int>>
+      servers;
+  std::lock_guard<std::mutex> l(m);
+  if (port == 0) return serve_tcp_store(port, master, bound);  // a group of one: its own
+  auto& [server, at] = servers[{port, master}];
+  if (!server) server = serve_tcp_store(port, master, &at);
+  *bound = at;
+  return server;
+}
+
 World bootstrap_env(int tcp_port, double timeout) {
   int rank = env_int("RANK", 0, 1 << 20), size = env_int("WORLD_SIZE", 1, 1 << 20);
   if (rank < 0 || size < 0)
@@ -105,7 +123,7 @@ World bootstrap_env(int tcp_port, double timeout) {
   // Rank 0's store listens on MASTER_ADDR only (when that is an address of this host).
   std::shared_ptr<TcpStoreServer> server;
   int bound = port;
-  if (rank == 0) server = serve_tcp_store(port, master, &bound);
+  if (rank == 0) server = env_store_server(port, master, &bound);
   std::string host = master;
   if (server) host = store_host(*server) == "0.0.0.0" ? "127.0.0.1" : store_host(*server);
   std::shared_ptr<Store> store = connect_tcp_store(host, bound, timeout, server);
@@ -251,7 +269,8 @@ double env_number(const char* name, double def) {
   if (!v || !*v) return def;
   char* end = nullptr;
   double x = std::strtod(v, &end);
-  if (*end || x < 0) throw Error(std::string(name) + "=" + v + " is not a non-negative number");
+  if (*end || !(x >= 0) || std::isinf(x))  // NaN and infinity too
+    throw Error(std::string(name) + "=" + v + " is not a non-negative number");
   return x;
 }
 
@@ -264,16 +283,27 @@ std::string first_line(const std::string& path) {
 
 std::vector<std::string> store_allgather(Store& store, const std::string& key, int rank, int size,
                                          const std::string& mine, double timeout) {
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%g", timeout);
   store.set(key + "/" + std::to_string(rank), mine);
-  if (rank == 0) {
-    std::string all;
-    for (int r = 0; r < size; ++r) {
-      std::string v = r == 0 ? mine : store.get(key + "/" + std::to_string(r), timeout);
-      all += std::to_string(v.size()) + ":" + v;
+  // A timeout names who did not come: rank 0 knows which rank; the others, that not all did.
+  std::string waited = "'" + key + "' of every rank";
+  try {
+    if (rank == 0) {
+      std::string all;
+      for (int r = 0; r < size; ++r) {
+        waited = "rank " + std::to_string(r) + " ('" + key + "/" + std::to_string(r) + "')";
+        std::string v = r == 0 ? mine : store.get(key + "/" + std::to_string(r), timeout);
+        all += std::to_string(v.size()) + ":" + v;
+      }
+      store.set(key + "/all", all);
     }
-    store.set(key + "/all", all);
+    return parse_gathered(store.get(key + "/all", timeout), key + "/all", size);
+  } catch (const TimeoutError&) {
+    throw TimeoutError("bootstrap: " + waited + " did not arrive within " + secs +
+                       " s (of WORLD_SIZE " + std::to_string(size) +
+                       "; a rank not started, or started with another RANK or MASTER_ADDR?)");
   }
-  return parse_gathered(store.get(key + "/all", timeout), key + "/all", size);
 }
 
 std::vector<std::string> parse_gathered(const std::string& all, const std::string& key, int size) {

@@ -35,7 +35,8 @@ std::string describe(const CallHeader& h) {
       std::string(kinds[h.kind]) + " #" + std::to_string(h.seq) + " of " + std::to_string(h.count);
   auto k = static_cast<Kind>(h.kind);
   if (k == Kind::Barrier) return std::string("barrier #") + std::to_string(h.seq);
-  if (k == Kind::Send || k == Kind::Split) return s + (k == Kind::Send ? " bytes" : "");
+  if (k == Kind::Send) return "send of " + std::to_string(h.count) + " bytes";
+  if (k == Kind::Split) return s;
   if (k == Kind::Alltoall) return s + " bytes";
   if (k == Kind::Gather || k == Kind::Scatter)
     return s + " bytes " + (k == Kind::Gather ? "to" : "from") + " root " + std::to_string(h.root);
@@ -52,14 +53,24 @@ void check_header(const CallHeader& mine, const CallHeader& theirs, int from_ran
       mine.op == theirs.op && mine.root == theirs.root && mine.count == theirs.count &&
       mine.seq == theirs.seq && mine.part == theirs.part)
     return;
+  // Only a receiver checks a send's header: this rank's call is a recv.
+  bool recv = mine.kind == static_cast<uint8_t>(Kind::Send);
   throw Error("mismatched calls: rank " + std::to_string(from_rank) + " called " +
-              describe(theirs) + ", this rank " + describe(mine));
+              describe(theirs) + ", this rank " +
+              (recv ? "recv of " + std::to_string(mine.count) + " bytes" : describe(mine)));
 }
 
 void recv_header(const Comm& c, int from, const CallHeader& mine, const Deadline& d) {
   CallHeader theirs;
   c.wait(c.irecv(from, &theirs, sizeof theirs), d);
   check_header(mine, theirs, c.rank_of(from));
+}
+
+void check_ring_headers(const Comm& c, const CallHeader& mine, const Deadline& d) {
+  if (c.size() < 2) return;
+  Request sent = c.isend(c.me + 1, &mine, sizeof mine);
+  recv_header(c, c.me - 1, mine, d);
+  c.wait(sent, d);
 }
 
 }  // namespace pytorch_exec::dc

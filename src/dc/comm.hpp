@@ -95,4 +95,10 @@ struct Comm {
 // Receives member `from`'s call header and checks it against `mine`.
 void recv_header(const Comm& c, int from, const CallHeader& mine, const Deadline& d);
 
+// Every member shows its call header to the next one (a ring) and checks the previous one's: for
+// calls whose messages go only to or from a root (gather, scatter, a broadcast across nodes),
+// where members that disagree on the root would otherwise each wait for the others until the
+// timeout, or return with data they did not get.
+void check_ring_headers(const Comm& c, const CallHeader& mine, const Deadline& d);
+
 }  // namespace pytorch_exec::dc

@@ -29,12 +29,17 @@ void ProcessGroup::alltoall(const void* in, const size_t* send_bytes, void* out,
                             const size_t* recv_bytes, double timeout) {
   Impl& g = *impl_;
   size_t n = static_cast<size_t>(g.size), me = static_cast<size_t>(g.rank), total = 0;
+  if (!send_bytes || !recv_bytes) throw Error("alltoall: null send_bytes or recv_bytes array");
   std::vector<size_t> soff(n + 1), roff(n + 1);
   for (size_t r = 0; r < n; ++r) {
+    if (send_bytes[r] > SIZE_MAX - soff[r] || recv_bytes[r] > SIZE_MAX - roff[r])
+      throw Error("alltoall: the sizes add up to more than memory can hold");
     soff[r + 1] = soff[r] + send_bytes[r];
     roff[r + 1] = roff[r] + recv_bytes[r];
     total += send_bytes[r];
   }
+  need_buffer(in, soff[n], "alltoall");
+  need_buffer(out, roff[n], "alltoall");
   auto d = Deadline::call(g.seconds(timeout), "alltoall", total, -1);
   g.run_guarded(d, [&] {
     uint64_t seq = ++g.seq;
@@ -65,10 +70,13 @@ void ProcessGroup::alltoall(const void* in, const size_t* send_bytes, void* out,
 void ProcessGroup::gather(const void* in, void* out, size_t bytes, int root, double timeout) {
   Impl& g = *impl_;
   check_root(g, "gather", root);
+  need_buffer(in, bytes, "gather");
+  if (g.rank == root) need_buffer(out, bytes, "gather", 1, static_cast<size_t>(g.size));
   auto d = Deadline::call(g.seconds(timeout), "gather", bytes, -1, -1, root);
   g.run_guarded(d, [&] {
     const Comm& c = g.world_c;
     auto h = make_header(Kind::Gather, bytes, DType::U8, Op::Sum, ++g.seq, root);
+    check_ring_headers(c, h, d);
     if (g.rank != root) {
       std::vector<Request> sent;
       post_send(c, root, h, in, bytes, sent);
@@ -88,10 +96,13 @@ void ProcessGroup::gather(const void* in, void* out, size_t bytes, int root, dou
 void ProcessGroup::scatter(const void* in, void* out, size_t bytes, int root, double timeout) {
   Impl& g = *impl_;
   check_root(g, "scatter", root);
+  if (g.rank == root) need_buffer(in, bytes, "scatter", 1, static_cast<size_t>(g.size));
+  need_buffer(out, bytes, "scatter");
   auto d = Deadline::call(g.seconds(timeout), "scatter", bytes, -1, -1, root);
   g.run_guarded(d, [&] {
     const Comm& c = g.world_c;
     auto h = make_header(Kind::Scatter, bytes, DType::U8, Op::Sum, ++g.seq, root);
+    check_ring_headers(c, h, d);
     if (g.rank != root) {
       recv_header(c, root, h, d);
       if (bytes) c.wait(c.irecv(root, out, bytes), d);

@@ -88,7 +88,7 @@ struct ProcessGroup::Impl {
   template <typename F>
   void guarded(const Deadline& d, F&& f);
   Deadline deadline(double timeout, const std::string& what) const;
-  double seconds(double timeout) const { return timeout < 0 ? s.timeout : timeout; }
+  double seconds(double timeout) const { return timeout >= 0 ? timeout : s.timeout; }  // NaN too
   // guarded() for code outside process_group.cpp.
   void run_guarded(const Deadline& d, const std::function<void()>& f);
   // The allreduce of the group, in place, by level and size (collectives.cpp).
@@ -103,6 +103,11 @@ struct ProcessGroup::Impl {
   // Runs `run` with the levels of this group on the host engines (blocks_by_level).
   void host_blocks(const std::function<void(const BlockLevels&)>& run);
 };
+
+// Checks one buffer argument of a call, before anything is sent: dc::Error for a null buffer
+// with a non-zero count, or for a count of `elem`-byte elements, `blocks` times (a buffer with
+// every rank's block), whose size in bytes does not fit in size_t (process_group.cpp).
+void need_buffer(const void* p, size_t count, const char* op, size_t elem = 1, size_t blocks = 1);
 
 // A group of the ranks of `w` (process_group.cpp); `listener`: this rank's tcp listener, whose
 // address `w` published.

@@ -319,11 +319,22 @@ const std::string& ProcessGroup::intra_transport() const { return transport_name
 const std::string& ProcessGroup::inter_transport() const { return transport_name(impl_->s.inter); }
 double ProcessGroup::timeout() const { return impl_->s.timeout; }
 
+void need_buffer(const void* p, size_t count, const char* op, size_t elem, size_t blocks) {
+  if (count > 0 && count > SIZE_MAX / elem / std::max<size_t>(blocks, 1))
+    throw Error(std::string(op) + ": a count of " + std::to_string(count) +
+                (elem == 1 ? " bytes" : " elements of " + std::to_string(elem) + " bytes") +
+                (blocks > 1 ? ", " + std::to_string(blocks) + " times," : "") +
+                " is more than memory can hold");
+  if (!p && count > 0)
+    throw Error(std::string(op) + ": null buffer with a count of " + std::to_string(count) +
+                (elem == 1 ? " bytes" : ""));
+}
+
 namespace {
 
-void need_buffer(const void* p, size_t count, const char* op) {
-  if (!p && count > 0)
-    throw Error(std::string(op) + ": null buffer with a count of " + std::to_string(count));
+void need_op(Op op, const char* call) {
+  if (static_cast<unsigned>(op) > static_cast<unsigned>(Op::Avg))
+    throw Error(std::string(call) + ": unknown Op " + std::to_string(static_cast<int>(op)));
 }
 
 // Checks the arguments of send/recv; returns the operation's deadline.
@@ -344,8 +355,9 @@ void ProcessGroup::allreduce(void* buf, size_t count, DType t, Op op, double tim
 
 void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, Op op,
                              double timeout) {
-  need_buffer(in, count, "allreduce");
-  need_buffer(out, count, "allreduce");
+  need_op(op, "allreduce");
+  need_buffer(in, count, "allreduce", dtype_size(t));
+  need_buffer(out, count, "allreduce", dtype_size(t));
   auto d = Deadline::call(impl_->seconds(timeout), "allreduce", count, static_cast<int>(t),
                           static_cast<int>(op));
   if (in != out) std::memcpy(out, in, count * dtype_size(t));
@@ -354,24 +366,25 @@ void ProcessGroup::allreduce(const void* in, void* out, size_t count, DType t, O
 
 void ProcessGroup::reduce_scatter(const void* in, void* out, size_t count, DType t, Op op,
                                   double timeout) {
-  need_buffer(in, count, "reduce_scatter");
-  need_buffer(out, count, "reduce_scatter");
   Impl& g = *impl_;
+  need_op(op, "reduce_scatter");
+  need_buffer(in, count, "reduce_scatter", dtype_size(t), static_cast<size_t>(g.size));
+  need_buffer(out, count, "reduce_scatter", dtype_size(t));
   auto d = Deadline::call(g.seconds(timeout), "reduce_scatter", count, static_cast<int>(t),
                           static_cast<int>(op));
   g.guarded(d, [&] { g.reduce_scatter(in, out, count, t, op, d); });
 }
 
 void ProcessGroup::allgather(const void* in, void* out, size_t count, DType t, double timeout) {
-  need_buffer(in, count, "allgather");
-  need_buffer(out, count, "allgather");
   Impl& g = *impl_;
+  need_buffer(in, count, "allgather", dtype_size(t));
+  need_buffer(out, count, "allgather", dtype_size(t), static_cast<size_t>(g.size));
   auto d = Deadline::call(g.seconds(timeout), "allgather", count, static_cast<int>(t));
   g.guarded(d, [&] { g.allgather(in, out, count, t, d); });
 }
 
 void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double timeout) {
-  need_buffer(buf, count, "broadcast");
+  need_buffer(buf, count, "broadcast", dtype_size(t));
   Impl& g = *impl_;
   if (root < 0 || root >= g.size)
     throw Error("broadcast: root " + std::to_string(root) + " is not a rank of this group of " +
@@ -380,6 +393,8 @@ void ProcessGroup::broadcast(void* buf, size_t count, DType t, int root, double 
   g.guarded(d, [&] {
     auto h = make_header(Kind::Broadcast, count, t, Op::Sum, ++g.seq, root);
     size_t bytes = count * dtype_size(t);
+    // Across nodes the tree and the levels each see only part of the ranks' calls.
+    if (g.nodes > 1) check_ring_headers(g.world_c, h, d);
     if (!g.blocks_by_level()) return tree_broadcast(g.world_c, buf, bytes, root, h, d);
     g.host_blocks([&](const BlockLevels& levels) {
       hierarchical_broadcast(levels, buf, bytes, root / g.local_size, root % g.local_size, h, d);

@@ -23,7 +23,7 @@ size_t dtype_size(DType t) {
     case DType::U8:
       return 1;
   }
-  return 1;
+  throw Error("unknown DType " + std::to_string(static_cast<int>(t)));
 }
 
 const char* dtype_name(DType t) {

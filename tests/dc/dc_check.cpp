@@ -135,6 +135,17 @@ int main(int argc, char** argv) {
       pg->barrier();
       return 0;
     }
+    if (mode == "reinit") {  // more groups made by init() while the first one lives
+      for (int i = 0; i < 3; ++i) {
+        auto again = ProcessGroup::init();
+        int64_t v = again->rank();
+        again->allreduce(&v, 1, DType::I64, Op::Sum);
+        if (v != static_cast<int64_t>(pg->size()) * (pg->size() - 1) / 2) return 1;
+      }
+      pg->barrier();
+      if (pg->rank() == 0) std::printf("ok\n");
+      return 0;
+    }
     if (mode == "split-exit") {
       auto rest = pg->split(pg->rank() == 0 ? -1 : 1);
       if (!rest) return 0;
@@ -195,8 +206,8 @@ int main(int argc, char** argv) {
       return bad ? 1 : 0;
     }
     std::fprintf(stderr,
-                 "usage: dc_check conformance SEED | die RANK | split-exit | info | hold SECONDS | "
-                 "forked\n");
+                 "usage: dc_check conformance SEED | die RANK | split-exit | reinit | info | "
+                 "hold SECONDS | forked\n");
     return 2;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dc_check: %s\n", e.what());

@@ -62,6 +62,33 @@ TEST_P(Errors, MismatchedCountsAreReportedNotCorrupted) {
   EXPECT_TRUE(named) << e[0] << " | " << e[1] << " | " << e[2] << " | " << e[3];
 }
 
+// gather and scatter send only to or from the root; a broadcast across nodes reaches each level
+// through part of the ranks.  Ranks that disagree on the root raise promptly, naming the calls;
+// the others raise as the group breaks, or (a gather's sender) have returned, none waiting out
+// the timeout.
+TEST_P(Errors, RootsThatDisagreeAreReportedByEveryRank) {
+  for (const char* call : {"gather", "scatter", "broadcast across nodes"}) {
+    bool nodes = std::string(call) == "broadcast across nodes";
+    auto g = nodes ? groups(3, GetParam(), {0, 1, 1}) : groups(3, GetParam());
+    auto start = std::chrono::steady_clock::now();
+    auto e = errors_of(g, [&](ProcessGroup& pg, int r) {
+      std::vector<char> in(300, 'x'), out(300);
+      int root = nodes ? (r == 0 ? 1 : 0) : (r == 0 ? 0 : 1);
+      if (std::string(call) == "gather") pg.gather(in.data(), out.data(), 100, root, 10);
+      if (std::string(call) == "scatter") pg.scatter(in.data(), out.data(), 100, root, 10);
+      if (nodes) pg.broadcast(in.data(), 100, DType::U8, root, 10);
+    });
+    double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(took, 5.0) << call;
+    int named = 0;
+    for (auto& s : e) {
+      named += s.find("mismatched") != std::string::npos;
+      EXPECT_EQ(s.find("timed out"), std::string::npos) << call << ": " << s;
+    }
+    EXPECT_GE(named, 2) << call << ": " << e[0] << " | " << e[1] << " | " << e[2];
+  }
+}
+
 TEST_P(Errors, MismatchedCountsBetweenTwoRanksAreReported) {
   auto g = groups(2, GetParam());
   auto e = errors_of(g, [](ProcessGroup& pg, int r) {
@@ -217,8 +244,60 @@ TEST(ErrorsArgs, BadArgumentsAreErrorsBeforeAnythingIsSent) {
     EXPECT_THROW(pg.send("x", 1, r), Error);
     EXPECT_THROW(pg.recv(nullptr, 4, 1 - r), Error);
     EXPECT_THROW(pg.allreduce(nullptr, 3, DType::F32, Op::Sum), Error);
+    // The personalized exchanges: null buffers and size arrays.
+    char buf[8] = {};
+    size_t sizes[2] = {4, 4};
+    if (r == 0) {
+      EXPECT_THROW(pg.gather(buf, nullptr, 4, 0), Error);
+    } else {
+      EXPECT_THROW(pg.scatter(nullptr, buf, 4, 1), Error);
+    }
+    EXPECT_THROW(pg.gather(nullptr, buf, 4, 0), Error);
+    EXPECT_THROW(pg.alltoall(buf, nullptr, buf, sizes), Error);
+    EXPECT_THROW(pg.alltoall(buf, sizes, nullptr, sizes), Error);
+    EXPECT_THROW(pg.alltoall(nullptr, sizes, buf, sizes), Error);
+    // Counts whose bytes do not fit in memory, unknown types and reductions.
+    float f[4] = {};
+    for (size_t huge : {SIZE_MAX, SIZE_MAX / 2, SIZE_MAX / 4 + 1, size_t{1} << 62}) {
+      EXPECT_THROW(pg.allreduce(f, huge, DType::F32, Op::Sum), Error) << huge;
+      EXPECT_THROW(pg.broadcast(f, huge, DType::F32, 0), Error) << huge;
+    }
+    EXPECT_THROW(pg.allgather(f, f, SIZE_MAX / 8 + 1, DType::F32), Error);  // 2 ranks: twice
+    EXPECT_THROW(pg.reduce_scatter(f, f, SIZE_MAX / 8 + 1, DType::F32, Op::Sum), Error);
+    size_t wrap[2] = {SIZE_MAX, 2};
+    EXPECT_THROW(pg.alltoall(buf, wrap, buf, sizes), Error);
+    EXPECT_THROW(pg.allreduce(f, 1, static_cast<DType>(42), Op::Sum), Error);
+    EXPECT_THROW(pg.allreduce(f, 1, DType::F32, static_cast<Op>(42)), Error);
     pg.barrier();  // the group still works
   });
+}
+
+// A timeout too long for the clock (infinity, 1e10 s) is a long one, not an immediate one; NaN
+// is the group's default.
+TEST(ErrorsArgs, TimeoutsBeyondTheClockAreLong) {
+  auto g = groups(2, "shm");
+  for (double t : {HUGE_VAL, 1e10, std::nan("")}) {
+    on_all(g, [t](ProcessGroup& pg, int r) {
+      if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      pg.barrier(t);
+      float x = 1;
+      pg.allreduce(&x, 1, DType::F32, Op::Sum, t);
+      EXPECT_EQ(x, 2.0f);
+    });
+  }
+}
+
+// A send and a recv of different sizes: the receiver raises, describing its own call as a recv.
+TEST(ErrorsArgs, ASendAndARecvOfDifferentSizes) {
+  auto g = groups(2, "shm");
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<char> b(200);
+    if (r == 0) pg.send(b.data(), 100, 1, 5);
+    if (r == 1) pg.recv(b.data(), 200, 0, 5);
+  });
+  EXPECT_NE(e[1].find("rank 0 called send of 100 bytes, this rank recv of 200 bytes"),
+            std::string::npos)
+      << e[1];
 }
 
 TEST(Settings, EnvironmentAndOptionsResolve) {

@@ -256,6 +256,16 @@ def test_split_then_exit():
         check(r.returncode == 0 and r.stdout.strip() == "ok", f"{r.returncode} {r.stdout}{r.stderr}")
 
 
+def test_groups_made_while_one_lives():
+    # A second init() while the first group lives, through PMIx and env:// (where rank 0's store
+    # serves both: a new one on the same port raced the old one's end, 9 runs in 10).
+    for env in ({}, {"PYTORCH_DC_BOOTSTRAP": "env"}):
+        for _ in range(3):
+            r = run(["-n", "3", DC_CHECK, "reinit"], env=marker_env(env), timeout=120)
+            check(r.returncode == 0 and r.stdout.strip() == "ok",
+                  f"{env}: {r.returncode} {r.stdout}{r.stderr[-2000:]}")
+
+
 def test_locality_domains():
     # pytorch_exec's own PYTORCH_EXEC_DOMAIN (one domain on this machine), then one set per rank
     # by a shell: every rank learns every rank's domain, through PMIx and through env://.
@@ -290,5 +300,6 @@ if __name__ == "__main__":
           test_unusable_congestion_control_is_a_clear_error, test_env_bootstrap, test_mpi_transport, test_under_mpirun,
           test_peer_death_is_an_error_on_every_survivor, test_forked_child_takes_the_ranks_place,
           test_small_dev_shm,
-          test_example_runs, test_split_then_exit, test_locality_domains,
+          test_example_runs, test_split_then_exit, test_groups_made_while_one_lives,
+          test_locality_domains,
           test_no_launcher_is_a_clear_error])
