@@ -381,9 +381,10 @@ def told(out, who, event, affected, exit_code):
     return f"{who} got {event} affected {affected} exit_code {exit_code}" in out
 
 
-def event_case(args, env, fails):
-    """Runs pmix_spawn_events (2 parents, 2 children, `fails` exits 3) with a failure window:
-    every other process is told, with the failed process's own namespace."""
+def event_case(args, env, fails, event="PROC TERMINATED"):
+    """Runs pmix_spawn_events (2 parents, 2 children, `fails` exits 3, or aborts with 3 first)
+    with a failure window: every other process is told `event`, with the failed process's own
+    namespace."""
     r = run(args + ["--failure-window", "3", "-n", "2", prog("pmix_spawn_events"), "2", fails],
             env=env, timeout=60)
     check(r.returncode == 3, f"exit {r.returncode}: {r.stdout} {r.stderr[-1500:]}")
@@ -394,7 +395,10 @@ def event_case(args, env, fails):
     failed = (child if fails.startswith("child") else parent) + ":1"
     for who in everyone:
         if who != failed:
-            check(told(r.stdout, who, "PROC TERMINATED", failed, 3), f"{who} not told: {r.stdout}")
+            check(told(r.stdout, who, event, failed, 3), f"{who} not told: {r.stdout}")
+    if fails.endswith("/abort"):
+        check(re.search(r"\(pid \d+[^)]*\) called MPI_Abort/PMIx_Abort with status 3: it aborts",
+                        r.stderr), r.stderr[-1500:])
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 
@@ -404,11 +408,15 @@ def test_failure_events_reach_spawned_namespaces():
     on other nodes and on a host started for the children only."""
     event_case([], marker_env(), "child:1")
     event_case([], marker_env(), "parent:1")
+    # A child's PMIx_Abort (MPI_Abort) is an abort, as a rank's is.
+    event_case([], marker_env(), "child:1/abort", "PROC-ABORTED")
+    event_case([], marker_env(), "parent:1/abort", "PROC-ABORTED")
     env = tcp_env()
     la = ["--launch-agent", agent(env["PE_TEST_MARKER"])]
     event_case(["-H", "a:2,b:2", "--map-by", "node"] + la, env, "child:1")
     on_b = ["-H", "a:2,b:2", "-x", "SPAWN_EVENTS_HOST=b"] + la
     event_case(on_b, env, "child:1")
+    event_case(on_b, env, "child:1/abort", "PROC-ABORTED")  # from another node's daemon
     event_case(on_b, env, "parent:1")
 
 

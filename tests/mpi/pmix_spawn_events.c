@@ -2,7 +2,8 @@
  * rank 0 spawns N copies of this program; every process registers for PMIX_ERR_PROC_ABORTED and
  * PMIX_EVENT_PROC_TERMINATED and prints what it gets:
  *   "NSPACE:RANK got EVENT affected NS:A exit_code C"
- * Usage: pmix_spawn_events N WHO   (WHO: "parent:R" or "child:R", the process that fails)
+ * Usage: pmix_spawn_events N WHO   (WHO: "parent:R" or "child:R", the process that fails; with
+ * "/abort" after it, it calls PMIx_Abort(3, ...) first, as MPI_Abort does)
  * SPAWN_EVENTS_HOST (in the parents' environment) puts the children there (PMIX_ADD_HOST).
  * The one that fails waits 2 s (the others have registered by then) and exits with status 3; the
  * others wait (up to 30 s) to be told, print it, and wait to be stopped. */
@@ -83,8 +84,10 @@ int main(int argc, char** argv) {
   }
   char mine[32];
   snprintf(mine, sizeof mine, "%s:%u", spawned ? "child" : "parent", me.rank);
-  if (strcmp(mine, argv[2]) == 0) {
+  size_t len = strlen(mine);
+  if (strncmp(mine, argv[2], len) == 0 && (argv[2][len] == 0 || argv[2][len] == '/')) {
     sleep(2);
+    if (strcmp(argv[2] + len, "/abort") == 0) PMIx_Abort(3, "it aborts", NULL, 0);
     return 3;
   }
   for (int i = 0; i < 3000 && !told; ++i) usleep(10000);

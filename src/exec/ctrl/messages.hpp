@@ -303,6 +303,7 @@ struct Exit {
   void io(IO& f) {
     f(e.rank), f(e.pid), f(e.generation), f(e.status), f(e.exec_errno), f(e.bind_failed);
     f(e.pmix_unfinalized), f.count(e.spawn, 1 << 30), f(e.error, kMaxWorkerError);
+    f(e.aborted), f(e.abort_status), f(e.abort_message, kMaxWorkerError);
   }
 };
 struct Abort {  // a rank called PMIx_Abort (MPI_Abort)

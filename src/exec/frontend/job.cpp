@@ -228,6 +228,11 @@ void JobController::on_exit(const WorkerExit& e) {
     f.program = cfg_.program;
     f.unfinalized = e.pmix_unfinalized;
     f.error = e.error;
+    if (e.aborted) {  // a spawned process's MPI_Abort
+      f.aborted = true;
+      f.status = e.abort_status;
+      f.abort_message = e.abort_message;
+    }
     on_rank_failed(std::move(f));
   }
   if (workers_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();

@@ -35,6 +35,9 @@ struct NodeAgent::Worker {
   bool in_closing = false;
   std::string generation_marker;  // "PYTORCH_EXEC_GENERATION=G" in its environment (end_strays)
   std::string error_file;         // its TORCHELASTIC_ERROR_FILE
+  bool aborted = false;           // a spawned process's PMIx_Abort, reported with its exit
+  int abort_status = 0;
+  std::string abort_message;
 };
 
 NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
@@ -273,9 +276,15 @@ void NodeAgent::on_client_finalized(const std::string& nspace, int rank) {
 
 void NodeAgent::on_abort(const std::string& nspace, int rank, int status, const std::string& msg) {
   logger("pmix")->info("upcall abort {}:{} status {}: {}", nspace, rank, status, msg);
-  // A spawned process that aborts exits with the abort's status: its exit is reported.
+  // A spawned process that aborts exits with the abort's status: its exit is reported, as an
+  // abort.
   Worker* w = find_rank(nspace, rank);
   if (w && w->spawn == 0) listener_.on_abort(w->generation, rank, w->proc.pid, status, msg);
+  if (w && w->spawn != 0) {
+    w->aborted = true;
+    w->abort_status = status;
+    w->abort_message = msg.substr(0, kMaxWorkerError);
+  }
 }
 
 void NodeAgent::on_sigchld() {
@@ -368,6 +377,9 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.bind_failed = w.proc.bind_failed;
   e.pmix_unfinalized = w.pmix_connected && !w.pmix_finalized;
   if (!w.error_file.empty()) e.error = take_error_file(w.error_file).substr(0, kMaxWorkerError);
+  e.aborted = w.aborted;
+  e.abort_status = w.abort_status;
+  e.abort_message = w.abort_message;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
   end_strays();  // those of a generation that has no rank here any more
   listener_.on_exit(e);

@@ -20,6 +20,11 @@ struct WorkerExit {
   bool bind_failed = false;
   bool pmix_unfinalized = false;  // connected to the PMIx server but never finalized
   std::string error;  // the exception its TORCHELASTIC_ERROR_FILE names (torch's @record)
+  // A spawned process that called PMIx_Abort (MPI_Abort) before it exited (a rank's abort is
+  // reported at once, not with its exit): the abort's status and message.
+  bool aborted = false;
+  int abort_status = 0;
+  std::string abort_message;
   // Front end only: a spawned process stopped on purpose (its MPI_Comm_spawn failed on another
   // node), whatever its status: no failure of the job.
   bool stopped = false;
