@@ -16,6 +16,10 @@ namespace {
 constexpr int kDefaultLookupWait = 60;
 // How often a waiting lookup looks again.
 constexpr double kLookupRetry = 0.02;
+// After this long, a connect still waiting for its port's acceptor is told to the user: the
+// port may be another job's, which no process of this one will ever accept on (Open MPI asks
+// to wait 600 s).
+constexpr auto kConnectNotice = std::chrono::seconds(10);
 
 std::string str_value(const pmix_info_t& i) {
   return i.value.type == PMIX_STRING && i.value.data.string ? i.value.data.string : "";
@@ -101,6 +105,8 @@ struct PmixServer::Impl::PendingLookup {
   pmix_lookup_cbfunc_t cbfunc;
   void* cbdata;
   Event retry;
+  std::string caller;                            // "NSPACE:RANK"
+  std::chrono::steady_clock::time_point notice;  // when a connect's wait is told (kConnectNotice)
 };
 
 PmixServer::Impl::Impl(EventLoop& l, ServerListener& s, ModexRouter& r)
@@ -136,9 +142,12 @@ pmix_status_t PmixServer::Impl::unpublish(const pmix_proc_t*, char** keys, const
   return PMIX_OPERATION_SUCCEEDED;
 }
 
-pmix_status_t PmixServer::Impl::lookup(const pmix_proc_t*, char** keys, const pmix_info_t info[],
-                                       size_t ninfo, pmix_lookup_cbfunc_t cbfunc, void* cbdata) {
+pmix_status_t PmixServer::Impl::lookup(const pmix_proc_t* proc, char** keys,
+                                       const pmix_info_t info[], size_t ninfo,
+                                       pmix_lookup_cbfunc_t cbfunc, void* cbdata) {
   auto p = std::make_unique<PendingLookup>();
+  if (proc) p->caller = std::string(proc->nspace) + ":" + std::to_string(proc->rank);
+  p->notice = std::chrono::steady_clock::now() + kConnectNotice;
   for (char** k = keys; k && *k; ++k) p->keys.emplace_back(*k);
   int timeout = kDefaultLookupWait;
   for (size_t i = 0; i < ninfo; ++i) {
@@ -172,7 +181,24 @@ void PmixServer::Impl::try_lookup(uint64_t id) {
     if (it == lookups.end()) return;
     PendingLookup& p = *it->second;
     bool all = found.size() == p.keys.size();
-    if (!all && p.wait && std::chrono::steady_clock::now() < p.deadline) {
+    auto now = std::chrono::steady_clock::now();
+    if (!all && p.wait && now < p.deadline) {
+      // Open MPI's MPI_Comm_connect looks up "PORT:accept" until the acceptor publishes it.
+      const std::string suffix = ":accept";
+      for (const auto& k : p.keys) {
+        if (now < p.notice || k.size() <= suffix.size() ||
+            k.compare(k.size() - suffix.size(), suffix.size(), suffix) != 0)
+          continue;
+        logger("pmix")->warn(
+            "{} has waited {} s in MPI_Comm_connect for port {}: no process of this job accepts "
+            "on it (pytorch_exec connects the processes of one job and those it spawned; a port "
+            "of another job is never reached); it gives up in {} s",
+            p.caller, std::chrono::duration_cast<std::chrono::seconds>(kConnectNotice).count(),
+            k.substr(0, k.size() - suffix.size()),
+            std::chrono::duration_cast<std::chrono::seconds>(p.deadline - now).count());
+        p.notice = p.deadline;  // once
+        break;
+      }
       p.retry.arm(kLookupRetry);
       return;
     }

@@ -88,7 +88,16 @@ void bind(const Topology& t, const Analysis& a, BindTo how, bool have_gpus,
     } else if (how == BindTo::Core) {
       int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE);
       if (ncores > 0) {
-        int j = used[cpuset_list(set)]++ % ncores;
+        // As mpirun: two ranks bound to one core is refused, not done quietly.
+        int j = used[cpuset_list(set)]++;
+        if (j >= ncores) {
+          std::string cpus = cpuset_list(set);
+          hwloc_bitmap_free(one);
+          hwloc_bitmap_free(set);
+          throw TopologyError("--bind-to core: more ranks than the " + std::to_string(ncores) +
+                              " core(s) near them (processors " + cpus + ") on " + t.source() +
+                              ": use --bind-to none or numa, or fewer ranks");
+        }
         hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE,
                                                                static_cast<unsigned>(j));
         hwloc_bitmap_and(set, set, core->cpuset);

@@ -3,11 +3,13 @@ pytorch_exec as they do under mpirun."""
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import time
 
 from harness import (SRCDIR, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, run, skip,
-                     tmpdir)
+                     start, tmpdir, wait_until)
 
 MPI_SRC = os.path.join(SRCDIR, "tests", "mpi")
 BIN = tmpdir()
@@ -18,7 +20,8 @@ ENV = dict(os.environ)
 def build():
     if not shutil.which("mpicc"):
         skip("mpicc not found (libopenmpi-dev)")
-    for prog in ("hello", "ring", "collectives", "abort", "no_finalize", "restart", "locality"):
+    for prog in ("hello", "ring", "collectives", "abort", "no_finalize", "restart", "locality",
+                 "port"):
         r = subprocess.run(["mpicc", "-O1", "-o", os.path.join(BIN, prog),
                             os.path.join(MPI_SRC, prog + ".c")], capture_output=True, text=True)
         check(r.returncode == 0, f"mpicc {prog}.c: {r.stderr}")
@@ -132,6 +135,34 @@ def test_bound_ranks_know_which_peers_share_their_package_and_core():
                   f"expected {want_socket} {want_core}: {r.stdout}")
 
 
+def test_connect_to_another_jobs_port_is_told():
+    """MPI_Comm_connect to a port that another job opened never completes (each job has its own
+    PMIx server; mpirun says so at once, needing an ompi-server): after 10 s the client's job
+    says why it waits, naming the port, rather than waiting Open MPI's 600 s in silence."""
+    env = marker_env()
+    port_file = os.path.join(tmpdir(), "port")
+    server = start(["-n", "1", prog("port"), "accept", port_file], env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    client = None
+    try:
+        check(wait_until(lambda: os.path.exists(port_file) and open(port_file).read(), 30),
+              "the server wrote no port")
+        port = open(port_file).read().strip()
+        client = start(["-n", "1", prog("port"), "connect", port_file], env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        line = client.stderr.readline()  # the first thing the client's job says
+        took = time.monotonic() - t0
+        check(f"in MPI_Comm_connect for port {port}: no process of this job accepts on it" in line
+              and took < 30, f"after {took:.1f} s: {line!r}")
+    finally:
+        for p in (client, server):
+            if p:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=30)
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
 def test_clients_that_finalize_and_exit_together_are_not_failures():
     """24 PMIx clients finalize and exit at the same moment, 25 times.  Each "finalized" notice
     is posted before its client exits; a launcher that drained those notices only once per
@@ -186,6 +217,7 @@ if __name__ == "__main__":
           test_mpi_abort_stops_the_job_with_its_code, test_exit_without_finalize_is_reported_and_does_not_hang,
           test_plain_pmix_client, test_oversubscribed_node_yields_and_pmix_says_so,
           test_bound_ranks_know_which_peers_share_their_package_and_core,
+          test_connect_to_another_jobs_port_is_told,
           test_clients_that_finalize_and_exit_together_are_not_failures,
           test_mpi_wires_up_again_after_a_group_restart,
           test_open_mpi_errors_reach_the_user, test_fences_through_the_launcher, test_mpi4py])

@@ -100,8 +100,18 @@ TEST(PlacementTest, NoGpusMeansNumaDomainsAndNoBindingByDefault) {
   ASSERT_EQ(p.size(), 3u);
   EXPECT_TRUE(p[0].gpus.empty());
   EXPECT_TRUE(p[0].cpuset.empty());
-  auto c = place_ranks(*t, a, {3, MapBy::Default, BindTo::Core, 1});
+  auto c = place_ranks(*t, a, {1, MapBy::Default, BindTo::Core, 1});
   EXPECT_FALSE(c[0].os_cpus.empty());
+  // More ranks than cores to bind them to: refused, as mpirun does, not two ranks on one core.
+  int cores = hwloc_get_nbobjs_by_type(t->raw(), HWLOC_OBJ_CORE);
+  try {
+    place_ranks(*t, a, {cores + 1, MapBy::Default, BindTo::Core, 1});
+    ADD_FAILURE() << "no error for " << cores + 1 << " ranks on " << cores << " cores";
+  } catch (const TopologyError& e) {
+    EXPECT_NE(std::string(e.what()).find("--bind-to core: more ranks than the"),
+              std::string::npos)
+        << e.what();
+  }
   EXPECT_FALSE(format_topology(*t, a).empty());
 }
 

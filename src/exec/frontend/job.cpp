@@ -441,8 +441,11 @@ std::string JobController::admit(const std::string& host, int ranks, int slots, 
   Membership::Offer o =
       membership_.offer(host, ranks, ctrl::Heartbeats::steady_seconds(), spawn_only, order);
   if (o.slot < 0) {
+    // Once per host: a host refused for want of room is said (the user can raise --tree-radix);
+    // a cool-down is logged (-v).
     if (!o.why.empty() && kept_out_[host].empty())
-      logger("exec")->info("node {}: {}", host, kept_out_[host] = o.why);
+      logger("exec")->log(o.full ? spdlog::level::warn : spdlog::level::info, "node {}: {}", host,
+                          kept_out_[host] = o.why);
     if (kept_out) *kept_out = o.why;
     return spawn_only ? o.why : "";
   }

@@ -39,8 +39,10 @@ Membership::Offer Membership::offer(const std::string& host, int ranks, double n
   }
   int slot = free_slot(host);
   if (slot < 0)
-    return {-1, "no room: the front end takes " + std::to_string(s_.slot_limit) +
-                    " nodes (--tree-radix)"};
+    return {-1,
+            "no room: the front end takes " + std::to_string(s_.slot_limit) +
+                " nodes (--tree-radix)",
+            true};
   Node n;
   n.host = host;
   n.ranks = ranks;

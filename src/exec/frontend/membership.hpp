@@ -45,6 +45,7 @@ class Membership {
   struct Offer {
     int slot = -1;
     std::string why;
+    bool full = false;  // refused for want of room (the front end's node limit), not a cool-down
   };
 
   explicit Membership(MembershipSettings s) : s_(s) {}
