@@ -87,12 +87,13 @@ namespace {
 // the same port would race the old one's end: a rank could prove itself to the old one and lose
 // it a moment later, or be reset while the old one closed.
 std::shared_ptr<TcpStoreServer> env_store_server(int port, const std::string& master, int* bound) {
+  // Never destroyed: at exit (also a forked child's) no static destructor joins its thread.
   static std::mutex m;
-  static std::map<std::pair<int, std::string>, std::pair<std::shared_ptr<TcpStoreServer>, int>>
-      servers;
+  static auto* servers =
+      new std::map<std::pair<int, std::string>, std::pair<std::shared_ptr<TcpStoreServer>, int>>;
   std::lock_guard<std::mutex> l(m);
   if (port == 0) return serve_tcp_store(port, master, bound);  // a group of one: its own
-  auto& [server, at] = servers[{port, master}];
+  auto& [server, at] = (*servers)[{port, master}];
   if (!server) server = serve_tcp_store(port, master, &at);
   *bound = at;
   return server;

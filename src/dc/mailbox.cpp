@@ -82,7 +82,7 @@ struct Mailbox::Impl {
                 ": not another rank of this group of " + std::to_string(size));
   }
   Clock::time_point deadline(double secs) const {
-    return Deadline::after(secs < 0 ? timeout : secs, "").at;
+    return Deadline::after(secs >= 0 ? secs : timeout, "").at;  // NaN: the default too
   }
   void fail(const std::string& why) {
     if (failed.empty()) failed = why;

@@ -14,6 +14,7 @@
 
 #include "dc/bootstrap.hpp"
 #include "dc/socket.hpp"
+#include "dc/transport.hpp"
 
 namespace pytorch_exec::dc {
 namespace {
@@ -132,6 +133,7 @@ Settings resolve_settings(const Options& o) {
   resolve_transports(o, s);
   s.timeout = o.timeout > 0 ? o.timeout : env_number("PYTORCH_DC_TIMEOUT", 300);
   if (!(s.timeout > 0)) throw Error("PYTORCH_DC_TIMEOUT must be more than 0 seconds");
+  s.timeout = std::min(s.timeout, kMaxTimeout);  // Options::timeout of infinity: three years
   s.small_bytes = o.small_bytes > 0 ? o.small_bytes
                                     : static_cast<size_t>(env_number("PYTORCH_DC_SMALL", 32 << 10));
   s.hierarchical = flag(o.hierarchical, "PYTORCH_DC_HIERARCHICAL", true);

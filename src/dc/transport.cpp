@@ -15,13 +15,12 @@ void set_thread_spinning(bool spin) { t_no_spinning = !spin; }
 void no_busy_polling() { g_busy_polling.store(false, std::memory_order_relaxed); }
 
 namespace {
-// Seconds from now; a timeout beyond kMaxSeconds (infinity too) is kMaxSeconds, so that the
+// Seconds from now; a timeout beyond kMaxTimeout (infinity too) is kMaxTimeout, so that the
 // time point does not overflow (1e10 s of nanoseconds did, and the call timed out at once).
-constexpr double kMaxSeconds = 1e8;  // three years
 
 Clock::time_point in(double seconds) {
-  if (!(seconds < kMaxSeconds)) seconds = kMaxSeconds;
-  if (!(seconds > 0)) seconds = 0;
+  if (!(seconds > 0)) seconds = 0;  // NaN too: callers map it to their default first
+  if (seconds > kMaxTimeout) seconds = kMaxTimeout;
   return Clock::now() +
          std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
 }

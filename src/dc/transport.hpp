@@ -33,6 +33,10 @@ using Clock = std::chrono::steady_clock;
 // A point in time by which an operation must complete, and what to call the operation in a
 // TimeoutError ("allreduce of 4096 f32 (sum)").  The description is put together only when it
 // is needed, so that a deadline costs nothing on the fast path.
+// The longest timeout, seconds (three years): a longer one (infinity too) is taken as this, so
+// that no time point overflows.
+inline constexpr double kMaxTimeout = 1e8;
+
 struct Deadline {
   Clock::time_point at;
   std::string label;         // a fixed description ("process group set-up"), or

@@ -190,10 +190,10 @@ void PmixServer::Impl::try_lookup(uint64_t id) {
             k.compare(k.size() - suffix.size(), suffix.size(), suffix) != 0)
           continue;
         logger("pmix")->warn(
-            "{} has waited {} s in MPI_Comm_connect for port {}: no process of this job accepts "
-            "on it (pytorch_exec connects the processes of one job and those it spawned; a port "
-            "of another job is never reached); it gives up in {} s",
-            p.caller, std::chrono::duration_cast<std::chrono::seconds>(kConnectNotice).count(),
+            "{} has waited {} s in MPI_Comm_connect for port {}: no process of this job has "
+            "accepted on it yet (pytorch_exec connects the processes of one job and those it "
+            "spawned; a port of another job is never reached); it gives up in {} s",
+            p.caller.empty() ? "a process" : p.caller, std::chrono::duration_cast<std::chrono::seconds>(kConnectNotice).count(),
             k.substr(0, k.size() - suffix.size()),
             std::chrono::duration_cast<std::chrono::seconds>(p.deadline - now).count());
         p.notice = p.deadline;  // once

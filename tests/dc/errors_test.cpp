@@ -287,6 +287,18 @@ TEST(ErrorsArgs, TimeoutsBeyondTheClockAreLong) {
   }
 }
 
+// Options::timeout of infinity is the longest timeout, not an overflow.
+TEST(ErrorsArgs, AnInfiniteGroupTimeoutIsTheLongest) {
+  Options o;
+  o.timeout = HUGE_VAL;
+  auto g = ProcessGroup::threads(2, o);
+  EXPECT_EQ(g[0]->timeout(), 1e8);
+  on_all(g, [](ProcessGroup& pg, int r) {
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    pg.barrier();
+  });
+}
+
 // A send and a recv of different sizes: the receiver raises, describing its own call as a recv.
 TEST(ErrorsArgs, ASendAndARecvOfDifferentSizes) {
   auto g = groups(2, "shm");

@@ -113,15 +113,17 @@ def test_bound_ranks_know_which_peers_share_their_package_and_core():
     """--bind-to core: each rank's PMIX_CPUSET and PMIX_LOCALITY_STRING tell Open MPI which peers
     share its package and core (MPI_Comm_split_type), as under mpirun.  Unbound ranks share only
     the node, as under mpirun --bind-to none."""
+    # Two ranks where there are two cores (--bind-to core refuses more ranks than cores).
+    n = 2 if len({cpu_topology(c) for c in os.sched_getaffinity(0)}) >= 2 else 1
     for bind in (["--bind-to", "core"], []):
-        r = run(["-n", "2"] + bind + [prog("locality")], env=ENV, timeout=60)
+        r = run(["-n", str(n)] + bind + [prog("locality")], env=ENV, timeout=60)
         check(r.returncode == 0, f"{bind}: exit {r.returncode}: {r.stderr}")
         rows = {}
         for line in r.stdout.splitlines():
             m = re.match(r"rank (\d) cpu (\d+) of (\d+) socket (-?\d+) core (-?\d+)$", line)
             check(m, f"{bind}: bad line {line!r}")
             rows[int(m[1])] = [int(x) for x in m.groups()[1:]]
-        check(sorted(rows) == [0, 1], f"{bind}: {r.stdout}")
+        check(sorted(rows) == list(range(n)), f"{bind}: {r.stdout}")
         where = {rank: cpu_topology(row[0]) for rank, row in rows.items()}
         for rank, (cpu, ncpus, socket_size, core_size) in rows.items():
             if bind:
@@ -153,7 +155,7 @@ def test_connect_to_another_jobs_port_is_told():
         t0 = time.monotonic()
         line = client.stderr.readline()  # the first thing the client's job says
         took = time.monotonic() - t0
-        check(f"in MPI_Comm_connect for port {port}: no process of this job accepts on it" in line
+        check(f"in MPI_Comm_connect for port {port}: no process of this job has accepted" in line
               and took < 30, f"after {took:.1f} s: {line!r}")
     finally:
         for p in (client, server):

@@ -148,6 +148,8 @@ TEST(CliTest, MpirunsMcaAndRootOptions) {
 TEST(CliTest, RefusesMpirunsMultiProgramForm) {
   EXPECT_NE(usage_error({"-n", "1", "a", ":", "-n", "2", "b"}).find("(MPMD)"), std::string::npos);
   EXPECT_EQ(config({"prog", "a:b", "::"}).args, (std::vector<std::string>{"a:b", "::"}));
+  EXPECT_EQ(config({"-n", "2", "--", "sh", "-c", ":"}).args,
+            (std::vector<std::string>{"-c", ":"}));  // after --, the program's
 }
 
 TEST(CliTest, ParsesStdinTargets) {

@@ -1,7 +1,10 @@
 #include <gtest/gtest.h>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <fstream>
 
 #include "common/line_buffer.hpp"
 #include "exec/frontend/failure.hpp"
@@ -212,6 +215,26 @@ TEST(ErrorFileTest, FindsTorchsMessageInEitherForm) {
     EXPECT_EQ(pe::error_file_message(bad), "") << bad;
   std::string deep = std::string(100000, '[') + std::string(100000, ']');
   EXPECT_EQ(pe::error_file_message(deep), "");  // bounded nesting, no stack overflow
+}
+
+// The rank chose what is at the path: a FIFO or a link is not waited on nor followed.
+TEST(ErrorFileTest, TakesOnlyARegularFileAndRemovesIt) {
+  char dir[] = "/tmp/pe-error-file-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::string d = dir, file = d + "/f.json", fifo = d + "/fifo", link = d + "/link";
+  {
+    std::ofstream(file) << R"({"message": {"message": "E: x"}})";
+  }
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  ASSERT_EQ(::symlink(file.c_str(), link.c_str()), 0);
+  EXPECT_EQ(pe::take_error_file(fifo), "");  // returns at once
+  EXPECT_EQ(pe::take_error_file(link), "");
+  EXPECT_EQ(pe::take_error_file(file), "E: x");
+  EXPECT_NE(::access(file.c_str(), F_OK), 0);  // taken
+  EXPECT_EQ(pe::take_error_file(d + "/none"), "");
+  ::unlink(fifo.c_str());
+  ::unlink(link.c_str());
+  ::rmdir(dir);
 }
 
 TEST(FailureTest, BindingFailuresAreNamedAsSuch) {

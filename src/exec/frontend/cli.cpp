@@ -287,7 +287,7 @@ void validate_exports(const RawOptions& raw, const ValidationContext& ctx, Launc
     c.exports.emplace_back(name, it->second);
   }
   for (const auto& m : raw.mca) {
-    std::string key = m.substr(0, m.find('\n')), value = m.substr(m.find('\n') + 1);
+    std::string key = m.substr(0, m.find('\0')), value = m.substr(m.find('\0') + 1);
     if (key.empty() || !is_env_name("OMPI_MCA_" + key))
       throw UsageError("--mca: '" + printable(key) + "' is not an MCA parameter name");
     c.exports.emplace_back("OMPI_MCA_" + key, value);
@@ -468,6 +468,9 @@ std::string program_path(const LaunchConfig& c, const ValidationContext& ctx) {
 RawOptions parse_command_line(int argc, const char* const* argv) {
   std::vector<std::string> command;
   RawOptions r = parse_into(kOptions, argc, argv, command);
+  // "--" before the program: what follows is the program's, ':' included.
+  auto at = static_cast<size_t>(argc) - command.size();
+  r.after_dashdash = !command.empty() && at >= 2 && std::string(argv[at - 1]) == "--";
   r.command = std::move(command);
   return r;
 }
@@ -499,10 +502,13 @@ LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& 
   if (raw.command[0].empty()) throw UsageError("the program name is empty");
   c.program_arg0 = raw.command[0];
   c.args.assign(raw.command.begin() + 1, raw.command.end());
-  // mpirun's MPMD form, "-n 1 a : -n 2 b": not run as one program with ":" among its arguments.
-  if (std::find(raw.command.begin(), raw.command.end(), ":") != raw.command.end())
+  // mpirun's MPMD form, "-n 1 a : -n 2 b": not run as one program with ":" among its arguments
+  // (after "--" it is the program's: pytorch_exec -- sh -c :).
+  if (!raw.after_dashdash &&
+      std::find(raw.command.begin(), raw.command.end(), ":") != raw.command.end())
     throw UsageError("':' separates programs on mpirun's command line (MPMD), which pytorch_exec "
-                     "does not run: start one program that branches on RANK");
+                     "does not run: start one program that branches on RANK (after --, a ':' "
+                     "is the program's)");
   if (raw.wdir) {
     if (raw.wdir->empty()) throw UsageError("--wdir: the directory name is empty");
     c.wdir = *raw.wdir;

@@ -30,7 +30,8 @@ struct RawOptions {
   std::optional<std::string> heartbeat_timeout;
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
-  std::vector<std::string> mca;  // "KEY\nVALUE"
+  std::vector<std::string> mca;  // KEY, a NUL byte, VALUE
+  bool after_dashdash = false;   // the program came after "--"
   bool allow_run_as_root = false;
   bool oversubscribe = false;
   bool display_topology = false;

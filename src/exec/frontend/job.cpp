@@ -291,11 +291,13 @@ void JobController::on_nodes_lost(const std::string& host, const std::string& wh
   // The nodes below a lost relay leave the membership first (those still in it), so that the
   // group re-forms once, on the nodes really left, and the report names them all.
   std::vector<std::string> gone;
-  bool members_below = false, spawn_below = false;
+  bool members_below = false, spawn_below = false, arriving_below = false;
   for (const auto& h : below) {
     int slot = membership_.find(h);
     if (slot < 0 || membership_.node(slot).state == Membership::State::Lost) continue;
     gone.push_back(h);
+    const Membership::Node& n = membership_.node(slot);
+    arriving_below = arriving_below || (n.state == Membership::State::Starting && !n.initial);
     members_below = members_below ||
                     contains(state_ == State::Preparing ? membership_.next_generation() : members_,
                              slot);
@@ -308,6 +310,7 @@ void JobController::on_nodes_lost(const std::string& host, const std::string& wh
   std::string all = why;
   if (!gone.empty())
     all += "; and with it the node(s) below it in the control tree: " + join(gone, ", ");
+  if (arriving_below) loop_.post([this] { on_last_call(); });  // none waits for them
   if (spawn_only(host) || spawn_below) {  // spawned processes are gone: a failure, no re-forming
     if (spawn_only(host))
       membership_.lost(membership_.find(host), ctrl::Heartbeats::steady_seconds());

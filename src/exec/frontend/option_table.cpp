@@ -87,7 +87,7 @@ void take(Prescan& p, const OptionSyntax* o, const std::optional<std::string>& i
     if (inline_value || i + 2 >= toks.size())
       throw UsageError("option " + spelled + " needs two values: " + spelled + " " +
                        o->value_name);
-    value = toks[i + 1] + '\n' + toks[i + 2];
+    value = toks[i + 1] + '\0' + toks[i + 2];
     i += 2;
   } else if (inline_value) {
     value = *inline_value;

@@ -29,7 +29,7 @@ struct OptionSyntax {
 // One row of a program's table.  The member's type is the option's kind: bool a flag, int a
 // flag counted (-vv), std::optional<std::string> a value, std::vector<std::string> a repeatable
 // value.  A value named with two words ("KEY VALUE", mpirun's --mca) takes the next two words,
-// stored joined by a newline.
+// stored joined by a NUL byte (which no argument holds).
 template <typename Raw>
 struct OptionDef {
   const char* name;

@@ -370,10 +370,14 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
     spawn_.on_node_lost(i, why);
     if (i != node) below.push_back(nodes_[static_cast<size_t>(i)].host);
   }
-  if (idle_spawn_node && below.empty())
-    listener_.on_spawn_host_lost(nodes_[static_cast<size_t>(node)].host, why);
-  else
-    listener_.on_nodes_lost(nodes_[static_cast<size_t>(node)].host, why, below);
+  const std::string& host = nodes_[static_cast<size_t>(node)].host;
+  if (!idle_spawn_node) return listener_.on_nodes_lost(host, why, below);
+  // A node for spawned processes that runs none yet: only the spawns waiting for it fail.  The
+  // nodes below it, if any, are lost with it.
+  listener_.on_spawn_host_lost(host, why);
+  if (!below.empty())
+    listener_.on_nodes_lost(below.front(), "lost with the relay " + host + " above it (" + why + ")",
+                            std::vector<std::string>(below.begin() + 1, below.end()));
   check_ready();  // an elastic job starts without it
 }
 

@@ -1,9 +1,10 @@
 #include "exec/node/error_file.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cctype>
-#include <fstream>
 #include <optional>
 
 namespace pe {
@@ -143,11 +144,20 @@ std::string error_file_message(const std::string& json) {
 }
 
 std::string take_error_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return "";
-  std::string text(1 << 20, '\0');
-  f.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(f.gcount()));
+  // The rank chose what is there: a regular file is read, without following a link or waiting
+  // on a FIFO (the node agent's event loop must not block).
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string text;
+  struct stat st;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    text.resize(1 << 20);
+    size_t got = 0;
+    for (ssize_t n; got < text.size() && (n = ::read(fd, &text[got], text.size() - got)) > 0;)
+      got += static_cast<size_t>(n);
+    text.resize(got);
+  }
+  ::close(fd);
   ::unlink(path.c_str());
   return error_file_message(text);
 }

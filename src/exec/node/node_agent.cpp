@@ -13,11 +13,15 @@
 #include <fstream>
 #include <set>
 
+#include "common/auth.hpp"
 #include "common/log.hpp"
 #include "exec/node/error_file.hpp"
 #include "pmix_rdzv/ompi_env.hpp"
 
 namespace pe {
+namespace {
+constexpr double kStraySweep = 0.5;  // seconds between looks for strays (end_strays)
+}  // namespace
 
 struct NodeAgent::Worker {
   int rank = 0;
@@ -44,8 +48,18 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
                      const std::string& server_nspace, hwloc_topology_t topology)
     : loop_(loop), listener_(listener) {
   sigchld_ = loop_.watch_signal(SIGCHLD, [this] { on_sigchld(); });
-  // Orphans among the workers' descendants come here, not to init (end_strays).
+  // Orphans among the workers' descendants come here, not to init (end_strays); if this process
+  // dies, its guard kills them by this agent's mark.
   ::prctl(PR_SET_CHILD_SUBREAPER, 1);
+  agent_marker_ = "PYTORCH_EXEC_AGENT=" + auth::to_hex(auth::random_bytes(8));
+  guard_.kill_marked_on_death(agent_marker_);
+  // A stray can come here after the last exit that looked for strays (its parent outside our
+  // children died later; under load, 1 run in 60 kept one): looked for again now and then.
+  stray_sweep_ = loop_.timer([this] {
+    end_strays();
+    stray_sweep_.arm(kStraySweep);
+  });
+  stray_sweep_.arm(kStraySweep);
   if (router) {
     pmix_ = std::make_unique<pmix::PmixServer>(loop_, *this, *router, server_nspace, topology);
     guard_.remove_on_death(pmix_->tmpdir());
@@ -131,27 +145,27 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
   for (auto& spec : specs) {
     auto w = std::make_unique<Worker>();
     for (const auto& e : spec.spawn.envp) {
-      if (e.rfind(PYTORCH_EXEC_ENV_JOBID "=", 0) == 0 && e != job_marker_) {
-        job_marker_ = e;
-        guard_.kill_marked_on_death(e);
-      }
+      if (e.rfind(PYTORCH_EXEC_ENV_JOBID "=", 0) == 0) job_marker_ = e;
       if (e.rfind(PYTORCH_EXEC_ENV_GENERATION "=", 0) == 0) w->generation_marker = e;
     }
     w->rank = spec.rank;
     w->generation = generation;
     w->spawn = spawn;
     w->nspace = nspace;
+    // This agent's mark (its orphan guard finds what the workers leave by it, see orphan_guard.hpp).
+    auto& env = spec.spawn.envp;
+    env.erase(std::remove_if(env.begin(), env.end(),
+                             [](const std::string& e) {
+                               return e.rfind("PYTORCH_EXEC_AGENT=", 0) == 0 ||
+                                      e.rfind("TORCHELASTIC_ERROR_FILE=", 0) == 0;
+                             }),
+              env.end());
+    env.push_back(agent_marker_);
     // As torchrun: where torch's @record writes an uncaught exception (read in finish()).
     if (pmix_) {
       w->error_file = pmix_->tmpdir() + "/error." + std::to_string(generation) + "." +
                       std::to_string(spawn) + "." + std::to_string(spec.rank) + ".json";
       ::unlink(w->error_file.c_str());
-      auto& env = spec.spawn.envp;
-      env.erase(std::remove_if(env.begin(), env.end(),
-                               [](const std::string& e) {
-                                 return e.rfind("TORCHELASTIC_ERROR_FILE=", 0) == 0;
-                               }),
-                env.end());
       env.push_back("TORCHELASTIC_ERROR_FILE=" + w->error_file);
     }
     w->proc = spawn_child(spec.spawn);

@@ -166,6 +166,8 @@ class NodeAgent : public pmix::ServerListener {
   size_t stdin_backlog_ = 0;
   bool stdin_ended_ = false;  // stdin_close_all() was called
   std::string job_marker_;    // "PYTORCH_EXEC_JOBID=..." of the workers (end_strays)
+  std::string agent_marker_;  // "PYTORCH_EXEC_AGENT=...", this agent's (its orphan guard's)
+  Event stray_sweep_;         // end_strays() every kStraySweep seconds, besides on every exit
   bool output_paused_ = false;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace

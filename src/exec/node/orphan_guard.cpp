@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -26,19 +25,6 @@ constexpr pid_t kGoodbye = 0;
 constexpr pid_t kDirectory = INT32_MIN;    // followed by a uint32 length and the path
 constexpr pid_t kMarker = INT32_MIN + 1;  // followed by a uint32 length and the marker
 
-// A process's parent and, through `comm`, its name; false when it is gone.
-bool parent_of(pid_t pid, pid_t& ppid, std::string& comm) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  if (!std::getline(f, stat)) return false;
-  auto open = stat.find('('), close = stat.rfind(')');
-  if (open == std::string::npos || close == std::string::npos || close < open) return false;
-  comm = stat.substr(open + 1, close - open - 1);
-  std::istringstream rest(stat.substr(close + 1));
-  std::string state;
-  return static_cast<bool>(rest >> state >> ppid);
-}
-
 bool has_marker(pid_t pid, const std::string& marker) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
   for (std::string var; std::getline(f, var, '\0');)
@@ -46,22 +32,8 @@ bool has_marker(pid_t pid, const std::string& marker) {
   return false;
 }
 
-// Under a live pytorch_exec or pytorch_execd: another node's (simulated nodes on one machine),
-// or a job's that a rank started.  A process under none is an orphan of the dead one.
-bool under_a_launcher(pid_t pid) {
-  std::string comm;
-  for (int depth = 0; depth < 64 && pid > 1; ++depth) {
-    pid_t ppid = 0;
-    if (!parent_of(pid, ppid, comm)) return false;
-    if (depth > 0 && (comm == "pytorch_exec" || comm == "pytorch_execd")) return true;
-    pid = ppid;
-  }
-  return false;
-}
-
-// The job's processes that left the ranks' process groups (setsid) and so outlived the group
-// kill: those with `marker` in their environment that no live launcher is above.  Returns how
-// many were killed.
+// The processes that left the ranks' process groups (setsid) and so outlived the group kill:
+// those with this node agent's `marker` in their environment.  Returns how many were killed.
 int kill_marked_orphans(const std::string& marker) {
   int killed = 0;
   DIR* d = ::opendir("/proc");
@@ -71,7 +43,7 @@ int kill_marked_orphans(const std::string& marker) {
     long pid = std::strtol(e->d_name, &end, 10);
     if (*end != '\0' || pid <= 1 || pid == ::getpid()) continue;
     auto p = static_cast<pid_t>(pid);
-    if (!has_marker(p, marker) || under_a_launcher(p)) continue;
+    if (!has_marker(p, marker)) continue;
     pid_t group = ::getpgid(p);
     if (group > 1 && group != ::getpgrp()) ::kill(-group, SIGKILL);
     ::kill(p, SIGKILL);

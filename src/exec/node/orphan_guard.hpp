@@ -26,9 +26,9 @@ class OrphanGuard {
   void forget(pid_t pgid);
   // A directory to remove if pytorch_exec dies (the PMIx server's temporary directory).
   void remove_on_death(const std::string& dir);
-  // The job's processes carry `marker` ("PYTORCH_EXEC_JOBID=..."): if pytorch_exec dies, those
-  // that left the watched groups (setsid) and are under no live pytorch_exec or pytorch_execd
-  // are killed too, with their process groups.
+  // The workers carry `marker` (PYTORCH_EXEC_AGENT=..., one per node agent) in their
+  // environment, and so does what they start: if pytorch_exec dies, the processes carrying it
+  // that left the watched groups (setsid) are killed too, with their process groups.
   void kill_marked_on_death(const std::string& marker);
 
  private:
