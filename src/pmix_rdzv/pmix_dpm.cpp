@@ -19,7 +19,7 @@ constexpr double kLookupRetry = 0.02;
 // After this long, a connect still waiting for its port's acceptor is told to the user: the
 // port may be another job's, which no process of this one will ever accept on (Open MPI asks
 // to wait 600 s).
-constexpr auto kConnectNotice = std::chrono::seconds(10);
+constexpr int kConnectNotice = 10;  // seconds
 
 std::string str_value(const pmix_info_t& i) {
   return i.value.type == PMIX_STRING && i.value.data.string ? i.value.data.string : "";
@@ -147,7 +147,7 @@ pmix_status_t PmixServer::Impl::lookup(const pmix_proc_t* proc, char** keys,
                                        pmix_lookup_cbfunc_t cbfunc, void* cbdata) {
   auto p = std::make_unique<PendingLookup>();
   if (proc) p->caller = std::string(proc->nspace) + ":" + std::to_string(proc->rank);
-  p->notice = std::chrono::steady_clock::now() + kConnectNotice;
+  p->notice = std::chrono::steady_clock::now() + std::chrono::seconds(kConnectNotice);
   for (char** k = keys; k && *k; ++k) p->keys.emplace_back(*k);
   int timeout = kDefaultLookupWait;
   for (size_t i = 0; i < ninfo; ++i) {
@@ -193,7 +193,7 @@ void PmixServer::Impl::try_lookup(uint64_t id) {
             "{} has waited {} s in MPI_Comm_connect for port {}: no process of this job has "
             "accepted on it yet (pytorch_exec connects the processes of one job and those it "
             "spawned; a port of another job is never reached); it gives up in {} s",
-            p.caller.empty() ? "a process" : p.caller, std::chrono::duration_cast<std::chrono::seconds>(kConnectNotice).count(),
+            p.caller.empty() ? "a process" : p.caller, kConnectNotice,
             k.substr(0, k.size() - suffix.size()),
             std::chrono::duration_cast<std::chrono::seconds>(p.deadline - now).count());
         p.notice = p.deadline;  // once

@@ -268,9 +268,7 @@ std::string list_of(hwloc_const_bitmap_t set) {
 // Where a bound process sits, as Open MPI writes and compares it: for each kind of object
 // (package SK, caches L3 L2 L1, core CR, hardware thread HT, NUMA node NM) the logical indexes
 // of those its processors touch, "SK0:L30:L20:L10:CR0:HT0:NM0".
-std::string locality_string(hwloc_topology_t topo, const std::vector<int>& os_cpus) {
-  Bitmap cpus(hwloc_bitmap_alloc(), &hwloc_bitmap_free);
-  for (int c : os_cpus) hwloc_bitmap_set(cpus.get(), static_cast<unsigned>(c));
+std::string locality_string(hwloc_topology_t topo, hwloc_const_bitmap_t cpus) {
   std::string out;
   const std::pair<hwloc_obj_type_t, const char*> kinds[] = {
       {HWLOC_OBJ_PACKAGE, "SK"}, {HWLOC_OBJ_L3CACHE, "L3"}, {HWLOC_OBJ_L2CACHE, "L2"},
@@ -281,7 +279,7 @@ std::string locality_string(hwloc_topology_t topo, const std::vector<int>& os_cp
     int n = hwloc_get_nbobjs_by_type(topo, type);
     for (int i = 0; i < n; ++i) {
       hwloc_obj_t o = hwloc_get_obj_by_type(topo, type, static_cast<unsigned>(i));
-      if (o && o->cpuset && hwloc_bitmap_intersects(o->cpuset, cpus.get()))
+      if (o && o->cpuset && hwloc_bitmap_intersects(o->cpuset, cpus))
         hwloc_bitmap_set(touched.get(), o->logical_index);
     }
     if (hwloc_bitmap_iszero(touched.get())) continue;
@@ -318,7 +316,7 @@ void add_proc_info(InfoList& il, const NamespaceInfo& info, const std::string& n
           Bitmap set(hwloc_bitmap_alloc(), &hwloc_bitmap_free);
           for (int c : bound->second) hwloc_bitmap_set(set.get(), static_cast<unsigned>(c));
           p.str(PMIX_CPUSET, list_of(set.get()));
-          p.str(PMIX_LOCALITY_STRING, locality_string(topo, bound->second));
+          p.str(PMIX_LOCALITY_STRING, locality_string(topo, set.get()));
         }
       }
       pmix_data_array_t arr;

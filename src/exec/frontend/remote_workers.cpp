@@ -376,7 +376,8 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
   // nodes below it, if any, are lost with it.
   listener_.on_spawn_host_lost(host, why);
   if (!below.empty())
-    listener_.on_nodes_lost(below.front(), "lost with the relay " + host + " above it (" + why + ")",
+    listener_.on_nodes_lost(below.front(),
+                            "lost with the relay " + host + " above it (" + why + ")",
                             std::vector<std::string>(below.begin() + 1, below.end()));
   check_ready();  // an elastic job starts without it
 }

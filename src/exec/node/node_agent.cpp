@@ -152,7 +152,7 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
     w->generation = generation;
     w->spawn = spawn;
     w->nspace = nspace;
-    // This agent's mark (its orphan guard finds what the workers leave by it, see orphan_guard.hpp).
+    // This agent's mark: its orphan guard finds what the workers leave by it (orphan_guard.hpp).
     auto& env = spec.spawn.envp;
     env.erase(std::remove_if(env.begin(), env.end(),
                              [](const std::string& e) {
