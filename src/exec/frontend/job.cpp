@@ -296,16 +296,10 @@ void JobController::on_nodes_lost(const std::string& host, const std::string& wh
     int slot = membership_.find(h);
     if (slot < 0 || membership_.node(slot).state == Membership::State::Lost) continue;
     gone.push_back(h);
-    const Membership::Node& n = membership_.node(slot);
-    arriving_below = arriving_below || (n.state == Membership::State::Starting && !n.initial);
-    members_below = members_below ||
-                    contains(state_ == State::Preparing ? membership_.next_generation() : members_,
-                             slot);
+    arriving_below = arriving_below || arriving(slot);
+    members_below = members_below || in_group(slot);
     spawn_below = spawn_below || spawn_only(h);
-    if (h == retiring_)
-      membership_.retire(slot);
-    else
-      membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
+    take_out(h, slot);
   }
   std::string all = why;
   if (!gone.empty())
@@ -322,6 +316,25 @@ void JobController::on_nodes_lost(const std::string& host, const std::string& wh
   if (!cannot.empty()) say(cannot);
 }
 
+// In the group that runs, or is about to start.
+bool JobController::in_group(int slot) const {
+  return contains(state_ == State::Preparing ? membership_.next_generation() : members_, slot);
+}
+
+// A node that joins the running job and is not ready yet.
+bool JobController::arriving(int slot) const {
+  const Membership::Node& n = membership_.node(slot);
+  return n.state == Membership::State::Starting && !n.initial;
+}
+
+// A lost node leaves the membership: kept out for its cool-down, or for good when it was taken
+// out of the node source.
+void JobController::take_out(const std::string& host, int slot) {
+  if (host == retiring_) return membership_.retire(slot);
+  double out = membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
+  logger("exec")->info("node {} is kept out for {} s (cool-down)", host, out);
+}
+
 // The node is there, its workers could not be started: no re-forming helps.
 void JobController::on_start_failed(const std::string& host, const std::string& why) {
   if (state_ != State::Done) fail_with_node(host, why);
@@ -332,9 +345,7 @@ std::string JobController::reform_without(const std::string& host, const std::st
                                           bool members_below) {
   int slot = membership_.find(host);
   if (slot < 0) return "";  // already gone
-  bool member = members_below ||
-                contains(state_ == State::Preparing ? membership_.next_generation() : members_,
-                         slot);
+  bool member = members_below || in_group(slot);
   // A rank's failure just before (its peer went away) does not end an elastic job; a signal
   // or a failure of another kind does.
   if (state_ == State::Interrupted || (state_ == State::Failing && !failure_))
@@ -347,17 +358,11 @@ std::string JobController::reform_without(const std::string& host, const std::st
     loop_.post([this] { gather(); });
     return "";
   }
-  const Membership::Node& node = membership_.node(slot);
-  bool arriving = node.state == Membership::State::Starting && !node.initial;
-  if (host == retiring_) {
-    membership_.retire(slot);
-  } else {
-    double out = membership_.lost(slot, ctrl::Heartbeats::steady_seconds());
-    logger("exec")->info("node {} is kept out for {} s (cool-down)", host, out);
-  }
+  bool arrives = arriving(slot);
+  take_out(host, slot);
   if (!member) {  // a spare, or a node that had not joined yet: nothing to re-form
-    say((arriving ? "arriving node " : "spare node ") + host + ": " + why);
-    if (arriving) loop_.post([this] { on_last_call(); });  // the others need not wait for it
+    say((arrives ? "arriving node " : "spare node ") + host + ": " + why);
+    if (arrives) loop_.post([this] { on_last_call(); });  // the others need not wait for it
     return "";
   }
   int left = membership_.left();

@@ -50,6 +50,9 @@ class JobController : public AgentListener {
   void on_nodes_lost(const std::string& host, const std::string& why,
                      const std::vector<std::string>& below) override;
   void on_start_failed(const std::string& host, const std::string& why) override;
+  bool in_group(int slot) const;
+  bool arriving(int slot) const;
+  void take_out(const std::string& host, int slot);
   std::string reform_without(const std::string& host, const std::string& why,
                              bool members_below = false);
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
