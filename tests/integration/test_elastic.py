@@ -27,6 +27,16 @@ if [ -n "$PE_THEN" ]; then exec "$PE_THEN"; fi
 """)
 
 
+def lines_until(stream, text):
+    """The lines read from `stream` up to the first that holds `text` (or the end)."""
+    said = []
+    for line in stream:
+        said.append(line)
+        if text in line:
+            break
+    return said
+
+
 def reformed_on_a_and_c(elastic_args, said):
     """Nodes a, b, c of two ranks; b's daemon dies in generation 0: the job finishes with
     generation 1 on a and c (4 ranks), the front end having said `said` (a regex)."""
@@ -217,12 +227,8 @@ def test_below_the_minimum_the_job_waits_for_a_replacement():
             agent(marker)]
     p = subprocess.Popen(args + ["--join-timeout", "60", WORKER], env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
-    said = []
     try:
-        for line in p.stderr:
-            said.append(line)
-            if "waiting up to 60 s for more (--join-timeout)" in line:
-                break
+        said = lines_until(p.stderr, "waiting up to 60 s for more (--join-timeout)")
         check(said and "1 node(s) left, --nnodes needs at least 2" in said[-1], "".join(said))
         with open(hostfile, "a") as f:
             f.write("c\n")
@@ -245,6 +251,69 @@ def test_below_the_minimum_the_job_waits_for_a_replacement():
           "timeout of 1 s (--join-timeout)" in r.stderr, f"exit {r.returncode}: {r.stderr}")
     check(took < 20, f"took {took:.1f} s")
     assert_no_leftovers(marker, timeout=5)
+
+
+def test_too_few_hosts_at_the_start_wait_for_more():
+    """--nnodes 2:3 with a hostfile that lists only a (or a discovery command that prints no
+    host yet): the job says so and waits, as torchrun's rendezvous does; once b is listed (and
+    the last call is over) generation 0 runs on a and b.  Listed nothing more, it fails when the
+    join timeout is over, having started nothing; SIGTERM ends the wait at once (143), the
+    discovery command it was running with it."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    hostfile = os.path.join(tmpdir(), "hosts")
+    hello = script('#!/bin/sh\necho "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE '
+                   'node $PE_NODE"\n')
+    base = [EXEC, "--nnodes", "2:3", "--last-call", "0.5", "--launch-agent", agent(marker)]
+    for first, source in (("a\n", ["--hostfile", hostfile]),
+                          ("", ["--host-discovery", f"cat {hostfile}",
+                                "--host-discovery-interval", "0.2"])):
+        with open(hostfile, "w") as f:
+            f.write(first)
+        p = subprocess.Popen(base + source + ["--join-timeout", "60", hello], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        said = []
+        try:
+            said = lines_until(p.stderr, "waiting up to 60 s for more (--join-timeout)")
+            check(said and f"lists {first.count('a')} host(s), --nnodes 2:3 needs at least 2"
+                  in said[-1], "".join(said))
+            others = [q for q in processes_with_marker(marker) if q != p.pid]
+            check(not any(b"pytorch_execd" in open(f"/proc/{q}/cmdline", "rb").read()
+                          for q in others if os.path.exists(f"/proc/{q}")),
+                  "daemons started before MIN hosts")
+            with open(hostfile + ".new", "w") as f:
+                f.write("a\nb\n")
+            os.rename(hostfile + ".new", hostfile)
+            out, err = p.communicate(timeout=60)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+        check(p.returncode == 0, f"{source[0]}: exit {p.returncode}: {''.join(said) + err}")
+        check(sorted(out.splitlines()) == ["gen 0 rank 0 of 2 node a", "gen 0 rank 1 of 2 node b"],
+              f"{source[0]}: {out}\n{err}")
+        assert_no_leftovers(marker, timeout=5)
+    with open(hostfile, "w") as f:
+        f.write("a\n")
+    t0 = time.monotonic()
+    r = run(base[1:] + ["--hostfile", hostfile, "--join-timeout", "1", hello], env=env, timeout=60)
+    check(r.returncode == 1 and "only 1 of at least 2 host(s) listed within the join timeout of "
+          "1 s (--join-timeout)" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+    check(time.monotonic() - t0 < 20, f"took {time.monotonic() - t0:.1f} s")
+    # SIGTERM while the first discovery runs, and while the job waits (a discovery running).
+    for command, when in (("sleep 30", "while running the --host-discovery command"),
+                          (f"sleep 0.5; cat {hostfile}", "while waiting for nodes")):
+        p = subprocess.Popen(base + ["--host-discovery", command, hello], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        if "cat" in command:
+            check("waiting up to" in p.stderr.readline(), "no wait")
+        check(wait_until(lambda: [q for q in processes_with_marker(marker) if q != p.pid], 10),
+              "the discovery command does not run")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+        check(p.returncode == 143 and f"interrupted by signal 15 {when}" in err,
+              f"exit {p.returncode}: {err}")
+        assert_no_leftovers(marker, timeout=5)
 
 
 def test_generations_are_a_multiple_of_nnodes_multiple():

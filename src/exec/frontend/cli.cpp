@@ -150,9 +150,10 @@ const OptionDef<RawOptions> kOptions[] = {
      "MIN is rounded up and MAX down to one, the nodes beyond stand by as spares",
      &RawOptions::nnodes_multiple},
     {"join-timeout", 0, "Elastic", "SECONDS",
-     "when fewer than MIN nodes are left (or, in join mode, before the start), wait up to "
-     "SECONDS for more to arrive from the hostfile, the discovery command or join mode, then "
-     "fail (default 600; also --rdzv-conf join_timeout)",
+     "when fewer than MIN nodes are left (or before the start: join mode, or a hostfile or "
+     "discovery command that lists fewer), wait up to SECONDS for more to arrive from the "
+     "hostfile, the discovery command or join mode, then fail (default 600; also --rdzv-conf "
+     "join_timeout)",
      &RawOptions::join_timeout},
     {"rdzv-endpoint", 0, "Join mode", "HOST[:PORT]",
      "join mode, as torchrun: run pytorch_exec on every node; the one whose address is HOST "

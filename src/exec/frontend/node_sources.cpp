@@ -6,12 +6,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "common/strings.hpp"
 #include "exec/ctrl/heartbeat.hpp"
 #include "exec/node/child_process.hpp"
 #include "exec/node/worker_env.hpp"
@@ -102,9 +104,30 @@ void CommandRun::end(int status) {
 }
 
 std::vector<HostSlots> parse_discovery(const std::string& out) {
+  if (out.find_first_not_of(" \t\r\n") == std::string::npos) return {};  // the callers decide
   std::istringstream in(out);
   return parse_hostfile(in, "--host-discovery output");
 }
+
+namespace {
+
+// Runs `loop` until it is stopped.  A SIGINT, SIGTERM or SIGHUP meanwhile stops it and throws
+// ProgramError (128 + the signal), so that what the caller started (a discovery command) is
+// ended as it unwinds.
+void run_interruptible(EventLoop& loop, const std::string& what) {
+  SignalPipe signals({SIGINT, SIGTERM, SIGHUP});
+  int signal = 0;
+  Event on_signal = loop.watch_readable(signals.fd(), [&] {
+    for (int sig : signals.take()) signal = signal ? signal : sig;
+    if (signal) loop.stop();
+  });
+  loop.run();
+  if (signal)
+    throw ProgramError("interrupted by signal " + std::to_string(signal) + " " + what,
+                       128 + signal);
+}
+
+}  // namespace
 
 std::vector<HostSlots> run_discovery(const std::string& cmd, double timeout) {
   EventLoop loop;
@@ -115,12 +138,48 @@ std::vector<HostSlots> run_discovery(const std::string& cmd, double timeout) {
     out = std::move(o);
     loop.stop();
   });
-  loop.run();
+  run_interruptible(loop, "while running the --host-discovery command");
   if (status < 0)
     throw Error("--host-discovery: the command did not finish within " +
                 std::to_string(static_cast<int>(timeout)) + " s");
   if (status != 0) throw Error("--host-discovery: the command " + describe_wait_status(status));
   return parse_discovery(out);
+}
+
+std::vector<HostSlots> wait_for_hosts(const LaunchConfig& cfg, const std::string& source,
+                                      size_t have) {
+  std::fprintf(stderr,
+               "pytorch_exec: %s lists %zu host(s), --nnodes %d:%d needs at least %d: waiting up "
+               "to %s s for more (--join-timeout)\n",
+               source.c_str(), have, cfg.nnodes_min, cfg.nnodes_max, cfg.nnodes_min,
+               seconds_text(cfg.join_timeout).c_str());
+  EventLoop loop;
+  bool timed_out = false;
+  std::vector<HostSlots> hosts;
+  Event done = loop.timer([&] { loop.stop(); });
+  Event last_call = loop.timer([&] { done.arm(0); });
+  Event deadline = loop.timer([&] {
+    timed_out = true;
+    done.arm(0);
+  });
+  deadline.arm(cfg.join_timeout);
+  size_t most = static_cast<size_t>(cfg.nnodes_max) + static_cast<size_t>(cfg.spares);
+  NodeSources sources(loop, cfg, [&](const std::vector<HostSlots>& listed) {
+    hosts = listed;
+    if (hosts.size() >= most)
+      done.arm(0);
+    else if (hosts.size() < static_cast<size_t>(cfg.nnodes_min))
+      last_call.disarm();  // fewer again
+    else if (!last_call.pending())
+      last_call.arm(cfg.last_call);
+  });
+  run_interruptible(loop, "while waiting for nodes");
+  if (timed_out)
+    throw ProgramError("only " + std::to_string(hosts.size()) + " of at least " +
+                           std::to_string(cfg.nnodes_min) + " host(s) listed within the join "
+                           "timeout of " + seconds_text(cfg.join_timeout) + " s (--join-timeout)",
+                       1);
+  return hosts;
 }
 
 NodeSources::NodeSources(EventLoop& loop, const LaunchConfig& cfg, HostsFn on_hosts)

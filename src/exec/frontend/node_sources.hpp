@@ -40,10 +40,19 @@ class CommandRun {
   std::unique_ptr<State> st_;
 };
 
-// The hosts a discovery command printed.  Throws UsageError naming the line.
+// The hosts a discovery command printed (none for an empty output).  Throws UsageError naming
+// the line.
 std::vector<HostSlots> parse_discovery(const std::string& out);
 // Runs the discovery command once and waits for it (the job's first nodes).  Throws Error.
 std::vector<HostSlots> run_discovery(const std::string& cmd, double timeout);
+
+// An elastic job whose hostfile or discovery command lists fewer than --nnodes MIN hosts at its
+// start (`have` of them, from `source`): watches its sources as the job would, and returns their
+// hosts once they list MIN and --last-call is over (at once with MAX plus --spares), as
+// torchrun's rendezvous waits for its first nodes.  Throws ProgramError: status 1 when
+// --join-timeout passes first, 128 + the signal for SIGINT, SIGTERM or SIGHUP.
+std::vector<HostSlots> wait_for_hosts(const LaunchConfig& cfg, const std::string& source,
+                                      size_t have);
 
 class NodeSources {
  public:
