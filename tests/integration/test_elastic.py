@@ -316,6 +316,54 @@ def test_too_few_hosts_at_the_start_wait_for_more():
         assert_no_leftovers(marker, timeout=5)
 
 
+def test_a_slow_first_node_joins_later():
+    """--nnodes 2:3 on a, b, c, c's daemon slow to start (its launch agent waits): generation 0
+    starts on a and b once they are ready and the last call is over, not when c is (nor at the
+    daemon timeout); c joins in generation 1 once ready.  A c that never starts is lost at the
+    daemon timeout as an arrival would be, and the job goes on without it."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    slow = script(f"""#!/bin/sh
+host=$1; shift
+if [ "$host" = c ]; then sleep "$PE_C_DELAY"; fi
+exec env -i PATH=/usr/bin:/bin PE_TEST_MARKER={marker} PE_NODE="$host" "$@"
+""")
+    worker = script("""#!/bin/sh
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE"
+if [ -n "$PE_SLEEP" ]; then exec sleep "$PE_SLEEP"; fi
+if [ "$PYTORCH_EXEC_GENERATION" = 0 ] && [ -z "$PE_ONCE" ]; then exec sleep 60; fi
+""")
+    args = ["-v", "--nnodes", "2:3", "--last-call", "0.5", "-H", "a,b,c", "--launch-agent",
+            f"{slow} {{host}}", worker]
+    t0 = time.monotonic()
+    r = run(args, env=dict(env, PE_C_DELAY="4"), timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    check("starting without node(s) c, not ready yet: they join when they are" in r.stderr,
+          r.stderr[-3000:])
+    rows = sorted(r.stdout.splitlines())
+    check(rows == ["gen 0 rank 0 of 2 node a", "gen 0 rank 1 of 2 node b",
+                   "gen 1 rank 0 of 3 node a", "gen 1 rank 1 of 3 node b",
+                   "gen 1 rank 2 of 3 node c"], f"{rows}\n{r.stderr[-3000:]}")
+    check(time.monotonic() - t0 < 30, f"took {time.monotonic() - t0:.1f} s")
+    assert_no_leftovers(marker, timeout=5)
+    t0 = time.monotonic()
+    r = run(["-x", "PE_ONCE=1"] + args, env=dict(env, PE_C_DELAY="600",
+                                                   PYTORCH_EXEC_DAEMON_TIMEOUT="3"), timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    check(sorted(r.stdout.splitlines()) == ["gen 0 rank 0 of 2 node a", "gen 0 rank 1 of 2 node b"],
+          f"{r.stdout}\n{r.stderr[-3000:]}")
+    check(time.monotonic() - t0 < 4, f"took {time.monotonic() - t0:.1f} s: waited for c's agent")
+    assert_no_leftovers(marker, timeout=5)
+    # Generation 0 outlives c's daemon timeout: c is lost as an arrival, and the job goes on.
+    r = run(["-x", "PE_SLEEP=5"] + args, env=dict(env, PE_C_DELAY="600",
+                                                   PYTORCH_EXEC_DAEMON_TIMEOUT="2"), timeout=60)
+    check(r.returncode == 0 and "arriving node c: its daemon did not report within 2 s" in r.stderr,
+          f"exit {r.returncode}: {r.stderr[-3000:]}")
+    check(sorted(r.stdout.splitlines()) == ["gen 0 rank 0 of 2 node a", "gen 0 rank 1 of 2 node b"],
+          f"{r.stdout}\n{r.stderr[-3000:]}")
+    assert_no_leftovers(marker, timeout=5)
+
+
 def test_generations_are_a_multiple_of_nnodes_multiple():
     """--nnodes 2:4 --nnodes-multiple 2 on a, b, c, d: b's daemon dies; of the three left, a and c
     form generation 1 and d stands by."""
@@ -397,6 +445,7 @@ if __name__ == "__main__":
           test_a_host_no_longer_listed_leaves_and_may_come_back,
           test_below_the_minimum_the_job_fails,
           test_below_the_minimum_the_job_waits_for_a_replacement,
+          test_too_few_hosts_at_the_start_wait_for_more, test_a_slow_first_node_joins_later,
           test_generations_are_a_multiple_of_nnodes_multiple,
           test_node_counts_are_checked_against_the_allocation,
           test_random_losses_and_arrivals])

@@ -213,3 +213,18 @@ TEST(MembershipTest, AGenerationIsAMultipleOfTheGivenNodeCount) {
   EXPECT_EQ(m.left(), 4);
   EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "c", "d", "e"}));
 }
+
+TEST(MembershipTest, AFirstNodeLateAtTheStartJoinsLaterAsAnArrival) {
+  Membership m(MembershipSettings{3, 8, 10});
+  for (const char* h : {"a", "b", "c"}) m.add_initial(h, 1);
+  m.ready(0);
+  m.ready(2);
+  m.late(1);  // the job starts without b
+  EXPECT_EQ(m.starting(), 1);
+  EXPECT_EQ(m.left(), 2);
+  m.set_generation(m.next_generation());
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "c"}));
+  m.ready(1);  // after the survivors, though it was listed before c
+  EXPECT_EQ(m.starting(), 0);
+  EXPECT_EQ(hosts_of(m, m.next_generation()), (Names{"a", "c", "b"}));
+}

@@ -118,7 +118,18 @@ int JobController::run() {
   }
   workers_->prepare([this] {
     if (state_ != State::Preparing) return;
-    for (size_t i = 0; i < membership_.size(); ++i) membership_.ready(static_cast<int>(i));
+    std::string late;
+    for (int i = 0; i < static_cast<int>(membership_.size()); ++i) {
+      if (workers_->node_ready(i)) {
+        membership_.ready(i);
+      } else if (membership_.node(i).state == Membership::State::Starting) {
+        membership_.late(i);  // an elastic job's: it joins once ready, as an arrival
+        late += (late.empty() ? "" : ", ") + membership_.node(i).host;
+        if (first_arrival_ < 0) first_arrival_ = ctrl::Heartbeats::steady_seconds();
+      }
+    }
+    if (!late.empty())
+      say("starting without node(s) " + late + ", not ready yet: they join when they are");
     if (gathering_) return gather();
     start_generation();
     if (NodeSources::wanted(cfg_) && state_ != State::Done) {

@@ -61,6 +61,8 @@ void Membership::ready(int slot) {
   if (n.state == State::Starting) n.state = State::Ready;
 }
 
+void Membership::late(int slot) { nodes_.at(static_cast<size_t>(slot)).initial = false; }
+
 double Membership::lost(int slot, double now) {
   Node& n = nodes_.at(static_cast<size_t>(slot));
   if (n.state == State::Lost) return 0;

@@ -57,6 +57,9 @@ class Membership {
   Offer offer(const std::string& host, int ranks, double now, bool spawn_only = false,
               long order = -1);
   void ready(int slot);
+  // One of the first nodes, still starting when the job begins without it: from now on it is
+  // an arrival (it joins a later generation once ready).
+  void late(int slot);
   // The node in `slot` is lost (or never came up); returns the seconds its host is kept out.
   double lost(int slot, double now);
   // The node in `slot` leaves on purpose (its node source no longer lists its host): gone like

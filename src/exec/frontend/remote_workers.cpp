@@ -77,9 +77,8 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
               link->send(ctrl::Heartbeat{});
           },
           [this](int node) {
-            tree_.lose(node, "lost contact with its daemon (" +
-                                 ctrl::silence(beats_.settings().timeout) + ")");
-            if (!slurm_) launcher_.kill_node(node, nodes_[static_cast<size_t>(node)].incarnation);
+            lose_silent(node, "lost contact with its daemon (" +
+                                  ctrl::silence(beats_.settings().timeout) + ")");
           }),
       modex_(tree_),
       spawn_(tree_, modex_, cfg.oversubscribe,
@@ -136,7 +135,13 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
 
 RemoteWorkers::~RemoteWorkers() {
   acceptor_.reset();
-  for (int i = 0; i < tree_.size(); ++i) tree_.lose(i, "");  // the daemons see the close and exit
+  for (int i = 0; i < tree_.size(); ++i) {
+    // A node still starting has no daemon to see the close: its launch agent ends now (not
+    // after the launchers' wait for the others to exit).
+    if (!slurm_ && !nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i))
+      launcher_.kill_node(i, nodes_[static_cast<size_t>(i)].incarnation);
+    tree_.lose(i, "");  // the daemons see the close and exit
+  }
 }
 
 std::string RemoteWorkers::format_map() const { return format_job_map(gen_, {}); }
@@ -183,11 +188,12 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
   ready_timer_ = loop_.timer([this, timeout] {
     for (int i = 0; i < tree_.size(); ++i)
       if (!nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i))
-        return tree_.lose(i, "its daemon did not report within " +
-                                 std::to_string(static_cast<int>(timeout)) +
-                                 " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
+        lose_silent(i, "its daemon did not report within " +
+                           std::to_string(static_cast<int>(timeout)) +
+                           " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
   });
   ready_timer_.arm(timeout);
+  quorum_timer_ = loop_.timer([this] { prepared(); });
   logger("ctrl")->info("control plane on port {} ({}); starting {} daemon(s) with {}",
                        acceptor_->port(), join(addresses_, ","), nodes_.size(),
                        slurm_ ? "srun" : "a launch agent");
@@ -302,9 +308,9 @@ void RemoteWorkers::add_node(int slot) {
   n.spawn_only = map_.nodes[static_cast<size_t>(slot)].ranks.empty();
   by_host_[n.host] = slot;
   n.deadline = loop_.timer([this, slot] {
-    tree_.lose(slot, "its daemon did not report within " +
-                         std::to_string(static_cast<int>(daemon_timeout_)) +
-                         " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
+    lose_silent(slot, "its daemon did not report within " +
+                          std::to_string(static_cast<int>(daemon_timeout_)) +
+                          " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
   });
   n.deadline.arm(daemon_timeout_);
   if (join_) {  // it is connecting by itself: its connection is accepted next
@@ -313,6 +319,14 @@ void RemoteWorkers::add_node(int slot) {
   }
   logger("ctrl")->info("node {} ({}): starting its daemon", slot, n.host);
   launcher_.launch_node(slot, n.incarnation);
+}
+
+// A node that does not answer (a daemon that never reported, or went silent): lost, and what
+// started its daemon is ended (a launch agent waiting for an unreachable host; an srun starts
+// every node's, and is left alone).
+void RemoteWorkers::lose_silent(int node, const std::string& why) {
+  tree_.lose(node, why);
+  if (!slurm_) launcher_.kill_node(node, nodes_[static_cast<size_t>(node)].incarnation);
 }
 
 void RemoteWorkers::remove_node(int slot, const std::string& why) {
@@ -382,20 +396,38 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
   check_ready();  // an elastic job starts without it
 }
 
-// Every node has reported, or is lost (an elastic job goes on without it).
+// Every node has reported, or is lost (an elastic job goes on without it).  An elastic job
+// does not wait for them all: once --nnodes MIN nodes with ranks are ready, the last call
+// (--last-call) is the others' time to join the first generation, as in torchrun's rendezvous;
+// those still starting then join a later one when ready, as arrivals do.
 void RemoteWorkers::check_ready() {
   if (prepared_) return;
-  size_t ready = 0;
+  int ready = 0, ranked = 0, starting = 0;
   for (size_t i = 0; i < nodes_.size(); ++i) {
-    if (nodes_[i].ready)
+    if (nodes_[i].ready) {
       ++ready;
-    else if (!tree_.lost(static_cast<int>(i)))
-      return;
+      ranked += !nodes_[i].spawn_only;
+    } else if (!tree_.lost(static_cast<int>(i))) {
+      ++starting;
+    }
   }
   if (ready == 0) return;
+  if (starting == 0) return prepared();
+  if (cfg_.nnodes_min > 0 && !join_ && ranked >= cfg_.nnodes_min && !quorum_timer_.pending()) {
+    logger("ctrl")->info("{} of {} daemons ready: the last call for the others", ready,
+                         nodes_.size());
+    quorum_timer_.arm(cfg_.last_call);
+  }
+}
+
+void RemoteWorkers::prepared() {
+  if (prepared_) return;
   prepared_ = true;
-  ready_timer_.disarm();
-  logger("ctrl")->info("all {} daemons ready", nodes_.size());
+  quorum_timer_.disarm();
+  size_t ready = 0;
+  for (const auto& n : nodes_) ready += n.ready;
+  if (ready == nodes_.size()) ready_timer_.disarm();  // else it still bounds the others' start
+  logger("ctrl")->info("{} of {} daemons ready", ready, nodes_.size());
   ready_();
 }
 

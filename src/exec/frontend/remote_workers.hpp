@@ -59,6 +59,7 @@ class RemoteWorkers : public WorkerSet {
   std::string format_map() const override;
   void end_job(int status) override;
   bool reports_running() const override { return true; }
+  bool node_ready(int slot) const override { return nodes_.at(static_cast<size_t>(slot)).ready; }
 
   std::vector<std::string> launch_command(int node) const { return launcher_.launch_command(node); }
 
@@ -87,7 +88,9 @@ class RemoteWorkers : public WorkerSet {
   void on_start_failed(int node, ctrl::StartFailed& m);
   void on_stdin_drained(int node);
   void node_lost(int node, const std::string& why);
+  void lose_silent(int node, const std::string& why);
   void check_ready();
+  void prepared();
   int valid_rank(int rank) const;
   Node& node_of_rank(int rank);
   EnvMap carried_environment() const;
@@ -119,7 +122,8 @@ class RemoteWorkers : public WorkerSet {
   DaemonLauncher launcher_;
   std::unique_ptr<ctrl::Acceptor> acceptor_;
   std::vector<std::string> addresses_;  // where daemons can reach us
-  Event ready_timer_;
+  Event ready_timer_;  // the first nodes' daemons have this long to be ready
+  Event quorum_timer_;  // an elastic job: MIN of them are ready, the last call for the others
   std::function<void()> ready_;
   std::function<void(const std::string&)> node_ready_;
   JoinFn join_;  // join mode only

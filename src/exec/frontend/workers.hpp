@@ -27,8 +27,12 @@ class WorkerSet {
  public:
   virtual ~WorkerSet() = default;
   // Gets ready to start generations (starts daemons, waits for them); calls ready() once that
-  // is done.  Trouble is reported to the listener (on_node_lost).
+  // is done.  Trouble is reported to the listener (on_node_lost).  An elastic job's may call it
+  // with some of the first nodes still starting (node_ready() says which are not): they are
+  // reported through WorkerSetContext::node_ready later, as arrivals are.
   virtual void prepare(std::function<void()> ready) = 0;
+  // Whether the daemon of node `slot` is ready (after prepare()'s ready()).
+  virtual bool node_ready(int /*slot*/) const { return true; }
   // MASTER_ADDR and a MASTER_PORT on rank 0's host, for the next generation.
   virtual std::string master_addr() = 0;
   virtual int master_port() = 0;
