@@ -185,7 +185,8 @@ def test_a_host_no_longer_listed_leaves_and_may_come_back():
     """--hostfile a,b,c: in generation 0, rank 0 takes b out of the file: b's daemon is stopped
     and the group re-forms on a and c; in generation 1, rank 0 lists b again: it is admitted at
     once (no cool-down: --host-cooldown 60 would outlast the test) and generation 2 runs on a, c
-    and b.  The same with --host-discovery printing the file."""
+    and b.  The same with --host-discovery printing the file.  b's daemon, told it is let go,
+    does not report a lost front end."""
     rewrite = ('if [ "$RANK" = 0 ]; then sleep 0.5; printf \'%s\' > "$HOSTFILE.new"; '
                'mv "$HOSTFILE.new" "$HOSTFILE"; fi')
     for source in (["--hostfile", "HOSTFILE"],
@@ -195,6 +196,7 @@ def test_a_host_no_longer_listed_leaves_and_may_come_back():
         check("node b: no longer listed by its node source; re-forming the group on the 2 "
               "node(s) left" in err, err[-3000:])
         check("cool-down" not in err, err[-3000:])
+        check("lost the front end" not in err, f"b's daemon did not know it was let go: {err}")
 
 
 def test_below_the_minimum_the_job_fails():

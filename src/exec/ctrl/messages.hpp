@@ -90,6 +90,8 @@ enum class Msg : uint16_t {
   // Join mode (pytorch_exec --rdzv-endpoint): a node that starts its own launcher and joins.
   Refused = 70,  // acceptor to a connecting node instead of a welcome; then it closes
   JobEnd = 71,   // front end to the nodes that joined: the job is over
+  // Elastic: front end to a node it lets go (its host no longer listed); then it closes.
+  Leave = 72,
 };
 
 inline constexpr uint32_t kMaxAddresses = 256;
@@ -489,6 +491,18 @@ struct JobEnd {
     f.count(status, 255);
   }
 };
+// Elastic: the front end lets this node go (its host is no longer listed), and closes its
+// connection next: the daemon stops its workers and exits as it would on a lost front end, but
+// says nothing of it (the front end said why).
+struct Leave {
+  static constexpr Msg kType = Msg::Leave;
+  static constexpr const char* kName = "leave";
+  std::string why;
+  template <class IO>
+  void io(IO& f) {
+    f(why, kMaxName);
+  }
+};
 // Sent every heartbeat interval over each link of the tree, both ways (heartbeat.hpp).
 struct Heartbeat {
   static constexpr Msg kType = Msg::Heartbeat;
@@ -517,7 +531,7 @@ using AllMessages =
                ProcFailed, FenceDone, DmodexReq, DmodexResp, Ready, Output, Exit, Abort, Fence,
                StartFailed, StdinDrained, Port, Lost, Joined, Routed, SpawnReq, SpawnResp,
                SpawnStart, SpawnStarted, Publish, Lookup, LookupResp, Unpublish, Heartbeat,
-               SpawnStop, Refused, JobEnd>;
+               SpawnStop, Refused, JobEnd, Leave>;
 
 // Writes fields (see the message structs' io()).
 class Encoder {

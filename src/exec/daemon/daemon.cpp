@@ -101,9 +101,11 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
   using namespace ctrl;
   before_job_.on<Job>([this](Job& m) { on_job(m); })
       .on<Redirect>([this](Redirect& m) { on_redirect(m); })
-      .on<JobEnd>([this](JobEnd& m) { job_status_ = m.status; });
+      .on<JobEnd>([this](JobEnd& m) { job_status_ = m.status; })
+      .on<Leave>([this](Leave& m) { let_go_ = m.why.empty() ? "let go" : m.why; });
   dispatch_.on<Start>([this](Start& m) { on_start(m); })
       .on<JobEnd>([this](JobEnd& m) { job_status_ = m.status; })
+      .on<Leave>([this](Leave& m) { let_go_ = m.why.empty() ? "let go" : m.why; })
       .on<Remap>([this](Remap& m) { on_remap(m); })
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
       .on<ProcFailed>([this](ProcFailed& m) {
@@ -330,7 +332,9 @@ void Daemon::on_closed(const std::string& why) {
     loop_.stop();
     return;
   }
-  if (agent_ && agent_->live() > 0) {
+  if (!let_go_.empty()) {
+    logger("ctrl")->info("the front end let this node go: {}", let_go_);
+  } else if (agent_ && agent_->live() > 0) {
     say(opts_.node, "lost the front end (" + why + "): killing " + std::to_string(agent_->live()) +
                         " worker(s)");
     status_ = 1;

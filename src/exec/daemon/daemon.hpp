@@ -121,6 +121,7 @@ class Daemon : public AgentListener, public pmix::ModexRouter {
   bool output_paused_ = false;
   int status_ = 0;
   int job_status_ = -1;  // from JobEnd (join mode): the job is over
+  std::string let_go_;   // from Leave: why the front end lets this node go (its close is due)
   std::unique_ptr<OutputSink> join_sink_;  // join mode: our workers' output, printed here
   int join_sink_ranks_ = 0;
   bool leaving_ = false;  // join mode: a signal came; the workers have kill_grace to exit

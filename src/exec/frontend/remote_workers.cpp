@@ -330,8 +330,12 @@ void RemoteWorkers::lose_silent(int node, const std::string& why) {
 }
 
 void RemoteWorkers::remove_node(int slot, const std::string& why) {
-  logger("ctrl")->info("node {} ({}): closing its connection ({})", slot,
-                       nodes_.at(static_cast<size_t>(slot)).host, why);
+  Node& n = nodes_.at(static_cast<size_t>(slot));
+  logger("ctrl")->info("node {} ({}): closing its connection ({})", slot, n.host, why);
+  if (n.direct) {  // told first, so that it does not report a lost front end
+    n.direct->send(ctrl::Leave{why});
+    n.direct->finish();
+  }
   tree_.lose(slot, why);  // the daemon sees its connection close, stops its workers, exits
 }
 
