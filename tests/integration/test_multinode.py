@@ -51,6 +51,27 @@ def test_environment_on_unequal_nodes():
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
+def test_map_by_node_places_ranks_round_robin():
+    """--map-by node on a:2,b:2: ranks 0 and 2 on a, 1 and 3 on b, as --display-map shows them,
+    in generation 0 and in the generation a restart starts."""
+    env = job_env()
+    show = script("#!/bin/sh\necho \"gen $PYTORCH_EXEC_GENERATION rank $RANK local $LOCAL_RANK "
+                  "node $PE_NODE group $GROUP_RANK mpi $OMPI_COMM_WORLD_RANK\"\n"
+                  "if [ \"$PYTORCH_EXEC_GENERATION\" = 0 ] && [ \"$RANK\" = 3 ]; then exit 1; fi\n")
+    r = run(["-H", "a:2,b:2", "--map-by", "node", "--display-map", "--max-restarts", "1",
+             "--launch-agent", agent(env["PE_TEST_MARKER"]), show], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    check("node 0 (a): 2 ranks\n  rank 0 (local 0)\n  rank 2 (local 1)\nnode 1 (b): 2 ranks\n"
+          "  rank 1 (local 0)\n  rank 3 (local 1)" in r.stdout, r.stdout)
+    rows = sorted(line for line in r.stdout.splitlines() if line.startswith("gen "))
+    want = sorted(f"gen {g} rank {rank} local {local} node {node} group {group} mpi {rank}"
+                  for g in (0, 1)
+                  for rank, local, node, group in ((0, 0, "a", 0), (2, 1, "a", 0),
+                                                   (1, 0, "b", 1), (3, 1, "b", 1)))
+    check(rows == want, f"ranks: {rows}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 def test_torch_gloo_allreduce_across_nodes():
     reason = torch_missing()
     if reason:
@@ -416,7 +437,8 @@ def test_a_daemon_that_cannot_start_is_named():
 
 
 if __name__ == "__main__":
-    main([test_environment_on_unequal_nodes, test_torch_gloo_allreduce_across_nodes,
+    main([test_environment_on_unequal_nodes, test_map_by_node_places_ranks_round_robin,
+          test_torch_gloo_allreduce_across_nodes,
           test_mpi_programs_wire_up_across_nodes, test_control_plane_tree, test_failure_names_rank_and_node,
           test_group_restart_across_nodes, test_output_volume_and_line_integrity_across_nodes, test_stdin_reaches_a_rank_on_another_node,
           test_signal_reaches_every_node, test_strangers_are_dropped_and_the_job_goes_on,

@@ -159,7 +159,9 @@ void JobController::start_generation() {
   for (size_t i = 0; whole && i < next.size(); ++i) whole = next[i] == static_cast<int>(i);
   // By the nodes, not the slots: a lost node's slot may have another node now.
   if (!whole || !membership_.is_generation(next)) {
-    map_ = reform_map(base_map_, next);
+    // The first generation on all the job's nodes runs the job's map as it was made (--map-by
+    // node places ranks round robin); a re-formed one numbers each node's ranks in turn.
+    map_ = whole && generation_ == 0 ? base_map_ : reform_map(base_map_, next);
     workers_->use_map(map_);
   }
   membership_.set_generation(next);
