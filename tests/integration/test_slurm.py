@@ -77,6 +77,16 @@ def test_salloc_starts_daemons_mpi():
     rows = sorted(l.split() for l in r.stdout.splitlines())
     want = sorted([str(i), str(i // 2), str(i % 2), env["PE_CARRY_CHECK"], "no-secret"] for i in range(8))
     check(rows == want, f"{r.stdout} {r.stderr}")
+    # --nproc-per-node K in an allocation: K per node, torchrun's meaning (it was K in all).
+    r = sh(["salloc", "-N", "2", "--ntasks-per-node=2", EXEC, "--nproc-per-node", "1", "sh", "-c",
+            "echo $RANK $GROUP_RANK $LOCAL_WORLD_SIZE"], env)
+    check(r.returncode == 0 and sorted(r.stdout.split("\n")) == ["", "0 0 1", "1 1 1"],
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    # -H naming nodes of the allocation: their daemons are started with srun, not ssh.
+    r = sh(["salloc", "-N", "2", "--ntasks-per-node=2", EXEC, "-H", "n2:1,n1:2", "sh", "-c",
+            "echo $RANK $GROUP_RANK $LOCAL_WORLD_SIZE"], env)
+    check(r.returncode == 0 and sorted(r.stdout.split("\n")) == ["", "0 0 1", "1 1 2", "2 1 2"],
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 
@@ -159,6 +169,27 @@ def test_srun_direct_launch():
     check(r.returncode != 0 and "-n 3 does not match the SLURM step's 2 tasks" in r.stderr, r.stderr)
     r = sh(["srun", "-N", "1", "-n", "1", EXEC, "--max-restarts", "1", "true"], env)
     check(r.returncode != 0 and "--max-restarts needs pytorch_exec to supervise" in r.stderr, r.stderr)
+    # torchrun's spellings are checked against the step (they were ignored), and what srun does
+    # itself for its tasks is refused, naming srun's option.
+    r = sh(["srun", "-N", "2", "--ntasks-per-node=1", EXEC, "--nproc-per-node", "2", "true"], env)
+    check(r.returncode != 0 and "--nproc-per-node 2 does not match the SLURM step's 1 tasks on "
+          "this node" in r.stderr, r.stderr)
+    r = sh(["srun", "-N", "2", "--ntasks-per-node=1", EXEC, "--nnodes", "2", "--nproc-per-node",
+            "1", "sh", "-c", "echo $RANK"], env)
+    check(r.returncode == 0 and sorted(r.stdout.split()) == ["0", "1"], f"{r.stdout} {r.stderr}")
+    r = sh(["srun", "-N", "1", "-n", "1", EXEC, "--tag-output", "true"], env)
+    check(r.returncode != 0 and "--tag-output (srun --label) does not apply under srun" in r.stderr,
+          r.stderr)
+    # MASTER_ADDR is rank 0's node whatever the distribution: here the second node of the step.
+    hostfile = os.path.join(WORK, "arbitrary")
+    with open(hostfile, "w") as f:
+        f.write("n2\nn1\nn1\nn2\n")
+    r = sh(["srun", "--mpi=pmix", "-n", "4", "-m", "arbitrary", EXEC, "sh", "-c",
+            "echo $RANK $GROUP_RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $SLURMD_NODENAME"],
+           dict(env, SLURM_HOSTFILE=hostfile))
+    rows = sorted(r.stdout.splitlines())
+    check(r.returncode == 0 and rows == ["0 1 0 2 n2 n2", "1 0 0 2 n2 n1", "2 0 1 2 n2 n1",
+                                         "3 1 1 2 n2 n2"], f"exit {r.returncode}: {r.stdout} {r.stderr}")
 
 
 def test_srun_direct_launch_agrees_on_a_dc_token():
@@ -243,6 +274,36 @@ def test_elastic_job_goes_on_when_slurm_sets_a_node_down():
     check(p.returncode == 0, f"exit {p.returncode}: {out} {err[-3000:]}")
     check(out.count("world 4 on") == 4 and out.count("world 3 on") == 3 and "world 3 on n3" not in out,
           f"expected 4 workers, then 3 without n3: {out} {err[-2000:]}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
+def test_elastic_job_starts_without_a_node_slurm_has_down():
+    """A node of the allocation is DOWN before pytorch_exec --nnodes 2:3 starts: the one srun for
+    every daemon cannot make its step, so each node gets an srun of its own; the job runs on the
+    two others (it failed whole, blaming the first node).  Without --nnodes the job fails, and
+    the message does not blame one node for the srun of three."""
+    env = marker_env()
+    env.update(ENV)
+    hello = 'echo "world $WORLD_SIZE rank $RANK"'
+    down = "scontrol update nodename=n3 state=down reason=pytorch_exec-test && "
+    try:
+        r = sh(["salloc", "--no-kill", "-w", "n1,n2,n3", "--ntasks-per-node=1", "sh", "-c",
+                down + f"exec {EXEC} --nnodes 2:3 sh -c '{hello}'"], env, timeout=90)
+        check(r.returncode == 0 and sorted(r.stdout.split("\n")) == [
+            "", "world 2 rank 0", "world 2 rank 1"], f"exit {r.returncode}: {r.stdout} {r.stderr[-3000:]}")
+        check("node n3: its daemon could not be started (srun exited with status 1); starting on "
+              "the 2 node(s) left" in r.stderr, r.stderr[-3000:])
+        sh(["scontrol", "update", "nodename=n3", "state=resume"], env)
+        r = sh(["salloc", "--no-kill", "-w", "n1,n2,n3", "--ntasks-per-node=1", "sh", "-c",
+                down + f"exec {EXEC} sh -c '{hello}'"], env, timeout=90)
+        check(r.returncode != 0 and "the srun that starts the daemons of 3 nodes exited with status"
+              in r.stderr, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    finally:
+        sh(["scontrol", "update", "nodename=n3", "state=resume"], env)
+        for _ in range(40):
+            if sh(["sinfo", "-h", "-n", "n3", "-o", "%t"], env).stdout.strip() in ("idle", "alloc", "mix"):
+                break
+            time.sleep(0.25)
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 
@@ -333,6 +394,7 @@ if __name__ == "__main__":
               test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch,
               test_srun_direct_launch_agrees_on_a_dc_token, test_srun_torch_dc_backend,
               test_elastic_job_goes_on_when_slurm_sets_a_node_down,
+              test_elastic_job_starts_without_a_node_slurm_has_down,
               test_a_second_test_bed_beside_the_first])
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

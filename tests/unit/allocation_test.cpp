@@ -141,6 +141,17 @@ TEST(SlurmTest, ReadsTheAllocationFromTheEnvironment) {
       std::string::npos);
 }
 
+TEST(SlurmTest, HostsOfTheAllocationNamedWithHAreStartedWithSrun) {
+  std::map<std::string, std::string> env{{"SLURM_JOB_NODELIST", "n[1-3]"},
+                                         {"SLURM_TASKS_PER_NODE", "2(x3)"}};
+  auto a = pe::find_allocation("n3:2,n1", "", env, "login");
+  EXPECT_TRUE(a.slurm);
+  EXPECT_EQ(a.source, "-H n3:2,n1");
+  EXPECT_EQ(a.total_slots(), 3);
+  EXPECT_FALSE(pe::find_allocation("n1,elsewhere", "", env, "login").slurm);
+  EXPECT_FALSE(pe::find_allocation("n1", "", {}, "login").slurm);
+}
+
 TEST(PortTest, MasterPortsAreOutsideTheEphemeralRangeAndFreeWithTheNext) {
   // Issue 13, item 9: a port the kernel hands out for outgoing connections (the ephemeral range)
   // may be taken by any connection between the check and its use.

@@ -2,11 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -252,6 +254,26 @@ std::optional<Allocation> slurm_allocation(const std::map<std::string, std::stri
   return a;
 }
 
+namespace {
+
+// -H or --hostfile inside a SLURM allocation: when it names only the allocation's nodes, their
+// daemons are started with srun, as mpirun does (there may be no ssh between them).
+Allocation within_slurm(Allocation a, const std::map<std::string, std::string>& env) {
+  std::optional<Allocation> slurm;
+  try {
+    slurm = slurm_allocation(env);
+  } catch (const UsageError&) {  // its variables do not agree: not used for this
+  }
+  if (!slurm) return a;
+  a.slurm = std::all_of(a.nodes.begin(), a.nodes.end(), [&](const HostSlots& h) {
+    return std::any_of(slurm->nodes.begin(), slurm->nodes.end(),
+                       [&](const HostSlots& s) { return s.host == h.host; });
+  });
+  return a;
+}
+
+}  // namespace
+
 Allocation find_allocation(const std::string& hosts, const std::string& hostfile,
                            const std::map<std::string, std::string>& env, const std::string& host) {
   Allocation a;
@@ -259,7 +281,7 @@ Allocation find_allocation(const std::string& hosts, const std::string& hostfile
   if (!hosts.empty()) {
     a.source = "-H " + hosts;
     a.nodes = parse_host_list(hosts);
-    return a;
+    return within_slurm(std::move(a), env);
   }
   if (!hostfile.empty()) {
     std::ifstream in(hostfile);
@@ -270,7 +292,7 @@ Allocation find_allocation(const std::string& hosts, const std::string& hostfile
       throw UsageError("--hostfile: '" + hostfile + "' is a directory");
     a.source = "hostfile " + hostfile;
     a.nodes = parse_hostfile(in, hostfile);
-    return a;
+    return within_slurm(std::move(a), env);
   }
   if (auto s = slurm_allocation(env)) return *s;
   a.source = "this machine";

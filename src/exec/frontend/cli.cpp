@@ -22,7 +22,8 @@ const OptionDef<RawOptions> kOptions[] = {
     {"np", 'n', "Processes", "N",
      "number of processes to start (also -np); default: the number of processors", &RawOptions::np},
     {"nproc-per-node", 0, "Processes", "N",
-     "processes per node (torchrun's name); on one machine the same as -n",
+     "processes per node (torchrun's name): as -N with -H, --hostfile or in a SLURM allocation; "
+     "on one machine and in join mode the same as -n",
      &RawOptions::nproc_per_node},
     {"host", 'H', "Processes", "HOST[:SLOTS],...",
      "run on these hosts (one slot per mention unless :SLOTS; duplicates add up)",
@@ -255,7 +256,12 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
     const std::string& v = *raw.nproc_per_node;
     int per_node =
         v == "auto" || v == "cpu" ? ctx.default_np : parse_count("--nproc-per-node", v, 1);
-    if (raw.hosts || raw.hostfile || raw.npernode) {
+    c.nproc_per_node = per_node;
+    // Per node wherever there are nodes: -H, --hostfile, a SLURM allocation (not in join mode,
+    // where each node's pytorch_exec runs its own).
+    bool allocation = !raw.rdzv_endpoint && !raw.master_addr &&
+                      (ctx.env.count("SLURM_JOB_NODELIST") || ctx.env.count("SLURM_NODELIST"));
+    if (raw.hosts || raw.hostfile || raw.npernode || allocation) {
       if (raw.npernode && c.npernode != per_node)
         throw UsageError("-N and --nproc-per-node disagree");
       c.npernode = per_node;  // ranks per node of the allocation

@@ -252,10 +252,13 @@ void DaemonLauncher::on_sigchld() {
     if (::waitpid(l->proc.pid, &status, WNOHANG) != l->proc.pid) continue;
     l->exited = true;
     logger("ctrl")->info("{} (pid {}) {}", l->what, l->proc.pid, describe_wait_status(status));
-    on_exit_(
-        l->nodes,
-        "its daemon could not be started (" + l->what + " " + describe_wait_status(status) + ")",
-        l->incarnation);
+    // One srun for several nodes: which of them could not take the step is not known.
+    std::string what = l->nodes.size() == 1 ? l->what
+                                            : "the " + l->what + " that starts the daemons of " +
+                                                  std::to_string(l->nodes.size()) + " nodes";
+    on_exit_(l->nodes,
+             "its daemon could not be started (" + what + " " + describe_wait_status(status) + ")",
+             l->incarnation);
   }
 }
 

@@ -38,6 +38,7 @@ int get_int(const EnvMap& env, const char* k) {
 }
 
 constexpr const char* kTokenKey = "pytorch_exec.dc_token";
+constexpr const char* kMasterKey = "pytorch_exec.master";
 constexpr size_t kDcTokenBytes = 16;  // as a launched job's
 // How long the tasks wait for each other in the fence: srun starts them within moments, but a
 // busy node may be late.
@@ -47,21 +48,33 @@ void pmix_check(pmix_status_t rc, const char* what) {
   if (rc != PMIX_SUCCESS) throw Error(std::string(what) + " failed: " + PMIx_Error_string(rc));
 }
 
-// The PMIx client's part (in the child process): rank 0 puts a fresh token, a fence that
-// collects the data, every task gets rank 0's.
-std::string exchange_token(double timeout) {
+void put_string(const char* key, const std::string& value) {
+  pmix_value_t v;
+  PMIX_VALUE_LOAD(&v, value.c_str(), PMIX_STRING);
+  pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, key, &v);
+  PMIX_VALUE_DESTRUCT(&v);
+  pmix_check(rc, "PMIx_Put");
+}
+
+std::string get_string(const pmix_proc_t& from, const char* key, const char* what) {
+  pmix_value_t* val = nullptr;
+  pmix_check(PMIx_Get(&from, key, nullptr, 0, &val), what);
+  std::string s = val->type == PMIX_STRING && val->data.string ? val->data.string : "";
+  PMIX_VALUE_RELEASE(val);
+  return s;
+}
+
+// The PMIx client's part (in the child process): rank 0 puts a fresh token and its node, a
+// fence that collects the data, every task gets rank 0's.
+StepShared exchange(double timeout, const std::string& node) {
   pmix_proc_t me;
   pmix_check(PMIx_Init(&me, nullptr, 0), "PMIx_Init");
   struct Finalize {
     ~Finalize() { PMIx_Finalize(nullptr, 0); }
   } finalize;
   if (me.rank == 0) {
-    std::string token = auth::to_hex(auth::random_bytes(kDcTokenBytes));
-    pmix_value_t v;
-    PMIX_VALUE_LOAD(&v, token.c_str(), PMIX_STRING);
-    pmix_status_t rc = PMIx_Put(PMIX_GLOBAL, kTokenKey, &v);
-    PMIX_VALUE_DESTRUCT(&v);
-    pmix_check(rc, "PMIx_Put");
+    put_string(kTokenKey, auth::to_hex(auth::random_bytes(kDcTokenBytes)));
+    put_string(kMasterKey, node);
   }
   pmix_check(PMIx_Commit(), "PMIx_Commit");
   int secs = std::max(1, static_cast<int>(timeout));
@@ -77,17 +90,18 @@ std::string exchange_token(double timeout) {
   pmix_check(rc, "PMIx_Fence");
   pmix_proc_t rank0;
   PMIX_LOAD_PROCID(&rank0, me.nspace, 0);
-  pmix_value_t* val = nullptr;
-  pmix_check(PMIx_Get(&rank0, kTokenKey, nullptr, 0, &val), "PMIx_Get of rank 0's token");
-  std::string token = val->type == PMIX_STRING && val->data.string ? val->data.string : "";
-  PMIX_VALUE_RELEASE(val);
-  if (token.size() != 2 * kDcTokenBytes) throw Error("rank 0's token is malformed");
-  return token;
+  StepShared out;
+  out.token = get_string(rank0, kTokenKey, "PMIx_Get of rank 0's token");
+  if (out.token.size() != 2 * kDcTokenBytes) throw Error("rank 0's token is malformed");
+  out.master = get_string(rank0, kMasterKey, "PMIx_Get of rank 0's node");
+  if (out.master.empty() || out.master.find('\n') != std::string::npos)
+    throw Error("rank 0's node name is malformed");
+  return out;
 }
 
 }  // namespace
 
-std::string step_dc_token(double timeout) {
+StepShared step_shared(double timeout, const std::string& node) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw SystemError("pipe", errno);
   UniqueFd rd(fds[0]), wr(fds[1]);
@@ -98,7 +112,8 @@ std::string step_dc_token(double timeout) {
     std::string out;
     try {
       ::setenv("PMIX_GDS_MODULE", "ds12", 1);
-      out = "+" + exchange_token(timeout);
+      StepShared got = exchange(timeout, node);
+      out = "+" + got.token + "\n" + got.master;
     } catch (const std::exception& e) {
       out = std::string("-") + e.what();
     }
@@ -138,7 +153,9 @@ std::string step_dc_token(double timeout) {
                 std::to_string(static_cast<int>(timeout + 5)) + " s");
   if (got.empty() || got[0] != '+')
     throw Error(got.size() > 1 ? got.substr(1) : "the PMIx client process failed");
-  return got.substr(1);
+  auto nl = got.find('\n');
+  if (nl == std::string::npos) throw Error("the PMIx client process's answer is malformed");
+  return StepShared{got.substr(1, nl - 1), got.substr(nl + 1)};
 }
 
 bool is_task_step_id(const std::string& step_id) {
@@ -169,10 +186,23 @@ StepIdentity step_identity(const EnvMap& env) {
   auto counts = expand_counts("SLURM_STEP_TASKS_PER_NODE", get(env, "SLURM_STEP_TASKS_PER_NODE"));
   if (counts.size() != nodes.size() || id.node >= static_cast<int>(counts.size()))
     throw Error("direct launch: SLURM_STEP_TASKS_PER_NODE does not match SLURM_STEP_NODELIST");
-  int first = id.rank - id.local_rank;
-  for (int i = 0; i < counts[static_cast<size_t>(id.node)]; ++i)
-    id.local_peers.push_back(first + i);
-  if (!nodes.empty()) id.master_host = nodes[0];  // task 0 runs on the step's first node
+  // This node's tasks: SLURM_GTIDS lists them whatever the distribution (-m cyclic, arbitrary);
+  // without it, srun's default block distribution.
+  if (std::string gtids = get(env, "SLURM_GTIDS"); !gtids.empty()) {
+    for (const auto& t : split(gtids, ',')) {
+      auto r = parse_int(t, 0, 1 << 30);
+      if (!r) throw Error("direct launch: SLURM_GTIDS is malformed ('" + gtids + "')");
+      id.local_peers.push_back(static_cast<int>(*r));
+    }
+    if (static_cast<int>(id.local_peers.size()) != counts[static_cast<size_t>(id.node)])
+      throw Error("direct launch: SLURM_GTIDS does not match SLURM_STEP_TASKS_PER_NODE");
+  } else {
+    int first = id.rank - id.local_rank;
+    for (int i = 0; i < counts[static_cast<size_t>(id.node)]; ++i)
+      id.local_peers.push_back(first + i);
+  }
+  // Task 0 runs on the step's first node (block and cyclic; step_shared tells for any).
+  if (!nodes.empty()) id.master_host = nodes[0];
   if (id.local_peers.empty() || id.local_rank >= static_cast<int>(id.local_peers.size()) ||
       id.local_peers[static_cast<size_t>(id.local_rank)] != id.rank)
     throw Error("direct launch: this task's local rank does not match its node's ranks");
@@ -208,13 +238,41 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   if (cfg.np_given && cfg.np != id.size)
     throw UsageError("-n " + std::to_string(cfg.np) + " does not match the SLURM step's " +
                      std::to_string(id.size) + " tasks (under srun, srun decides the ranks)");
-  if (!cfg.hosts.empty() || !cfg.hostfile.empty() || cfg.npernode || !cfg.launch_agent.empty())
+  if (!cfg.hosts.empty() || !cfg.hostfile.empty() || !cfg.launch_agent.empty() ||
+      (cfg.npernode && !cfg.nproc_per_node))
     throw UsageError(
         "-H, --hostfile, -N and --launch-agent do not apply under srun (srun decides the ranks)");
+  int here = static_cast<int>(id.local_peers.size());
+  if (cfg.nproc_per_node && cfg.nproc_per_node != here)
+    throw UsageError("--nproc-per-node " + std::to_string(cfg.nproc_per_node) +
+                     " does not match the SLURM step's " + std::to_string(here) +
+                     " tasks on this node (under srun, srun decides the ranks: "
+                     "--ntasks-per-node; or run pytorch_exec once per node with --rdzv-endpoint)");
+  if (cfg.nnodes_min && (cfg.nnodes_min != cfg.nnodes_max || cfg.nnodes_max != id.nnodes))
+    throw UsageError("--nnodes " + std::to_string(cfg.nnodes_min) +
+                     (cfg.nnodes_min != cfg.nnodes_max ? ":" + std::to_string(cfg.nnodes_max)
+                                                       : std::string()) +
+                     " does not apply to the SLURM step's " + std::to_string(id.nnodes) +
+                     " node(s) (an elastic job needs pytorch_exec to supervise it: run it under "
+                     "salloc/sbatch, not srun)");
   if (cfg.max_restarts > 0)
     throw UsageError(
         "--max-restarts needs pytorch_exec to supervise the job: run it under salloc/sbatch, not "
         "srun");
+  // What pytorch_exec does to the ranks' output, input and placement when it starts them: each
+  // task of an srun step is one rank that runs the program itself, and srun does these.
+  const std::pair<bool, const char*> not_here[] = {
+      {cfg.tag_output, "--tag-output (srun --label)"},
+      {cfg.timestamp_output, "--timestamp-output"},
+      {!cfg.output_dir.empty(), "--output-filename (srun --output)"},
+      {cfg.stdin_mode != StdinMode::OneRank || cfg.stdin_rank != 0, "--stdin (srun --input)"},
+      {cfg.bind_to != topo::BindTo::Default, "--bind-to (srun --cpu-bind)"},
+      {cfg.report_bindings, "--report-bindings (srun --cpu-bind=verbose)"},
+      {cfg.map_by != topo::MapBy::Default, "--map-by (srun --distribution)"}};
+  for (const auto& [given, option] : not_here)
+    if (given)
+      throw UsageError(std::string(option) +
+                       " does not apply under srun: each task runs the program itself");
   GenerationInfo gen;
   gen.job_id = "slurm." + id.job_id + "." + id.step_id;
   gen.run_id = cfg.run_id;
@@ -226,21 +284,26 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   std::string program = resolve_program(cfg.program_arg0, cfg.wdir, path);
   if (!cfg.wdir.empty() && ::chdir(cfg.wdir.c_str()) != 0)
     throw SystemError("chdir " + cfg.wdir, errno);
-  // The DataChannel's token: without one, its store and transport admit anyone who can reach
-  // them.  Always made under PMIx, unless the user gave one (an empty one too: that opts out);
-  // whether the program will use the DataChannel is not known here, and it costs one fence
-  // (see README).  Without PMIx (--mpi=none) there is no private channel to agree on one.
-  if (id.source == "PMIx" && !out.count("PYTORCH_DC_TOKEN")) {
+  // Under PMIx the tasks agree on rank 0's node (MASTER_ADDR) and on the DataChannel's token:
+  // without one, its store and transport admit anyone who can reach them.  The token is always
+  // made, unless the user gave one (an empty one too: that opts out); whether the program will
+  // use the DataChannel is not known here, and it costs one fence (see README).  Without PMIx
+  // (--mpi=none) there is no private channel to agree on anything.
+  if (id.source == "PMIx") {
     auto t0 = std::chrono::steady_clock::now();
+    std::string node = get(env, "SLURMD_NODENAME");
     try {
-      out["PYTORCH_DC_TOKEN"] = step_dc_token(kTokenTimeout);
+      StepShared shared = step_shared(kTokenTimeout, node.empty() ? local_hostname() : node);
+      gen.master_addr = out["MASTER_ADDR"] = shared.master;
+      if (!out.count("PYTORCH_DC_TOKEN")) out["PYTORCH_DC_TOKEN"] = shared.token;
       logger("exec")->info(
-          "direct launch: DataChannel token agreed through PMIx in {:.1f} ms",
+          "direct launch: token and rank 0's node agreed through PMIx in {:.1f} ms",
           std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     } catch (const Error& e) {
       logger("exec")->warn(
-          "direct launch: no DataChannel token ({}); set PYTORCH_DC_TOKEN to one secret in every "
-          "task",
+          "direct launch: nothing agreed through PMIx ({}): MASTER_ADDR is the step's first "
+          "node, and there is no DataChannel token (set PYTORCH_DC_TOKEN to one secret in "
+          "every task)",
           e.what());
     }
   }

@@ -5,7 +5,7 @@
 // program in place.
 //
 // The DataChannel's token (PYTORCH_DC_TOKEN) has no launcher to make it: the tasks agree on one
-// through SLURM's PMIx server, which only this step's processes reach (step_dc_token).  That is
+// through SLURM's PMIx server, which only this step's processes reach (step_shared).  That is
 // done by a short-lived child process, not by pytorch_exec itself: the exec'd program must find
 // the server as a task that never connected.  SLURM 22.05's server (PMIx 4.2) hands a task's
 // job data to it once per data-store module: a second client of the task with the same module
@@ -28,10 +28,10 @@ struct StepIdentity {
   int rank = 0;
   int size = 1;
   int local_rank = 0;
-  std::vector<int> local_peers;  // global ranks on this node, in local-rank order
+  std::vector<int> local_peers;  // global ranks on this node, in local-rank order (SLURM_GTIDS)
   int node = 0;
   int nnodes = 1;
-  std::string master_host;  // rank 0's host
+  std::string master_host;  // rank 0's host as far as SLURM's variables tell (see step_shared)
   std::string job_id, step_id;
 };
 
@@ -56,10 +56,15 @@ JobMap step_map(const StepIdentity& id);
 // another one without talking to each other.
 int step_master_port(const std::string& job_id, const std::string& step_id);
 
-// A token the step's tasks share, agreed on through SLURM's PMIx server (a child process that is
-// a PMIx client of this task: rank 0 puts a random token, a collecting fence, every task gets
-// it), within `timeout` seconds.  Throws Error (one line) when that fails.
-std::string step_dc_token(double timeout);
+// What the step's tasks agree on through SLURM's PMIx server (a child process that is a PMIx
+// client of this task: rank 0 puts a random token and `node`, its node's name, a collecting
+// fence, every task gets them), within `timeout` seconds.  Throws Error (one line) when that
+// fails.
+struct StepShared {
+  std::string token;   // for PYTORCH_DC_TOKEN
+  std::string master;  // rank 0's node, for MASTER_ADDR (any distribution: -m arbitrary too)
+};
+StepShared step_shared(double timeout, const std::string& node);
 
 // Rejects options that contradict the step (-n other than its size, -H, --hostfile, ...), builds
 // the environment and execs the program.  Returns only by throwing.

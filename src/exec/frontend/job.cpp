@@ -397,7 +397,8 @@ std::string JobController::reform_without(const std::string& host, const std::st
            ")";
   bool spare = cfg_.nnodes_max > 0 && left >= cfg_.nnodes_max;  // one was idle before
   if (!gathering_)
-    say("node " + host + ": " + why + "; re-forming the group on " +
+    say("node " + host + ": " + why + "; " +
+        (state_ == State::Preparing ? "starting" : "re-forming the group") + " on " +
         (spare ? std::to_string(cfg_.nnodes_max) + " node(s), a spare taking its place"
                : "the " + std::to_string(left) + " node(s) left"));
   if (state_ == State::Preparing) return "";  // starts without it once the others are ready

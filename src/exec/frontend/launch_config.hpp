@@ -20,6 +20,7 @@ struct LaunchConfig {
   std::string hosts;                // -H
   std::string hostfile;             // --hostfile
   int npernode = 0;                 // -N
+  int nproc_per_node = 0;           // --nproc-per-node as given (0: not): -N or -n, see cli.cpp
   std::string program;              // resolved path of the program (as typed for a dry run)
   std::string program_arg0;         // the program as the user typed it (argv[0] of workers)
   std::vector<std::string> args;    // arguments after the program

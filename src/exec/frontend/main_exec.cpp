@@ -188,8 +188,9 @@ int real_main(int argc, char** argv) {
   std::string host = pe::local_hostname();
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
   pe::init_logging(cfg.verbosity, spec ? spec : "", host);
-  // A task of `srun --mpi=pmix ... pytorch_exec PROGRAM`: become that rank of the program.
-  if (pe::is_step_task(ctx.env) && !cfg.dry_run)
+  // A task of `srun --mpi=pmix ... pytorch_exec PROGRAM`: become that rank of the program (in
+  // join mode, torchrun's way, each task is its node's launcher instead).
+  if (pe::is_step_task(ctx.env) && !cfg.dry_run && !cfg.join_mode())
     pe::direct_exec(cfg, ctx.env, pe::step_identity(ctx.env));
   if (cfg.join_mode() && !cfg.dry_run) {
     pe::LaunchConfig jc = cfg;

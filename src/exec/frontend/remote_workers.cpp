@@ -92,10 +92,18 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
               [this](const std::string& h) { return listener_.on_spawn_host(h); }}),
       launcher_(loop, cfg, env, map, host, slurm_,
                 [this](const std::vector<int>& nodes, const std::string& why, int incarnation) {
+                  // An elastic job's one srun for every daemon fails as a whole when one node
+                  // cannot take a step (DOWN, drained): each node not connected then gets an
+                  // srun of its own, so that only that node is lost.
+                  bool retry = slurm_ && cfg_.nnodes_min > 0 && nodes.size() > 1;
                   for (int n : nodes)
                     if (nodes_[static_cast<size_t>(n)].incarnation == incarnation &&
-                        !tree_.attached(n) && !tree_.lost(n))
-                      tree_.lose(n, why);
+                        !tree_.attached(n) && !tree_.lost(n)) {
+                      if (retry)
+                        launcher_.launch_node(n, incarnation);
+                      else
+                        tree_.lose(n, why);
+                    }
                 }),
       node_ready_(std::move(node_ready)),
       join_(cfg.join_mode() ? std::move(join) : JoinFn()),
