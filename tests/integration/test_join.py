@@ -236,7 +236,8 @@ def test_killed_node_and_late_node():
 
 def test_signals_rejoin_and_a_lost_host():
     """SIGTERM to a joined node: it leaves, its worker gets the signal and time to say so, the
-    job goes on (>= MIN); the node started again is refused during its cool-down, keeps trying,
+    job goes on (>= MIN), the host saying the node left (not that it lost contact); the node
+    started again is refused during its cool-down, keeps trying,
     and joins.  SIGTERM to the host: the whole job stops, every node exits with its status.
     SIGKILL of the host: the nodes say they lost it and exit 1."""
     env = secret_env()
@@ -265,6 +266,7 @@ def test_signals_rejoin_and_a_lost_host():
     check(rc1 == rc2 == rc3 == 128 + signal.SIGTERM,
           f"SIGTERM to the host: exits {rc1}, {rc2}, {rc3}: {err1} {err2} {err3}")
     check("kept out for another" in err1, err1)
+    check("node node3: left the job (signal 15 to its pytorch_exec)" in err1, err1)
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
     env = secret_env()

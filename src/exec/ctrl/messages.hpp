@@ -90,7 +90,8 @@ enum class Msg : uint16_t {
   // Join mode (pytorch_exec --rdzv-endpoint): a node that starts its own launcher and joins.
   Refused = 70,  // acceptor to a connecting node instead of a welcome; then it closes
   JobEnd = 71,   // front end to the nodes that joined: the job is over
-  // Elastic: front end to a node it lets go (its host no longer listed); then it closes.
+  // Elastic, before a close: front end to a node it lets go (its host no longer listed), or a
+  // node that joined by itself to the front end (it leaves: a signal).
   Leave = 72,
 };
 
@@ -493,7 +494,8 @@ struct JobEnd {
 };
 // Elastic: the front end lets this node go (its host is no longer listed), and closes its
 // connection next: the daemon stops its workers and exits as it would on a lost front end, but
-// says nothing of it (the front end said why).
+// says nothing of it (the front end said why).  The other way, from a node that joined by
+// itself and leaves (its pytorch_exec got a signal): the front end reports the loss with `why`.
 struct Leave {
   static constexpr Msg kType = Msg::Leave;
   static constexpr const char* kName = "leave";

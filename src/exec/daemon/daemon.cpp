@@ -263,7 +263,8 @@ void Daemon::join_handshake() {
 }
 
 // Join mode: SIGINT, SIGTERM or SIGHUP to this pytorch_exec.  The node leaves the job at once
-// (the host sees the connection close: an elastic loss); its workers get the signal and
+// (the host is told why and sees the connection close: an elastic loss); its workers get the
+// signal and
 // --kill-grace seconds to exit before the rest is killed.  A second signal kills them now.
 void Daemon::on_leave(int sig) {
   size_t live = agent_ ? agent_->live() : 0;
@@ -275,7 +276,10 @@ void Daemon::on_leave(int sig) {
   say_joined("signal " + std::to_string(sig) + ": stopping " + std::to_string(live) +
              " worker(s) and leaving the job");
   status_ = 128 + sig;
-  if (conn_) conn_->close();
+  if (conn_) {  // the host is told why, then sees the close
+    conn_->send(ctrl::Leave{"signal " + std::to_string(sig) + " to its pytorch_exec"});
+    conn_->finish();
+  }
   conn_.reset();
   if (live == 0) return loop_.stop();
   agent_->signal_all(sig);

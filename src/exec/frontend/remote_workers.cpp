@@ -138,7 +138,8 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       .on<SpawnStarted>([this](int n, SpawnStarted& m) { spawn_.on_started(n, m); })
       .on<Publish>([this](int, Publish& m) { spawn_.on_publish(m); })
       .on<Lookup>([this](int n, Lookup& m) { spawn_.on_lookup(n, m); })
-      .on<Unpublish>([this](int, Unpublish& m) { spawn_.on_unpublish(m); });
+      .on<Unpublish>([this](int, Unpublish& m) { spawn_.on_unpublish(m); })
+      .on<Leave>([this](int n, Leave& m) { nodes_[static_cast<size_t>(n)].leaving = m.why; });
 }
 
 RemoteWorkers::~RemoteWorkers() {
@@ -375,7 +376,7 @@ void RemoteWorkers::on_stdin_drained(int node) {
   if (stdin_backlog() == 0) listener_.on_stdin_drained();
 }
 
-void RemoteWorkers::node_lost(int node, const std::string& why) {
+void RemoteWorkers::node_lost(int node, std::string why) {
   const Node& lost = nodes_[static_cast<size_t>(node)];
   bool idle_spawn_node = lost.spawn_only && lost.live == 0;
   // The nodes below it in the tree go with it (their daemons see their parent go and exit).
@@ -389,6 +390,10 @@ void RemoteWorkers::node_lost(int node, const std::string& why) {
     m.direct = nullptr;
   }
   if (why.empty()) return;  // shutting down
+  // A node that said it leaves (one that joined by itself, its pytorch_exec signalled) did not
+  // lose contact: it left.
+  if (const std::string& leaving = nodes_[static_cast<size_t>(node)].leaving; !leaving.empty())
+    why = "left the job (" + leaving + ")";
   logger("ctrl")->info("node {} ({}) lost: {}", node, nodes_[static_cast<size_t>(node)].host, why);
   std::vector<std::string> below;
   for (int i = 0; i < tree_.size(); ++i) {

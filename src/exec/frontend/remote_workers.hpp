@@ -77,6 +77,7 @@ class RemoteWorkers : public WorkerSet {
     int incarnation = 0;  // how often its place was taken (a launcher's exit is its own only)
     bool spawn_only = false;  // runs no ranks: started for MPI_Comm_spawn's processes
     Event deadline;       // a node added while the job runs has this long to be ready
+    std::string leaving;  // why it said it leaves (Leave), before its connection closes
   };
   ctrl::Verdict check_node(const ctrl::Hello& h);
   void on_authenticated(int node, std::unique_ptr<ctrl::Connection> conn);
@@ -87,7 +88,7 @@ class RemoteWorkers : public WorkerSet {
   int spawn_node(const std::string& host) const;
   void on_start_failed(int node, ctrl::StartFailed& m);
   void on_stdin_drained(int node);
-  void node_lost(int node, const std::string& why);
+  void node_lost(int node, std::string why);
   void lose_silent(int node, const std::string& why);
   void check_ready();
   void prepared();
