@@ -146,7 +146,10 @@ Reduction reduction_for(const at::Tensor& t, const c10d::ReduceOp& op, const cha
     bool any = o == dc::Op::Sum || o == dc::Op::Max;
     return {dc::DType::U8, any ? dc::Op::Max : dc::Op::Min, at::kByte};
   }
-  if (t.scalar_type() == at::kChar) return {dc::DType::I32, o, at::kInt};
+  // int8 (which DataChannel lacks), and the average of uint8 (whose sum would wrap before the
+  // division, as gloo refuses it): in int32.
+  if (t.scalar_type() == at::kChar || (t.scalar_type() == at::kByte && o == dc::Op::Avg))
+    return {dc::DType::I32, o, at::kInt};
   return {dtype_of(t.scalar_type(), what), o, t.scalar_type()};
 }
 

@@ -100,6 +100,10 @@ def check_allreduce(gloo, seed):
                 if work is not None:
                     work.wait()
                 same(mine, want, f"allreduce {dtype} {op} n={n}")
+    # The average of uint8 does not wrap (its sum is taken in int32): 200 everywhere is 200.
+    t = torch.full((5,), 200, dtype=torch.uint8)
+    dist.all_reduce(t, op=dist.ReduceOp.AVG)
+    same(t, torch.full((5,), 200, dtype=torch.uint8), "allreduce AVG of uint8")
     # non-contiguous: every other column of a matrix
     m = data(40, torch.float32, seed, rank).view(4, 10)
     col = m[:, ::2]
