@@ -32,6 +32,9 @@ void ProcessGroup::Impl::guarded(const Deadline& d, F&& f) {
   };
   try {
     f();
+    // A late rank finds everything it waits for there, though the others gave up on it: it
+    // raises too (the call failed on them), not only at its next call.
+    if (engine) engine->check_others();
   } catch (const TimeoutError& e) {  // d.expire(): it names the operation, and stays a TimeoutError
     fail(e);
     throw;

@@ -2,6 +2,7 @@
 // settings.  (A peer process that dies is tested with real processes in test_dc.py.)
 #include <chrono>
 #include <cstdlib>
+#include <thread>
 
 #include "dc/settings.hpp"
 #include "testlib.hpp"
@@ -180,6 +181,26 @@ TEST_P(Errors, NodesInDifferentCollectivesAreReported) {
   double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_LT(took, 8.0);
   for (auto& s : e) EXPECT_FALSE(s.empty()) << "every rank must get an error";
+}
+
+// A rank that comes after the others gave up on it finds their part there (their arrival at a
+// barrier, a small broadcast's data): it raises too, not only at its next call.
+TEST_P(Errors, ALateRankRaisesWhereTheOthersGaveUp) {
+  auto g = groups(3, GetParam());
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    pg.barrier(r == 2 ? 10 : 0.5);
+  });
+  for (auto& s : e) EXPECT_NE(s.find("barrier"), std::string::npos) << s;
+  EXPECT_TRUE(e[0].find("timed out") != std::string::npos ||
+              e[1].find("timed out") != std::string::npos)
+      << e[0] << " | " << e[1];
+  auto b = errors_of(g, [](ProcessGroup& pg, int r) {
+    std::vector<int32_t> v(4, r);
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    pg.broadcast(v.data(), 4, DType::I32, 0, r == 2 ? 10 : 0.5);
+  });
+  EXPECT_FALSE(b[2].empty()) << "the late rank's broadcast returned";
 }
 
 INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp", "shm+lanes"));

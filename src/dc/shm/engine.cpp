@@ -296,6 +296,11 @@ class EngineImpl : public AllreduceEngine {
   }
 
   void abort() override { states_[me_].failed.store(1, std::memory_order_release); }
+  void check_others() override {
+    for (int q = 0; q < n_; ++q)
+      if (q != me_ && states_[q].failed.load(std::memory_order_acquire))
+        throw Error("shm: local rank " + std::to_string(q) + " failed or gave up");
+  }
   size_t slot() const override { return slot_; }
 
  private:
@@ -587,9 +592,7 @@ class EngineImpl : public AllreduceEngine {
       throw Error("shm: this rank gave up while waiting for local rank " + std::to_string(r));
     // Any local rank that failed: the one waited for may itself wait for another node, whose
     // ranks wait for this one (2 nodes whose calls differ: only some ranks can tell).
-    for (int q = 0; q < n_; ++q)
-      if (q != me_ && states_[q].failed.load(std::memory_order_acquire))
-        throw Error("shm: local rank " + std::to_string(q) + " failed or gave up");
+    check_others();
     RankState& s = states_[r];
     // Its life lock is gone once it ended, in whatever PID namespace it runs (a container of
     // its own that shares /dev/shm); its pid, which names nothing or another process from another
@@ -682,6 +685,7 @@ class LanedEngine : public AllreduceEngine {
   void abort() override {
     for (auto& l : lanes_) l->abort();
   }
+  void check_others() override { lanes_[0]->check_others(); }  // abort() marks every lane
   int lanes() const override { return static_cast<int>(lanes_.size()); }
   size_t slot() const override { return lanes_[0]->slot(); }
   AllreduceEngine& lane(int l) override { return *lanes_[static_cast<size_t>(l)]; }

@@ -89,6 +89,9 @@ class AllreduceEngine {
   virtual void barrier(const CallHeader& h, const Deadline& d) = 0;
   // Marks this rank failed so that the others stop waiting for it.
   virtual void abort() = 0;
+  // Throws Error when another local rank failed or gave up (abort): after a call that found
+  // everything it waited for already there (a late rank), which the others did not finish.
+  virtual void check_others() = 0;
   // The node's lanes (at least 1).
   virtual int lanes() const { return 1; }
   // The slot's bytes: an allreduce goes in rounds of at most this much, each with its own
