@@ -211,12 +211,15 @@ class ProcessGroup {
 // group's collectives or send()/recv(), so a Mailbox may be used by another thread than the one
 // that runs the group's collectives.
 //
-// Errors: a lost peer, or a request that was in flight when its deadline passed, makes the
-// mailbox unusable: every request not yet complete, and every later isend, irecv and test,
-// throws Error naming the first cause, except a receive of a message that had come whole
-// before (a peer that sent and then exited: what it sent is still received).  A receive still
-// waiting for its message when its deadline passes only fails itself (TimeoutError).  Thread
-// safety: one thread at a time.
+// Errors: a lost peer (it exited, died, or destroyed its group) fails what involves it: its
+// requests not yet complete, a receive from any rank whose message from it was coming in, and
+// every later isend to it and irecv from it throw Error naming it, except a receive of a message
+// that had come whole before (a peer that sent and then exited: what it sent is still
+// received); messages between the other ranks go on, as with gloo.  A request that was in flight
+// when its deadline passed leaves its stream in an unknown place: that makes the mailbox
+// unusable, every request not yet complete and every later isend, irecv and test throwing
+// Error naming the cause.  A receive still waiting for its message when its deadline passes only
+// fails itself (TimeoutError).  Thread safety: one thread at a time.
 class Mailbox {
  public:
   static constexpr int kAnySource = -1;

@@ -41,6 +41,9 @@ struct Mailbox::Impl {
   int rank = 0, size = 1;
   double timeout = 300;
   std::string failed;  // the first error that made the mailbox unusable
+  // Why each peer was lost ("" while it is not): what involves it fails, the others go on (a
+  // rank whose group was destroyed, or that exited or died, does not stop two others' messages).
+  std::vector<std::string> gone;
   uint64_t next = 1;
 
   struct Req {
@@ -87,6 +90,14 @@ struct Mailbox::Impl {
   void fail(const std::string& why) {
     if (failed.empty()) failed = why;
     t->abort(why);
+  }
+  // `peer`'s connection is lost: the requests with it fail (a receive from any rank that its
+  // message was coming into too); what it sent before it went is still received.
+  void lose(int peer, const std::string& why) {
+    gone[static_cast<size_t>(peer)] = why;
+    for (auto& [id, r] : reqs)
+      if (!r.done && r.error.empty() && (r.peer == peer || (r.matched && r.source == peer)))
+        r.error = why;
   }
   void post_header(int peer) {
     Incoming& c = in[static_cast<size_t>(peer)];
@@ -167,6 +178,9 @@ struct Mailbox::Impl {
       }
       for (auto& [id, r] : reqs)
         if (r.send && !r.done && t->done(r.tr)) r.done = moved = true;
+    } catch (const PeerLost& e) {
+      lose(e.peer(), e.what());
+      moved = true;
     } catch (const std::exception& e) {
       fail(e.what());
       return true;
@@ -203,10 +217,13 @@ struct Mailbox::Impl {
   }
 
   // A new request, its arguments checked.  After a failure only a receive that a kept message
-  // satisfies (it came whole before, as a peer's last words before it exited) may be posted.
+  // satisfies (it came whole before, as a peer's last words before it exited) may be posted;
+  // one with a lost peer fails at once (its wait or test raises), unless a kept message from it
+  // satisfies it.
   uint64_t add(bool send, void* buf, size_t bytes, int peer, int tag, double secs) {
     const char* what = send ? "send" : "receive";
-    if (send || !has_early(peer, tag)) usable();
+    bool kept = !send && has_early(peer, tag);
+    if (!kept) usable();
     check_peer(peer, !send, what);
     if (!buf && bytes)
       throw Error(std::string("mailbox: ") + what + " of " + std::to_string(bytes) +
@@ -220,6 +237,8 @@ struct Mailbox::Impl {
     r.peer = peer;
     r.tag = tag;
     r.deadline = deadline(secs);
+    if (!kept && peer >= 0 && !gone[static_cast<size_t>(peer)].empty())
+      r.error = gone[static_cast<size_t>(peer)];
     return id;
   }
 
@@ -251,9 +270,12 @@ uint64_t Mailbox::isend(const void* buf, size_t bytes, int peer, int tag, double
   Impl::Req& r = m.reqs[id];
   r.h.tag = tag;
   r.h.bytes = bytes;
+  if (!r.error.empty()) return id;  // a lost peer
   try {
     r.tr = m.t->isend(peer, &r.h, sizeof r.h);
     if (bytes) r.tr = m.t->isend(peer, buf, bytes);
+  } catch (const PeerLost& e) {
+    m.lose(e.peer(), e.what());
   } catch (const std::exception& e) {
     m.fail(e.what());
     m.usable();
@@ -314,6 +336,8 @@ std::unique_ptr<Mailbox> ProcessGroup::mailbox(double timeout) {
   std::vector<std::string> addrs;
   g.run_guarded(d, [&] { addrs = g.publish_listeners(l, 1, session, d); });
   m->t = tcp::connect_mesh(g.rank, g.size, std::move(l[0]), addrs, session, g.s.tcp_congestion, d);
+  m->t->per_peer_losses();
+  m->gone.resize(static_cast<size_t>(g.size));
   m->in.resize(static_cast<size_t>(g.size));
   for (int p = 0; p < g.size; ++p)
     if (p != g.rank) m->post_header(p);

@@ -87,6 +87,21 @@ class Transport {
   // After an error: make the peers notice that this rank can no longer take part (they get an
   // error instead of waiting for their timeout).  Every later operation throws.
   virtual void abort(const std::string& why) = 0;
+  // From now on a lost connection fails only what involves that peer: progress() throws
+  // PeerLost once, the peer's operations never complete, new ones with it throw PeerLost; the
+  // others go on (the Mailbox, whose peers are independent pairs).  Where a transport cannot,
+  // a loss stays what it was (the whole transport fails).
+  virtual void per_peer_losses() {}
+};
+
+// A peer's connection lost, under Transport::per_peer_losses().
+class PeerLost : public Error {
+ public:
+  PeerLost(int peer, const std::string& what) : Error(what), peer_(peer) {}
+  int peer() const { return peer_; }
+
+ private:
+  int peer_;
 };
 
 // Whether a waiting rank may poll busily before it sleeps: only while this node has a processor

@@ -132,6 +132,15 @@ def test_sends_not_waited_for_arrive():
     check(out.count("ends") == 2 and "unread: the send failed" in out, out)
 
 
+def test_ranks_that_are_done_early_leave_the_others_talking():
+    """Ranks 2 and 3 of 4 destroy their group (or end) while ranks 0 and 1 go on with send and
+    recv on the default group: a lost peer fails only what involves it (it failed every send
+    and receive of the process)."""
+    for how in ("destroy", "exit"):
+        out = job(4, ["leavers", how], timeout=120)
+        check(f"leavers {how}: rank 0 ok" in out and f"leavers {how}: rank 1 ok" in out, out)
+
+
 def test_program_ends_holding_destroyed_groups():
     """A program that still holds groups after destroy_process_group() (a DDP model, a
     new_group's handle) exits at once, not after their timeout (600 s here; the job's limit is
@@ -301,7 +310,7 @@ if __name__ == "__main__":
           test_collectives_two_simulated_nodes_of_two, test_collectives_host_staged,
           test_ddp_against_gloo, test_ddp_comm_hooks_against_gloo,
           test_callbacks_that_issue_collectives, test_program_ends_with_callbacks_pending,
-          test_idle_workers_end, test_sends_not_waited_for_arrive,
+          test_idle_workers_end, test_sends_not_waited_for_arrive, test_ranks_that_are_done_early_leave_the_others_talking,
           test_program_ends_holding_destroyed_groups,
           test_destroy_releases_connections_and_shared_memory,
           test_copies_into_guarded_tensors,

@@ -543,6 +543,34 @@ def unsent(how):
     print(f"unsent {how}: rank 1 received both", flush=True)
 
 
+def leavers(how):
+    """Ranks 2 and 3 are done early (how "destroy": destroy_process_group(); "exit": they just
+    end), as pipeline stages with nothing left to do; ranks 0 and 1 go on sending to each
+    other on the default group and reducing on a group of their own, as with gloo."""
+    dist.init_process_group("dc", timeout=datetime.timedelta(seconds=30))
+    rank = dist.get_rank()
+    pair = dist.new_group([0, 1])
+    dist.barrier()
+    if rank >= 2:
+        if how == "destroy":
+            dist.destroy_process_group()
+        return
+    time.sleep(1)  # the others are gone
+    mine, theirs = torch.full((5,), float(rank)), torch.zeros(5)
+    if rank == 0:
+        dist.send(mine, 1)
+        dist.recv(theirs, 1)
+    else:
+        dist.recv(theirs, 0)
+        dist.send(mine, 0)
+    same(theirs, torch.full((5,), float(1 - rank)), "send/recv between the ranks left")
+    t = torch.ones(3)
+    dist.all_reduce(t, group=pair)
+    same(t, torch.full((3,), 2.0), "allreduce on the pair's group")
+    print(f"leavers {how}: rank {rank} ok", flush=True)
+    dist.destroy_process_group()
+
+
 def until(cond, seconds):
     """Polls cond() every 10 ms for at most `seconds`; its last value."""
     deadline = time.monotonic() + seconds
@@ -964,7 +992,7 @@ MODES = {  # mode -> (function, converter of its argument, or None for none)
     "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
     "unfinished": (unfinished, None), "reaped": (reaped, None),
-    "unsent": (unsent, str), "unread": (unread, str), "kept": (kept, None), "fail": (fail, int),
+    "unsent": (unsent, str), "unread": (unread, str), "leavers": (leavers, str), "kept": (kept, None), "fail": (fail, int),
     "released": (released, str),
     "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
     "launcher": (launcher, str), "recorder": (recorder, None),

@@ -97,6 +97,8 @@ class TcpTransport : public Transport {
       if (p.fd >= 0) ::shutdown(p.fd, SHUT_RDWR);
   }
 
+  void per_peer_losses() override { lost_.resize(peers_.size()); }
+
  private:
   static uint64_t encode(int peer, int dir, uint64_t seq) {
     return ((seq + 1) << 21) | (static_cast<uint64_t>(dir) << 20) | static_cast<uint64_t>(peer);
@@ -114,6 +116,8 @@ class TcpTransport : public Transport {
       throw Error("tcp: the transport is unusable after an earlier error (" + failed_ + ")");
     if (peer < 0 || peer >= size() || peer == rank_)
       throw Error("tcp: no connection to rank " + name(peer));
+    if (!lost_.empty() && !lost_[static_cast<size_t>(peer)].empty())
+      throw PeerLost(peer, "tcp: " + lost_[static_cast<size_t>(peer)]);
   }
 
   Request post(int peer, int dir, void* buf, size_t bytes) {
@@ -132,6 +136,14 @@ class TcpTransport : public Transport {
 
   [[noreturn]] void lost(int peer, const std::string& how) {
     std::string why = "lost rank " + name(peer) + " (" + how + ")";
+    if (!lost_.empty()) {  // per_peer_losses(): this peer's operations never complete
+      Peer& p = peers_[static_cast<size_t>(peer)];
+      lost_[static_cast<size_t>(peer)] = why;
+      ::shutdown(p.fd, SHUT_RDWR);
+      p.q[0].clear();
+      p.q[1].clear();
+      throw PeerLost(peer, "tcp: " + why);
+    }
     abort(why);
     throw Error("tcp: " + why);
   }
@@ -221,6 +233,7 @@ class TcpTransport : public Transport {
   std::vector<int> active_;
   std::vector<struct pollfd> pfds_;
   std::string failed_;
+  std::vector<std::string> lost_;  // per_peer_losses(): why each peer was lost ("" if it was not)
   std::vector<int> names_;  // the rank that errors name for each peer (empty: its index)
 
   std::string name(int peer) const {
