@@ -130,7 +130,7 @@ void ProcessGroup::Impl::lay_out(const Deadline& d) {
       dissemination_barrier(local_c, make_header(Kind::Barrier, 0, DType::U8, Op::Sum, 0), d);
     };
     engine = shm::AllreduceEngine::create(barrier, key + ".node" + std::to_string(node), local_rank,
-                                          local_size, shm_bytes, static_cast<int>(lanes));
+                                          local_size, shm_bytes, static_cast<int>(lanes), mine);
   }
   if (nodes > 1) {
     // Every node cuts a hierarchical allreduce into the same pieces, each one round of its shm

@@ -205,6 +205,17 @@ TEST_P(Errors, ALateRankRaisesWhereTheOthersGaveUp) {
 
 INSTANTIATE_TEST_SUITE_P(Intra, Errors, ::testing::Values("shm", "tcp", "shm+lanes"));
 
+// On the second node of two, the rank that never calls is named by its rank in the group.
+TEST(ErrorsShm, ALocalRankIsNamedByItsRankInTheGroup) {
+  auto g = groups(4, "shm", {0, 0, 1, 1});
+  auto e = errors_of(g, [](ProcessGroup& pg, int r) {
+    if (r == 3) return;
+    std::vector<float> v(1000, 1.0f);
+    pg.allreduce(v.data(), v.size(), DType::F32, Op::Sum, 1);
+  });
+  EXPECT_NE(e[2].find("rank 3 (local rank 1)"), std::string::npos) << e[2];
+}
+
 // Each rank takes itself for the root: in shared memory both see the other's call (no rank
 // returns with data it did not get).
 TEST(ErrorsShm, BroadcastRootsThatDisagreeAreReported) {

@@ -225,8 +225,8 @@ class Segment {
 
 class EngineImpl : public AllreduceEngine {
  public:
-  EngineImpl(std::unique_ptr<Segment> seg, int me, int n, size_t slot)
-      : seg_(std::move(seg)), me_(me), n_(n), slot_(slot) {
+  EngineImpl(std::unique_ptr<Segment> seg, int me, int n, size_t slot, std::vector<int> ranks)
+      : seg_(std::move(seg)), me_(me), n_(n), slot_(slot), ranks_(std::move(ranks)) {
     states_ = reinterpret_cast<RankState*>(seg_->base() + 4096);
     data_ = seg_->base() + data_offset(n);
     states_[me_].pid = ::getpid();
@@ -299,7 +299,7 @@ class EngineImpl : public AllreduceEngine {
   void check_others() override {
     for (int q = 0; q < n_; ++q)
       if (q != me_ && states_[q].failed.load(std::memory_order_acquire))
-        throw Error("shm: local rank " + std::to_string(q) + " failed or gave up");
+        throw Error("shm: " + who(q) + " failed or gave up");
   }
   size_t slot() const override { return slot_; }
 
@@ -586,10 +586,17 @@ class EngineImpl : public AllreduceEngine {
 #endif
   }
 
+  // Local rank r as errors name it: by its rank in the group where that differs.
+  std::string who(int r) const {
+    std::string local = "local rank " + std::to_string(r);
+    if (r >= static_cast<int>(ranks_.size()) || ranks_[static_cast<size_t>(r)] == r) return local;
+    return "rank " + std::to_string(ranks_[static_cast<size_t>(r)]) + " (" + local + ")";
+  }
+
   void check_peer(int r, const Deadline& d, const char* what) {
     // Another lane of this rank failed (or the group gave up): this one stops waiting too.
     if (states_[me_].failed.load(std::memory_order_acquire))
-      throw Error("shm: this rank gave up while waiting for local rank " + std::to_string(r));
+      throw Error("shm: this rank gave up while waiting for " + who(r));
     // Any local rank that failed: the one waited for may itself wait for another node, whose
     // ranks wait for this one (2 nodes whose calls differ: only some ranks can tell).
     check_others();
@@ -602,9 +609,9 @@ class EngineImpl : public AllreduceEngine {
     bool same_ns = ns != 0 && s.pid_ns == ns;
     if ((s.life_lock && states_[me_].life_lock && seg_->life_lock_gone(r)) ||
         (s.pid > 0 && same_ns && s.pid != ::getpid() && process_gone(s.pid)))
-      throw Error("shm: local rank " + std::to_string(r) + " (pid " + std::to_string(s.pid) +
+      throw Error("shm: " + who(r) + " (pid " + std::to_string(s.pid) +
                   (same_ns ? "" : " in another PID namespace") + ") died");
-    if (d.passed()) d.expire("local rank " + std::to_string(r) + " " + what);
+    if (d.passed()) d.expire(who(r) + " " + what);
   }
 
   std::unique_ptr<Segment> seg_;
@@ -613,6 +620,7 @@ class EngineImpl : public AllreduceEngine {
   RankState* states_;
   char* data_;
   uint64_t seq_ = 0;
+  std::vector<int> ranks_;  // the group rank of each local rank (empty: not known)
   const CallHeader* h_ = nullptr;
   uint64_t forks_ = 0;          // forks() when this process published its pid
   bool direct_ok_ = true;       // process_vm_writev into the other local ranks works
@@ -814,7 +822,7 @@ std::unique_ptr<Segment> first_lane(const std::string& name, int n, size_t& slot
 std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<void()>& local_barrier,
                                                          const std::string& key, int local_rank,
                                                          int local_size, size_t slot_bytes,
-                                                         int lanes) {
+                                                         int lanes, std::vector<int> ranks) {
   // A reduce-scatter round puts a piece of every local rank's block in a slot: at least 16
   // bytes each (wider than any element).
   size_t least = round_up(std::max<size_t>(4096, 16 * static_cast<size_t>(local_size)), 4096);
@@ -866,7 +874,7 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
   }
   std::vector<std::unique_ptr<EngineImpl>> impls;
   for (auto& s : segs)
-    impls.push_back(std::make_unique<EngineImpl>(std::move(s), local_rank, local_size, slot));
+    impls.push_back(std::make_unique<EngineImpl>(std::move(s), local_rank, local_size, slot, ranks));
   if (impls.size() == 1) return std::move(impls[0]);
   return std::make_unique<LanedEngine>(std::move(impls));
 }

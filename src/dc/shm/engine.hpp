@@ -37,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "dc/comm.hpp"
 #include "dc/transport.hpp"
@@ -55,9 +56,11 @@ class AllreduceEngine {
   // or smaller where /dev/shm has no room for it (local rank 0 reserves lane 0's pages at once,
   // halving the slot until they fit, and says so on stderr; see slot()).  Throws Error, also
   // where /dev/shm has no room for the smallest.
+  // `ranks`: the group rank of each local rank, for errors that name one (empty: as local).
   static std::unique_ptr<AllreduceEngine> create(const std::function<void()>& local_barrier,
                                                  const std::string& key, int local_rank,
-                                                 int local_size, size_t slot_bytes, int lanes);
+                                                 int local_size, size_t slot_bytes, int lanes,
+                                                 std::vector<int> ranks = {});
   virtual ~AllreduceEngine() = default;
 
   // The inter-node step: called by each owner on its reduced shard (in shared memory).
