@@ -199,6 +199,39 @@ def test_a_host_no_longer_listed_leaves_and_may_come_back():
         check("lost the front end" not in err, f"b's daemon did not know it was let go: {err}")
 
 
+def test_a_host_listed_with_other_slots_runs_that_many_ranks():
+    """--nnodes 1:2 --hostfile a:1,b:1: in generation 0, rank 0 lists a with 2 slots: the group
+    re-forms after the last call and a runs 2 ranks from generation 1 (changes of slots were
+    ignored); then b with 2 slots too (generation 2: 4 ranks)."""
+    env = job_env()
+    marker = env["PE_TEST_MARKER"]
+    hostfile = os.path.join(tmpdir(), "hosts")
+    with open(hostfile, "w") as f:
+        f.write("a:1\nb:1\n")
+    env["HOSTFILE"] = hostfile
+    body = script("""#!/bin/sh
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE local $LOCAL_RANK"
+relist() { printf "$1" > "$HOSTFILE.new"; mv "$HOSTFILE.new" "$HOSTFILE"; exec sleep 60; }
+if [ "$RANK" = 0 ] && [ "$PYTORCH_EXEC_GENERATION" = 0 ]; then relist 'a:2\nb:1\n'; fi
+if [ "$RANK" = 0 ] && [ "$PYTORCH_EXEC_GENERATION" = 1 ]; then relist 'a:2\nb:2\n'; fi
+[ "$PYTORCH_EXEC_GENERATION" -lt 2 ] && exec sleep 60
+exit 0
+""")
+    r = run(["--kill-grace", "1", "--nnodes", "1:2", "--last-call", "0.3", "-x", "HOSTFILE",
+             "--hostfile", hostfile, "--launch-agent", agent(marker), body], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-3000:]}")
+    rows = sorted(r.stdout.splitlines())
+    want = sorted(["gen 0 rank 0 of 2 node a local 0", "gen 0 rank 1 of 2 node b local 0",
+                   "gen 1 rank 0 of 3 node a local 0", "gen 1 rank 1 of 3 node a local 1",
+                   "gen 1 rank 2 of 3 node b local 0",
+                   "gen 2 rank 0 of 4 node a local 0", "gen 2 rank 1 of 4 node a local 1",
+                   "gen 2 rank 2 of 4 node b local 0", "gen 2 rank 3 of 4 node b local 1"])
+    check(rows == want, f"{rows}\n{r.stderr[-3000:]}")
+    check("node(s) a listed with other slots; re-forming the group on 2 node(s)" in r.stderr,
+          r.stderr[-3000:])
+    assert_no_leftovers(marker, timeout=10)
+
+
 def test_below_the_minimum_the_job_fails():
     env = job_env()
     marker = env["PE_TEST_MARKER"]
@@ -445,6 +478,7 @@ if __name__ == "__main__":
           test_a_spare_takes_the_place_of_a_lost_node, test_a_frozen_daemon_is_lost_by_its_silence,
           test_a_host_that_comes_back_waits_its_cooldown,
           test_a_host_no_longer_listed_leaves_and_may_come_back,
+          test_a_host_listed_with_other_slots_runs_that_many_ranks,
           test_below_the_minimum_the_job_fails,
           test_below_the_minimum_the_job_waits_for_a_replacement,
           test_too_few_hosts_at_the_start_wait_for_more, test_a_slow_first_node_joins_later,

@@ -158,12 +158,15 @@ void JobController::start_generation() {
   bool whole = next.size() == base_map_.nodes.size();
   for (size_t i = 0; whole && i < next.size(); ++i) whole = next[i] == static_cast<int>(i);
   // By the nodes, not the slots: a lost node's slot may have another node now.
-  if (!whole || !membership_.is_generation(next)) {
+  bool resized = false;
+  for (int s : next) resized = resized || resized_.count(membership_.node(s).host);
+  if (!whole || !membership_.is_generation(next) || resized) {
     // The first generation on all the job's nodes runs the job's map as it was made (--map-by
     // node places ranks round robin); a re-formed one numbers each node's ranks in turn.
     map_ = whole && generation_ == 0 ? base_map_ : reform_map(base_map_, next);
     workers_->use_map(map_);
   }
+  for (int s : next) resized_.erase(membership_.node(s).host);
   membership_.set_generation(next);
   members_ = std::move(next);
   gen.master_addr = workers_->master_addr();
@@ -426,9 +429,27 @@ void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
   for (const auto& h : gone) on_unlisted(h);
   for (const auto& h : hosts) {
     int ranks = cfg_.npernode > 0 ? cfg_.npernode : h.slots;
+    if (resize(h.host, ranks)) continue;
     std::string why = admit(h.host, ranks, ranks, false);
     if (!why.empty()) say("node " + h.host + ": " + why);
   }
+}
+
+// A host of the job listed again: with other slots (and no -N), its node runs that many ranks
+// from the next generation, which comes after a last call, as for an arrival.  False: not a
+// node of the job.
+bool JobController::resize(const std::string& host, int ranks) {
+  int slot = membership_.find(host);
+  if (slot < 0 || membership_.node(slot).spawn_only) return false;
+  NodeMap& node = base_map_.nodes.at(static_cast<size_t>(slot));
+  if (static_cast<int>(node.ranks.size()) == ranks) return true;
+  logger("exec")->info("node {} is listed with {} slot(s) now (it had {}); last call {} s", host,
+                       ranks, node.ranks.size(), cfg_.last_call);
+  set_node(base_map_, static_cast<size_t>(slot), host, ranks);
+  resized_.insert(host);
+  if (first_arrival_ < 0) first_arrival_ = ctrl::Heartbeats::steady_seconds();
+  if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
+  return true;
 }
 
 // A host that its node source listed and no longer does leaves the job as a lost node does
@@ -620,7 +641,9 @@ void JobController::on_last_call() {
   if (gathering_) return gather();
   if (state_ != State::Running || last_call_.pending()) return;
   std::vector<int> next = membership_.next_generation();
-  if (next == members_) return;
+  bool resized = false;  // a node of the next generation has other slots
+  for (int s : next) resized = resized || resized_.count(membership_.node(s).host);
+  if (next == members_ && !resized) return;
   if (int n = membership_.starting()) {
     logger("exec")->info("last call over: waiting for {} more node(s) to start", n);
     return;
@@ -637,8 +660,13 @@ void JobController::on_last_call() {
         std::to_string(cfg_.max_scale_events) + ")");
     return;
   }
-  say("node(s) " + names + " joined; re-forming the group on " + std::to_string(next.size()) +
-      " node(s)");
+  std::string changed;
+  for (int s : next)
+    if (resized_.count(membership_.node(s).host))
+      changed += (changed.empty() ? "" : ", ") + membership_.node(s).host;
+  say((names.empty() ? "" : "node(s) " + names + " joined; ") +
+      (resized ? "node(s) " + changed + " listed with other slots; " : "") +
+      "re-forming the group on " + std::to_string(next.size()) + " node(s)");
   timeline_ = Timeline{};
   timeline_.detect = first_arrival_ >= 0 ? first_arrival_ : ctrl::Heartbeats::steady_seconds();
   first_arrival_ = -1;

@@ -58,6 +58,7 @@ class JobController : public AgentListener {
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
   void on_hosts(const std::vector<HostSlots>& hosts);
   void on_unlisted(const std::string& host);
+  bool resize(const std::string& host, int ranks);
   std::string admit(const std::string& host, int ranks, int slots, bool spawn_only,
                     long order = -1, std::string* kept_out = nullptr);
   // Join mode: a node asks to join; the first generation waits for MIN of them (gather).
@@ -122,6 +123,8 @@ class JobController : public AgentListener {
     double detect = -1, stopped = -1, reformed = -1;
   } timeline_;
   double first_arrival_ = -1;  // of the arrivals not admitted yet
+  // Nodes listed with other slots since the last generation (their ranks change at the next).
+  std::set<std::string> resized_;
   bool gathering_ = false;  // join mode: waiting for --nnodes MIN nodes before generation 0
   bool gather_called_ = false;  // the last call once MIN nodes are there was made
   Event join_timer_;        // --rdzv-conf join_timeout

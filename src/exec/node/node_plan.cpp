@@ -39,6 +39,15 @@ NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
   try {
     p.topology = topo::load_topology(topo::LoadOptions{cfg.topology_file});
     p.analysis = topo::analyse(*p.topology);
+  } catch (const topo::TopologyError& e) {
+    throw UsageError(e.what());
+  }
+  place_again(p, cfg, nlocal);
+  return p;
+}
+
+void place_again(NodePlan& p, const PlacementRequest& cfg, int nlocal) {
+  try {
     topo::PlacementOptions o;
     o.nranks = nlocal;
     o.map_by = cfg.map_by;
@@ -49,7 +58,6 @@ NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
     throw UsageError(e.what());
   }
   apply_rank_by(cfg.rank_by, p.analysis, p.ranks);
-  return p;
 }
 
 RankLocality locality_of(const topo::RankPlacement& p) {

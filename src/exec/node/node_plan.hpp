@@ -25,6 +25,9 @@ struct NodePlan {
 
 // Throws UsageError for a bad topology file or an impossible request (one sentence).
 NodePlan plan_node(const PlacementRequest& req, int nlocal);
+// Places `nlocal` ranks on the plan's topology anew (the node's rank count changed).  Throws
+// UsageError for an impossible request.
+void place_again(NodePlan& p, const PlacementRequest& req, int nlocal);
 
 // Stable renumbering of placed ranks for --rank-by (slot/node: placement order).
 void apply_rank_by(topo::RankBy rank_by, const topo::Analysis& a,

@@ -204,10 +204,9 @@ void NodeRunner::start_idle(GenerationInfo gen, const JobMap& map) {
 
 void NodeRunner::remap(JobMap map, int node) {
   size_t mine = job_.map.nodes.at(static_cast<size_t>(job_.node)).ranks.size();
-  if (map.nodes.at(static_cast<size_t>(node)).ranks.size() != mine)
-    throw Error("a new job map gives this node " +
-                std::to_string(map.nodes[static_cast<size_t>(node)].ranks.size()) +
-                " ranks instead of " + std::to_string(mine));
+  size_t now = map.nodes.at(static_cast<size_t>(node)).ranks.size();
+  // Its host listed with other slots (elastic): its ranks are placed anew.
+  if (now != mine) place_again(plan_, job_.placement, static_cast<int>(now));
   job_.map = std::move(map);
   job_.node = node;
 }

@@ -49,7 +49,8 @@ class NodeRunner {
   void open(EventLoop& loop, AgentListener& listener, pmix::ModexRouter* router,
             const std::string& server_nspace, EnvMap env);
   // Elastic re-forming: from the next generation on, the job's map is `map`, where this node
-  // is node `node`.  Throws Error when its number of ranks is not this node's.
+  // is node `node`; another number of ranks for it (its host listed with other slots) is
+  // placed anew.  Throws UsageError when they cannot be placed (--bind-to core on too few).
   void remap(JobMap map, int node);
   // Starts every worker of the node for `gen`.  Throws Error when they cannot all be started
   // (those that were are reported as usual).
