@@ -240,10 +240,25 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
       ranks[i].domain = b.domain;
       for (int g : b.gpus) ranks[i].gpus.push_back(t.gpus()[static_cast<size_t>(g)].index);
     }
-  } else {
-    const size_t nd = a.domains.size();
+  } else if (o.map_by == MapBy::Numa) {
     for (size_t i = 0; i < ranks.size(); ++i)
-      ranks[i].domain = static_cast<int>(o.map_by == MapBy::Numa ? i % nd : i * nd / ranks.size());
+      ranks[i].domain = static_cast<int>(i % a.domains.size());
+  } else {
+    // Consecutive ranks to a domain, each domain's share as its share of the cores (domains
+    // alike: as many each), so that binding to cores fits wherever there are enough.
+    std::vector<size_t> upto;  // cores of domains 0..d
+    for (const auto& d : a.domains) {
+      hwloc_bitmap_t set = hwloc_bitmap_alloc();
+      hwloc_bitmap_list_sscanf(set, d.cpuset.c_str());
+      int n = hwloc_get_nbobjs_inside_cpuset_by_type(t.raw(), set, HWLOC_OBJ_CORE);
+      hwloc_bitmap_free(set);
+      upto.push_back((upto.empty() ? 0 : upto.back()) + static_cast<size_t>(std::max(n, 1)));
+    }
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      size_t core = i * upto.back() / ranks.size();  // the rank's place among the cores
+      ranks[i].domain =
+          static_cast<int>(std::upper_bound(upto.begin(), upto.end(), core) - upto.begin());
+    }
   }
   for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
   assign_nics(t, a, ranks);

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <string>
+
+#include <hwloc.h>
 
 #include "fixtures.hpp"
 #include "topology/placement.hpp"
@@ -16,7 +19,45 @@ std::vector<int> gpu_of(const std::vector<RankPlacement>& p) {
   return v;
 }
 
+// A machine of two NUMA nodes of 4 and 2 cores (hwloc's synthetic one, restricted), as an XML
+// file: its path.
+std::string uneven_machine() {
+  hwloc_topology_t t;
+  hwloc_topology_init(&t);
+  hwloc_topology_set_synthetic(t, "numa:2 core:4 pu:1");
+  hwloc_topology_load(t);
+  hwloc_bitmap_t keep = hwloc_bitmap_alloc();
+  hwloc_bitmap_list_sscanf(keep, "0-5");
+  hwloc_topology_restrict(t, keep, 0);
+  hwloc_bitmap_free(keep);
+  std::string path = ::testing::TempDir() + "uneven-numa.xml";
+  hwloc_topology_export_xml(t, path.c_str(), 0);
+  hwloc_topology_destroy(t);
+  return path;
+}
+
 }  // namespace
+
+TEST(PlacementTest, BindingToCoresFillsUnevenDomainsByTheirCores) {
+  auto t = load_topology(LoadOptions{uneven_machine()});
+  auto a = analyse(*t);
+  ASSERT_EQ(a.domains.size(), 2u);
+  // 6 ranks on 4 + 2 cores: 4 and 2 (an even split, 3 and 3, did not fit the second).
+  auto p = place_ranks(*t, a, {6, MapBy::Default, BindTo::Core, 1});
+  std::vector<int> domains;
+  std::set<std::string> cores;
+  for (const auto& r : p) {
+    domains.push_back(r.domain);
+    cores.insert(r.cpuset);
+  }
+  EXPECT_EQ(domains, (std::vector<int>{0, 0, 0, 0, 1, 1}));
+  EXPECT_EQ(cores.size(), 6u);
+  // Fewer ranks: shares of the cores too (2 of 3 ranks where 4 of 6 cores are).
+  auto q = place_ranks(*t, a, {3, MapBy::Default, BindTo::None, 1});
+  EXPECT_EQ(q[0].domain, 0);
+  EXPECT_EQ(q[1].domain, 0);
+  EXPECT_EQ(q[2].domain, 1);
+}
 
 TEST(PathTest, Dgx2IsOneNvSwitchIslandWithSixLinksPerPair) {
   auto l = load("dgx2-16xV100-nvswitch");
