@@ -83,10 +83,13 @@ def test_salloc_starts_daemons_mpi():
     check(r.returncode == 0 and sorted(r.stdout.split("\n")) == ["", "0 0 1", "1 1 1"],
           f"exit {r.returncode}: {r.stdout} {r.stderr}")
     # -H naming nodes of the allocation: their daemons are started with srun, not ssh.
+    # Each rank's SLURM_PROCID, _LOCALID, _NODEID and _NTASKS are its own, as srun would give
+    # them (they were the daemon's task's: one rank id per node).
     r = sh(["salloc", "-N", "2", "--ntasks-per-node=2", EXEC, "-H", "n2:1,n1:2", "sh", "-c",
-            "echo $RANK $GROUP_RANK $LOCAL_WORLD_SIZE"], env)
-    check(r.returncode == 0 and sorted(r.stdout.split("\n")) == ["", "0 0 1", "1 1 2", "2 1 2"],
-          f"exit {r.returncode}: {r.stdout} {r.stderr}")
+            "echo $RANK $GROUP_RANK $LOCAL_WORLD_SIZE $SLURM_PROCID $SLURM_NODEID $SLURM_LOCALID "
+            "$SLURM_NTASKS"], env)
+    check(r.returncode == 0 and sorted(r.stdout.split("\n")) == [
+        "", "0 0 1 0 0 0 3", "1 1 2 1 1 0 3", "2 1 2 2 1 1 3"], f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 

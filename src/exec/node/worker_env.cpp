@@ -69,6 +69,18 @@ EnvMap worker_environment(const EnvMap& base,
   // mpirun's node rank: the process's number among the job's processes on its node.
   seti("OMPI_COMM_WORLD_NODE_RANK", loc.local_rank);
 
+  // SLURM's per-task names, where the ranks run in a SLURM job (its daemons' srun step, or the
+  // shell of an allocation): what srun would give each task, had it started the ranks, not the
+  // daemon's own task (programs that read them for their rank, as Lightning's SLURMEnvironment
+  // does, took every rank of a node for one).
+  if (env.count("SLURM_JOB_ID") || env.count("SLURM_JOBID")) {
+    seti("SLURM_PROCID", rank);
+    seti("SLURM_LOCALID", loc.local_rank);
+    seti("SLURM_NODEID", node.node_rank);
+    seti("SLURM_NTASKS", map.world_size);
+    seti("SLURM_NPROCS", map.world_size);
+  }
+
   // Ours.
   set(PYTORCH_EXEC_ENV_JOBID, gen.job_id);
   seti(PYTORCH_EXEC_ENV_GENERATION, gen.generation);
