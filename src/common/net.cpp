@@ -14,7 +14,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <random>
 
@@ -207,6 +209,81 @@ UniqueFd connect_tcp(const std::string& host, int port, double timeout) {
     if (rc < 0 || err) throw SystemError("connect to " + target, rc < 0 ? errno : err);
   }
   return fd;
+}
+
+UniqueFd connect_first(const std::vector<std::pair<std::string, int>>& targets, double timeout,
+                       double attempt) {
+  using Clock = std::chrono::steady_clock;
+  auto secs = [](double s) {
+    return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+  };
+  constexpr double kPause = 0.5;  // before another try at a refused or unresolved target
+  // Target i is first tried this much after target i - 1 (the first usually answers at once,
+  // and no second connection is made that the other end sees open and closed).
+  constexpr double kStagger = 0.25;
+  struct Try {
+    std::string name;
+    UniqueFd fd;                  // an attempt in progress
+    Clock::time_point next, end;  // when to try again; when the attempt in progress ends
+    std::string trouble;          // of the last attempt
+  };
+  std::vector<Try> tries;
+  for (const auto& [host, port] : targets)
+    tries.push_back(Try{host + ":" + std::to_string(port), {},
+                        Clock::now() + secs(kStagger * static_cast<double>(tries.size())), {}, ""});
+  auto deadline = Clock::now() + secs(timeout);
+  for (;;) {
+    auto now = Clock::now();
+    std::vector<struct pollfd> p;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < tries.size(); ++i) {
+      Try& t = tries[i];
+      if (t.fd.valid() && now >= t.end) {  // no answer: a lost SYN is sent again, not waited for
+        t.trouble = "no answer within " + std::to_string(static_cast<int>(attempt)) + " s";
+        t.fd.reset();
+        t.next = now;
+      }
+      if (!t.fd.valid() && now >= t.next) {
+        try {
+          auto sa = ipv4(resolve_ipv4(targets[i].first), targets[i].second);
+          UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+          PE_CHECK_ERRNO(fd.valid(), "socket");
+          if (::connect(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa) == 0)
+            return fd;
+          if (errno != EINPROGRESS) throw SystemError("connect", errno);
+          t.fd = std::move(fd);
+          t.end = now + secs(attempt);
+        } catch (const Error& e) {
+          t.trouble = e.what();
+          t.next = now + secs(kPause);
+        }
+      }
+      if (t.fd.valid()) {
+        p.push_back({t.fd.get(), POLLOUT, 0});
+        which.push_back(i);
+      }
+    }
+    if (now >= deadline) break;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count();
+    int rc = ::poll(p.data(), p.size(), static_cast<int>(std::clamp<long long>(left, 1, 100)));
+    if (rc < 0 && errno != EINTR) throw SystemError("poll", errno);
+    for (size_t k = 0; rc > 0 && k < p.size(); ++k) {
+      if (!p[k].revents) continue;
+      Try& t = tries[which[k]];
+      int err = 0;
+      socklen_t len = sizeof err;
+      ::getsockopt(t.fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == 0) return std::move(t.fd);
+      t.trouble = std::strerror(err);
+      t.fd.reset();
+      t.next = Clock::now() + secs(kPause);
+    }
+  }
+  std::string why;
+  for (const auto& t : tries)
+    why += (why.empty() ? "" : "; ") + t.name + ": " + (t.trouble.empty() ? "no answer" : t.trouble);
+  throw TimeoutError("no connection within " + std::to_string(static_cast<int>(timeout)) +
+                     " s (" + why + ")");
 }
 
 std::string peer_address(int fd) {

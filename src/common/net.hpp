@@ -43,6 +43,13 @@ UniqueFd accept_tcp(int listen_fd, std::string* peer_addr);
 // Connects to host:port within `timeout` seconds (host: an IPv4 address or a name).  Returns
 // the connected, non-blocking socket; throws SystemError or TimeoutError naming the target.
 UniqueFd connect_tcp(const std::string& host, int port, double timeout);
+// Connects to the first of `targets` (host, port) that answers, trying them all at once (each a
+// quarter second after the one before), again and again: an attempt that gets no answer within
+// `attempt` seconds is made anew (a SYN lost to a partition that heals is not waited out), a
+// refused one after half a second, until `timeout` seconds have passed.  Returns the connected,
+// non-blocking socket; throws TimeoutError naming each target's last trouble.
+UniqueFd connect_first(const std::vector<std::pair<std::string, int>>& targets, double timeout,
+                       double attempt);
 // The peer's / this end's IPv4 address of a connected socket ("" when unknown).
 std::string peer_address(int fd);
 std::string local_address(int fd);

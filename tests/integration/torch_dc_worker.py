@@ -555,7 +555,12 @@ def leavers(how):
         if how == "destroy":
             dist.destroy_process_group()
         return
-    time.sleep(1)  # the others are gone
+    try:  # rank 2 sends nothing: this receive fails once it is gone (the loss is seen)
+        dist.recv(torch.zeros(1), 2)
+        raise SystemExit(f"rank {rank}: a receive from rank 2, which is gone, returned")
+    except RuntimeError as e:
+        if "rank 2" not in str(e):
+            raise
     mine, theirs = torch.full((5,), float(rank)), torch.zeros(5)
     if rank == 0:
         dist.send(mine, 1)
@@ -992,7 +997,8 @@ MODES = {  # mode -> (function, converter of its argument, or None for none)
     "collectives": (collectives, None), "ddp": (ddp, int), "fsdp": (fsdp, int),
     "hooks": (hooks, int), "callbacks": (callbacks, None), "autograd": (autograd, None),
     "unfinished": (unfinished, None), "reaped": (reaped, None),
-    "unsent": (unsent, str), "unread": (unread, str), "leavers": (leavers, str), "kept": (kept, None), "fail": (fail, int),
+    "unsent": (unsent, str), "unread": (unread, str), "leavers": (leavers, str),
+    "kept": (kept, None), "fail": (fail, int),
     "released": (released, str),
     "mismatch": (mismatch, None), "restart": (restart, None), "devices": (devices, None),
     "launcher": (launcher, str), "recorder": (recorder, None),

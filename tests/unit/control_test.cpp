@@ -1,9 +1,17 @@
 // The control plane's messages: every message round-trips, malformed ones are errors, and the
-// tree's parent/children/subtree relations agree with each other.
+// tree's parent/children/subtree relations agree with each other.  How a daemon reaches the
+// front end (connect_first).
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 
+#include <chrono>
 #include <csignal>
+#include <thread>
 
+#include "common/error.hpp"
+#include "common/net.hpp"
 #include "exec/ctrl/connection.hpp"
 
 using namespace pe;
@@ -233,6 +241,8 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Lookup{3, {"port:accept", "port:connect"}});
   round_trip(LookupResp{3, {{"port:accept", "v"}}});
   round_trip(Unpublish{{"port:accept"}});
+  round_trip(JobEnd{3});
+  round_trip(Leave{"no longer listed by its node source"});
   EXPECT_STREQ(msg_name(999), "unknown");
   EXPECT_THROW(decode_any(999, ""), wire::WireError);
 }
@@ -314,5 +324,65 @@ TEST(ControlTest, TreeRelationsAgree) {
       }
     }
     for (int i = 0; i < n; ++i) EXPECT_EQ(seen[i], 1) << "radix " << radix << " node " << i;
+  }
+}
+
+// connect_first: every address at once, again and again until one answers.
+namespace {
+
+// A listening socket on 127.0.0.1 (its port in *port), or, listen=false, a port nothing
+// listens on (bound, then closed).
+pe::UniqueFd loopback_port(int* port, bool listen = true) {
+  pe::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  struct sockaddr_in sa {};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa), 0);
+  socklen_t len = sizeof sa;
+  ::getsockname(fd.get(), reinterpret_cast<struct sockaddr*>(&sa), &len);
+  *port = ntohs(sa.sin_port);
+  if (listen) ::listen(fd.get(), 4);
+  else fd.reset();
+  return fd;
+}
+
+}  // namespace
+
+TEST(ConnectFirstTest, TheAddressThatAnswersWinsAndOneThatComesLaterIsTriedAgain) {
+  int closed = 0, open = 0;
+  loopback_port(&closed, false);
+  auto l = loopback_port(&open);
+  auto t0 = std::chrono::steady_clock::now();
+  auto fd = pe::connect_first({{"127.0.0.1", closed}, {"127.0.0.1", open}}, 10, 3);
+  EXPECT_TRUE(fd.valid());
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+  // Refused at first: the port listens a moment later (a front end that was not up yet).
+  int later = 0;
+  loopback_port(&later, false);
+  std::thread up([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    pe::UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    int one = 1;
+    ::setsockopt(s.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in sa {};
+    sa.sin_family = AF_INET;
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    sa.sin_port = htons(static_cast<uint16_t>(later));
+    ::bind(s.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa);
+    ::listen(s.get(), 4);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2000));
+  });
+  auto fd2 = pe::connect_first({{"127.0.0.1", later}}, 10, 3);
+  EXPECT_TRUE(fd2.valid());
+  up.join();
+  // Nothing answers: a TimeoutError naming the address and its trouble, at the timeout.
+  try {
+    pe::connect_first({{"127.0.0.1", closed}}, 1, 3);
+    ADD_FAILURE() << "connected to a closed port";
+  } catch (const pe::TimeoutError& e) {
+    EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(closed) +
+                                         ": Connection refused"),
+              std::string::npos)
+        << e.what();
   }
 }

@@ -41,7 +41,7 @@ TEST(ExecdOptionsTest, UnderstandsWhatPytorchExecPasses) {
   EXPECT_EQ(o.connect[0], (std::pair<std::string, int>{"10.0.0.1", 5000}));
   EXPECT_EQ(o.connect[1], (std::pair<std::string, int>{"[::1]", 5001}));
   EXPECT_EQ(o.node, "n3");
-  EXPECT_DOUBLE_EQ(o.connect_timeout, 30.0);
+  EXPECT_DOUBLE_EQ(o.connect_timeout, 60.0);
 }
 
 TEST(ExecdOptionsTest, SlurmNamesTheNodeAndTimeoutsParse) {

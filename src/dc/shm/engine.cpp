@@ -874,7 +874,8 @@ std::unique_ptr<AllreduceEngine> AllreduceEngine::create(const std::function<voi
   }
   std::vector<std::unique_ptr<EngineImpl>> impls;
   for (auto& s : segs)
-    impls.push_back(std::make_unique<EngineImpl>(std::move(s), local_rank, local_size, slot, ranks));
+    impls.push_back(
+        std::make_unique<EngineImpl>(std::move(s), local_rank, local_size, slot, ranks));
   if (impls.size() == 1) return std::move(impls[0]);
   return std::make_unique<LanedEngine>(std::move(impls));
 }

@@ -54,6 +54,8 @@ struct Refusal : Error {
 
 // Join mode's attempts to reach the host: the first retry after this long, doubling up to
 // kJoinRetryMax.
+// One try at one of the front end's addresses gets this long before it is made anew.
+constexpr double kConnectAttempt = 3.0;
 constexpr double kJoinRetryFirst = 0.1;
 constexpr double kJoinRetryMax = 2.0;
 
@@ -99,13 +101,16 @@ wire::Frame read_frame(int fd, std::chrono::steady_clock::time_point deadline) {
 
 Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
   using namespace ctrl;
+  // Before the job and after it alike: the job's end (join mode), the front end letting us go.
+  auto job_end = [this](JobEnd& m) { job_status_ = m.status; };
+  auto let_go = [this](Leave& m) { let_go_ = m.why.empty() ? "let go" : m.why; };
   before_job_.on<Job>([this](Job& m) { on_job(m); })
       .on<Redirect>([this](Redirect& m) { on_redirect(m); })
-      .on<JobEnd>([this](JobEnd& m) { job_status_ = m.status; })
-      .on<Leave>([this](Leave& m) { let_go_ = m.why.empty() ? "let go" : m.why; });
+      .on<JobEnd>(job_end)
+      .on<Leave>(let_go);
   dispatch_.on<Start>([this](Start& m) { on_start(m); })
-      .on<JobEnd>([this](JobEnd& m) { job_status_ = m.status; })
-      .on<Leave>([this](Leave& m) { let_go_ = m.why.empty() ? "let go" : m.why; })
+      .on<JobEnd>(job_end)
+      .on<Leave>(let_go)
       .on<Remap>([this](Remap& m) { on_remap(m); })
       .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
       .on<ProcFailed>([this](ProcFailed& m) {
@@ -135,19 +140,15 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
 Daemon::~Daemon() = default;
 
 void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) {
+  // Every address at once and again until the connect timeout: one that is firewalled or cut
+  // off for a while does not hold up another that answers.
   UniqueFd fd;
-  std::string errors;
-  for (const auto& [host, port] : targets) {
-    try {
-      fd = connect_tcp(host, port, opts_.connect_timeout);
-      break;
-    } catch (const Error& e) {
-      errors += std::string(errors.empty() ? "" : "; ") + e.what();
-    }
-  }
-  if (!fd.valid())
+  try {
+    fd = connect_first(targets, opts_.connect_timeout, kConnectAttempt);
+  } catch (const Error& e) {
     throw IoError(std::string("cannot reach ") +
-                  (redirected_ ? "the parent daemon" : "the front end") + ": " + errors);
+                  (redirected_ ? "the parent daemon" : "the front end") + ": " + e.what());
+  }
   tune_control_socket(fd.get(), kKeepaliveSeconds);
   std::string peer = peer_address(fd.get());
   auto deadline = std::chrono::steady_clock::now() +

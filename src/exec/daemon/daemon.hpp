@@ -25,10 +25,10 @@
 namespace pe {
 
 struct DaemonOptions {
-  std::vector<std::pair<std::string, int>> connect;  // front-end addresses, tried in order
+  std::vector<std::pair<std::string, int>> connect;  // front-end addresses, tried at once
   std::string node;                                  // this node's name in the job map
   std::string secret;                                // raw bytes
-  double connect_timeout = 30.0;
+  double connect_timeout = 60.0;  // to reach the front end, and for the handshake
   ctrl::HeartbeatSettings heartbeat;  // with the parent and the children in the tree
   // Join mode: this daemon is a pytorch_exec that joins by itself (--rdzv-endpoint) rather
   // than one the front end started.  It retries until `timeout` (the host may start later),

@@ -20,7 +20,8 @@ const OptionDef<ExecdRawOptions> kExecdOptions[] = {
     {"secret-file", 0, "", "FILE", "read the job's secret from FILE (mode 0600)",
      &ExecdRawOptions::secret_file},
     {"connect-timeout", 0, "", "SECONDS",
-     "time allowed for each connection attempt and the handshake (default 30)",
+     "time allowed to reach the front end (its addresses tried at once, again and again) and "
+     "for the handshake (default 60; pytorch_exec passes its PYTORCH_EXEC_DAEMON_TIMEOUT)",
      &ExecdRawOptions::connect_timeout},
     {"heartbeat-interval", 0, "", "SECONDS",
      "send a heartbeat to the parent and children in the tree this often (default 1)",

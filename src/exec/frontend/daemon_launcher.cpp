@@ -4,9 +4,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "common/auth.hpp"
 #include "common/error.hpp"
@@ -93,6 +95,8 @@ std::vector<std::string> DaemonLauncher::daemon_argv(int node, bool slurm) const
                 {"--node", map_.nodes.at(static_cast<size_t>(node)).host, "--secret-stdin"});
   }
   LaunchConfig defaults;
+  if (env_.count("PYTORCH_EXEC_DAEMON_TIMEOUT"))
+    argv.insert(argv.end(), {"--connect-timeout", seconds_text(daemon_timeout(env_))});
   if (cfg_.heartbeat_interval != defaults.heartbeat_interval)
     argv.insert(argv.end(), {"--heartbeat-interval", seconds_text(cfg_.heartbeat_interval)});
   if (cfg_.heartbeat_timeout != defaults.heartbeat_timeout)
@@ -145,10 +149,31 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
 }
 
 void DaemonLauncher::launch_node(int node, int incarnation) {
-  if (slurm_)
+  if (slurm_ && in_allocation(map_.nodes.at(static_cast<size_t>(node)).host))
     start(srun_argv({node}), {node}, false, incarnation);
   else
     start(launch_command(node), {node}, true, incarnation);
+}
+
+double daemon_timeout(const EnvMap& env) {
+  auto it = env.find("PYTORCH_EXEC_DAEMON_TIMEOUT");
+  if (it == env.end()) return 60.0;
+  char* end = nullptr;
+  double v = std::strtod(it->second.c_str(), &end);
+  if (!end || *end || !(v > 0))
+    throw UsageError("PYTORCH_EXEC_DAEMON_TIMEOUT: '" + it->second +
+                     "' is not a number of seconds");
+  return v;
+}
+
+bool DaemonLauncher::in_allocation(const std::string& host) const {
+  std::optional<Allocation> a;
+  try {
+    a = slurm_allocation(env_);
+  } catch (const UsageError&) {  // its variables disagree: as before, srun
+  }
+  return !a || std::any_of(a->nodes.begin(), a->nodes.end(),
+                           [&](const HostSlots& n) { return n.host == host; });
 }
 
 // One srun step that starts the daemons of `nodes`.

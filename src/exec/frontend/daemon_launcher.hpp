@@ -40,7 +40,8 @@ class DaemonLauncher {
   // After launch(): starts the daemon of node `node` of the map (an elastic arrival) the same way.
   void launch_node(int node, int incarnation);
   // Node `node` is lost by its silence: its own launcher (of that incarnation) is killed, so
-  // that a frozen or cut-off daemon is not waited for at the end.  Not for srun's step.
+  // that a frozen or cut-off daemon is not waited for at the end.  Not an srun of several
+  // nodes.
   void kill_node(int node, int incarnation);
   // The daemon command line and launcher command for node `node` (for tests).
   std::vector<std::string> launch_command(int node) const;
@@ -55,6 +56,9 @@ class DaemonLauncher {
   void forward_output(Launcher& l, bool out);
   void on_sigchld();
   std::vector<std::string> daemon_argv(int node, bool slurm) const;
+  // Under SLURM, whether `host` is a node of the allocation (an arrival may be another host:
+  // the launch agent starts it).
+  bool in_allocation(const std::string& host) const;
 
   EventLoop& loop_;
   const LaunchConfig& cfg_;
@@ -72,5 +76,9 @@ class DaemonLauncher {
 
 // '...' quoting for a POSIX shell, unless the word needs none.
 std::string shell_quote(const std::string& s);
+
+// PYTORCH_EXEC_DAEMON_TIMEOUT of `env` (default 60): seconds a daemon has to report ready, and
+// to reach the front end.  Throws UsageError for a value that is no positive number.
+double daemon_timeout(const EnvMap& env);
 
 }  // namespace pe

@@ -130,14 +130,19 @@ int JobController::run() {
     }
     if (!late.empty())
       say("starting without node(s) " + late + ", not ready yet: they join when they are");
-    if (gathering_) return gather();
-    start_generation();
-    if (NodeSources::wanted(cfg_) && state_ != State::Done) {
+    auto watch = [this] {  // the hostfile and the discovery command, from now on
+      if (!NodeSources::wanted(cfg_) || state_ == State::Done || sources_) return;
       if (cfg_.hosts.empty())  // the first nodes came from the hostfile or the command
         for (const auto& n : base_map_.nodes) listed_.insert(n.host);
       sources_ = std::make_unique<NodeSources>(
           loop_, cfg_, [this](const std::vector<HostSlots>& h) { on_hosts(h); });
+    };
+    if (gathering_) {  // below MIN already (first nodes lost): the sources may bring more
+      watch();
+      return gather();
     }
+    start_generation();
+    watch();
   });
   if (state_ != State::Done) loop_.run();
   sink_.flush();
@@ -158,9 +163,7 @@ void JobController::start_generation() {
   bool whole = next.size() == base_map_.nodes.size();
   for (size_t i = 0; whole && i < next.size(); ++i) whole = next[i] == static_cast<int>(i);
   // By the nodes, not the slots: a lost node's slot may have another node now.
-  bool resized = false;
-  for (int s : next) resized = resized || resized_.count(membership_.node(s).host);
-  if (!whole || !membership_.is_generation(next) || resized) {
+  if (!whole || !membership_.is_generation(next) || !resized_in(next).empty()) {
     // The first generation on all the job's nodes runs the job's map as it was made (--map-by
     // node places ranks round robin); a re-formed one numbers each node's ranks in turn.
     map_ = whole && generation_ == 0 ? base_map_ : reform_map(base_map_, next);
@@ -387,8 +390,10 @@ std::string JobController::reform_without(const std::string& host, const std::st
                         std::to_string(cfg_.nnodes_min);
     // Nothing can bring another node: a static list (-H, an allocation) without sources.
     if (!NodeSources::wanted(cfg_) && !cfg_.join_mode()) return below;
-    say("node " + host + ": " + why + "; " + below + ": stopping the others and waiting up to " +
-        seconds_text(cfg_.join_timeout) + " s for more (--join-timeout)");
+    const char* wait = state_ == State::Preparing ? ": waiting up to "
+                                                  : ": stopping the others and waiting up to ";
+    say("node " + host + ": " + why + "; " + below + wait + seconds_text(cfg_.join_timeout) +
+        " s for more (--join-timeout)");
     gathering_ = true;
     gather_called_ = false;
     join_timer_.arm(cfg_.join_timeout);
@@ -419,7 +424,9 @@ std::string JobController::reform_without(const std::string& host, const std::st
 // Hosts the node sources list: those not in the job, and not kept out, get a slot and a
 // daemon; those listed before and no longer leave the job.
 void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
-  if (state_ != State::Running && state_ != State::Restarting && state_ != State::Reforming) return;
+  if (state_ != State::Running && state_ != State::Restarting && state_ != State::Reforming &&
+      !(state_ == State::Preparing && gathering_))
+    return;
   std::set<std::string> now;
   for (const auto& h : hosts) now.insert(h.host);
   std::vector<std::string> gone;
@@ -428,28 +435,37 @@ void JobController::on_hosts(const std::vector<HostSlots>& hosts) {
   listed_ = std::move(now);
   for (const auto& h : gone) on_unlisted(h);
   for (const auto& h : hosts) {
+    if (resize(h.host, h.slots)) continue;
     int ranks = cfg_.npernode > 0 ? cfg_.npernode : h.slots;
-    if (resize(h.host, ranks)) continue;
     std::string why = admit(h.host, ranks, ranks, false);
     if (!why.empty()) say("node " + h.host + ": " + why);
   }
 }
 
-// A host of the job listed again: with other slots (and no -N), its node runs that many ranks
-// from the next generation, which comes after a last call, as for an arrival.  False: not a
-// node of the job.
-bool JobController::resize(const std::string& host, int ranks) {
+// A host of the job listed again: with other slots than it was listed with (and the ranks
+// follow the slots: no -n, no -N), its node runs that many ranks from the next generation,
+// which comes after a last call, as for an arrival.  False: not a node of the job.
+bool JobController::resize(const std::string& host, int slots) {
   int slot = membership_.find(host);
   if (slot < 0 || membership_.node(slot).spawn_only) return false;
   NodeMap& node = base_map_.nodes.at(static_cast<size_t>(slot));
-  if (static_cast<int>(node.ranks.size()) == ranks) return true;
+  if (node.slots == slots || cfg_.np_given || cfg_.npernode > 0) return true;
   logger("exec")->info("node {} is listed with {} slot(s) now (it had {}); last call {} s", host,
-                       ranks, node.ranks.size(), cfg_.last_call);
-  set_node(base_map_, static_cast<size_t>(slot), host, ranks);
+                       slots, node.slots, cfg_.last_call);
+  set_node(base_map_, static_cast<size_t>(slot), host, slots);
   resized_.insert(host);
   if (first_arrival_ < 0) first_arrival_ = ctrl::Heartbeats::steady_seconds();
   if (!last_call_.pending()) last_call_.arm(cfg_.last_call);
   return true;
+}
+
+// The hosts of `slots` listed with other slots since the last generation ("" if none).
+std::string JobController::resized_in(const std::vector<int>& slots) const {
+  std::string hosts;
+  for (int s : slots)
+    if (resized_.count(membership_.node(s).host))
+      hosts += (hosts.empty() ? "" : ", ") + membership_.node(s).host;
+  return hosts;
 }
 
 // A host that its node source listed and no longer does leaves the job as a lost node does
@@ -562,7 +578,9 @@ void JobController::gather() {
   last_call_.disarm();
   first_arrival_ = -1;  // the arrivals so far are in the (next) generation
   if (!reforming) {
-    say("rendezvous " + cfg_.rdzv_id + " complete: " + std::to_string(have) + " node(s)");
+    say(cfg_.join_mode() ? "rendezvous " + cfg_.rdzv_id + " complete: " + std::to_string(have) +
+                               " node(s)"
+                         : std::to_string(have) + " node(s) ready: starting");
     start_generation();
     return;
   }
@@ -641,9 +659,8 @@ void JobController::on_last_call() {
   if (gathering_) return gather();
   if (state_ != State::Running || last_call_.pending()) return;
   std::vector<int> next = membership_.next_generation();
-  bool resized = false;  // a node of the next generation has other slots
-  for (int s : next) resized = resized || resized_.count(membership_.node(s).host);
-  if (next == members_ && !resized) return;
+  std::string resized = resized_in(next);
+  if (next == members_ && resized.empty()) return;
   if (int n = membership_.starting()) {
     logger("exec")->info("last call over: waiting for {} more node(s) to start", n);
     return;
@@ -655,18 +672,14 @@ void JobController::on_last_call() {
     if (membership_.node(static_cast<int>(s)).state == Membership::State::Ready &&
         !contains(next, static_cast<int>(s)))
       logger("exec")->info("node {} waits as a spare", membership_.node(static_cast<int>(s)).host);
+  std::string what = names.empty() ? "" : "node(s) " + names + " joined; ";
+  if (!resized.empty()) what += "node(s) " + resized + " listed with other slots; ";
   if (cfg_.max_scale_events >= 0 && scale_events_ >= cfg_.max_scale_events) {
-    say("node(s) " + names + " not admitted: no scale events left (--max-scale-events " +
+    say(what + "not re-forming: no scale events left (--max-scale-events " +
         std::to_string(cfg_.max_scale_events) + ")");
     return;
   }
-  std::string changed;
-  for (int s : next)
-    if (resized_.count(membership_.node(s).host))
-      changed += (changed.empty() ? "" : ", ") + membership_.node(s).host;
-  say((names.empty() ? "" : "node(s) " + names + " joined; ") +
-      (resized ? "node(s) " + changed + " listed with other slots; " : "") +
-      "re-forming the group on " + std::to_string(next.size()) + " node(s)");
+  say(what + "re-forming the group on " + std::to_string(next.size()) + " node(s)");
   timeline_ = Timeline{};
   timeline_.detect = first_arrival_ >= 0 ? first_arrival_ : ctrl::Heartbeats::steady_seconds();
   first_arrival_ = -1;

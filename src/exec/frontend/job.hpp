@@ -58,7 +58,8 @@ class JobController : public AgentListener {
   // Elastic arrivals: hosts from the node sources, a new node's daemon ready, the last call.
   void on_hosts(const std::vector<HostSlots>& hosts);
   void on_unlisted(const std::string& host);
-  bool resize(const std::string& host, int ranks);
+  bool resize(const std::string& host, int slots);
+  std::string resized_in(const std::vector<int>& slots) const;
   std::string admit(const std::string& host, int ranks, int slots, bool spawn_only,
                     long order = -1, std::string* kept_out = nullptr);
   // Join mode: a node asks to join; the first generation waits for MIN of them (gather).

@@ -158,8 +158,8 @@ std::vector<HostSlots> wait_for_hosts(const LaunchConfig& cfg, const std::string
   std::vector<HostSlots> hosts;
   Event done = loop.timer([&] { loop.stop(); });
   Event last_call = loop.timer([&] { done.arm(0); });
-  Event deadline = loop.timer([&] {
-    timed_out = true;
+  Event deadline = loop.timer([&] {  // with MIN listed (a last call running), they will do
+    timed_out = hosts.size() < static_cast<size_t>(cfg.nnodes_min);
     done.arm(0);
   });
   deadline.arm(cfg.join_timeout);

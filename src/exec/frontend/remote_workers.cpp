@@ -14,20 +14,16 @@
 namespace pe {
 namespace {
 
+// A node let go is told so (Leave): its connection's last bytes get this long, in seconds.
+constexpr double kLeaveFlush = 0.05;
+// An elastic job's first generation waits this long (or --last-call, if longer) for first nodes
+// still starting once --nnodes MIN are ready, as torchrun's rendezvous has a last call: ssh to
+// many hosts takes a few seconds more for some (at most PYTORCH_EXEC_DAEMON_TIMEOUT).
+constexpr double kFirstNodesWait = 10.0;
+
 // Variables carried to daemons started over ssh or a launch agent (besides -x).
 constexpr const char* kCarriedPrefixes[] = {"OMPI_",    "PMIX_MCA_", "NCCL_",
                                             "PYTORCH_", "TORCH_",    "CUDA_"};
-
-double daemon_timeout(const EnvMap& env) {
-  auto it = env.find("PYTORCH_EXEC_DAEMON_TIMEOUT");
-  if (it == env.end()) return 60.0;
-  char* end = nullptr;
-  double v = std::strtod(it->second.c_str(), &end);
-  if (!end || *end || !(v > 0))
-    throw UsageError("PYTORCH_EXEC_DAEMON_TIMEOUT: '" + it->second +
-                     "' is not a number of seconds");
-  return v;
-}
 
 }  // namespace
 
@@ -144,13 +140,13 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
 
 RemoteWorkers::~RemoteWorkers() {
   acceptor_.reset();
-  for (int i = 0; i < tree_.size(); ++i) {
-    // A node still starting has no daemon to see the close: its launch agent ends now (not
-    // after the launchers' wait for the others to exit).
-    if (!slurm_ && !nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i))
+  // A node still starting has no daemon to see the close: what started it alone ends now (not
+  // after the launchers' wait for the others to exit); all of them before a relay's loss marks
+  // the nodes below it lost too.
+  for (int i = 0; i < tree_.size(); ++i)
+    if (!nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i))
       launcher_.kill_node(i, nodes_[static_cast<size_t>(i)].incarnation);
-    tree_.lose(i, "");  // the daemons see the close and exit
-  }
+  for (int i = 0; i < tree_.size(); ++i) tree_.lose(i, "");  // the daemons see the close, exit
 }
 
 std::string RemoteWorkers::format_map() const { return format_job_map(gen_, {}); }
@@ -193,15 +189,16 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
       },
       join_ ? cfg_.rdzv_port : 0);
   addresses_ = local_ipv4_addresses();
-  double timeout = daemon_timeout_ = daemon_timeout(env_);
-  ready_timer_ = loop_.timer([this, timeout] {
-    for (int i = 0; i < tree_.size(); ++i)
-      if (!nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i))
-        lose_silent(i, "its daemon did not report within " +
-                           std::to_string(static_cast<int>(timeout)) +
-                           " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
+  daemon_timeout_ = daemon_timeout(env_);
+  first_nodes_ = static_cast<int>(nodes_.size());
+  // The first nodes' daemons (not those started later, which have deadlines of their own).
+  ready_timer_ = loop_.timer([this] {
+    for (int i = 0; i < first_nodes_; ++i)
+      if (!nodes_[static_cast<size_t>(i)].ready && !tree_.lost(i) &&
+          nodes_[static_cast<size_t>(i)].incarnation == 0)
+        lose_silent(i, not_reported());
   });
-  ready_timer_.arm(timeout);
+  ready_timer_.arm(daemon_timeout_);
   quorum_timer_ = loop_.timer([this] { prepared(); });
   logger("ctrl")->info("control plane on port {} ({}); starting {} daemon(s) with {}",
                        acceptor_->port(), join(addresses_, ","), nodes_.size(),
@@ -316,11 +313,7 @@ void RemoteWorkers::add_node(int slot) {
   n.host = map_.nodes.at(static_cast<size_t>(slot)).host;
   n.spawn_only = map_.nodes[static_cast<size_t>(slot)].ranks.empty();
   by_host_[n.host] = slot;
-  n.deadline = loop_.timer([this, slot] {
-    lose_silent(slot, "its daemon did not report within " +
-                          std::to_string(static_cast<int>(daemon_timeout_)) +
-                          " s (PYTORCH_EXEC_DAEMON_TIMEOUT)");
-  });
+  n.deadline = loop_.timer([this, slot] { lose_silent(slot, not_reported()); });
   n.deadline.arm(daemon_timeout_);
   if (join_) {  // it is connecting by itself: its connection is accepted next
     logger("ctrl")->info("node {} ({}) joins", slot, n.host);
@@ -331,19 +324,25 @@ void RemoteWorkers::add_node(int slot) {
 }
 
 // A node that does not answer (a daemon that never reported, or went silent): lost, and what
-// started its daemon is ended (a launch agent waiting for an unreachable host; an srun starts
-// every node's, and is left alone).
+// started its daemon alone is ended (a launch agent waiting for an unreachable host, an srun of
+// its own; the srun of several nodes is left alone).
 void RemoteWorkers::lose_silent(int node, const std::string& why) {
   tree_.lose(node, why);
-  if (!slurm_) launcher_.kill_node(node, nodes_[static_cast<size_t>(node)].incarnation);
+  launcher_.kill_node(node, nodes_[static_cast<size_t>(node)].incarnation);
+}
+
+std::string RemoteWorkers::not_reported() const {
+  return "its daemon did not report within " + std::to_string(static_cast<int>(daemon_timeout_)) +
+         " s (PYTORCH_EXEC_DAEMON_TIMEOUT)";
 }
 
 void RemoteWorkers::remove_node(int slot, const std::string& why) {
   Node& n = nodes_.at(static_cast<size_t>(slot));
   logger("ctrl")->info("node {} ({}): closing its connection ({})", slot, n.host, why);
-  if (n.direct) {  // told first, so that it does not report a lost front end
+  if (n.direct) {  // told first, so that it does not report a lost front end (a host that
+                   // reads nothing is not waited for: the event loop goes on)
     n.direct->send(ctrl::Leave{why});
-    n.direct->finish();
+    n.direct->conn().flush_and_close(kLeaveFlush);
   }
   tree_.lose(slot, why);  // the daemon sees its connection close, stops its workers, exits
 }
@@ -402,7 +401,11 @@ void RemoteWorkers::node_lost(int node, std::string why) {
     if (i != node) below.push_back(nodes_[static_cast<size_t>(i)].host);
   }
   const std::string& host = nodes_[static_cast<size_t>(node)].host;
-  if (!idle_spawn_node) return listener_.on_nodes_lost(host, why, below);
+  if (!idle_spawn_node) {
+    listener_.on_nodes_lost(host, why, below);
+    // An elastic job may start without it now: looked at once every loss at hand is reported.
+    return loop_.post([this] { check_ready(); });
+  }
   // A node for spawned processes that runs none yet: only the spawns waiting for it fail.  The
   // nodes below it, if any, are lost with it.
   listener_.on_spawn_host_lost(host, why);
@@ -429,11 +432,13 @@ void RemoteWorkers::check_ready() {
     }
   }
   if (ready == 0) return;
-  if (starting == 0) return prepared();
+  if (starting == 0 || (cfg_.nnodes_min > 0 && !join_ && ranked >= cfg_.nnodes_max))
+    return prepared();
   if (cfg_.nnodes_min > 0 && !join_ && ranked >= cfg_.nnodes_min && !quorum_timer_.pending()) {
-    logger("ctrl")->info("{} of {} daemons ready: the last call for the others", ready,
-                         nodes_.size());
-    quorum_timer_.arm(cfg_.last_call);
+    double wait = std::min(daemon_timeout_, std::max(cfg_.last_call, kFirstNodesWait));
+    logger("ctrl")->info("{} of {} daemons ready: the others have {} s more", ready,
+                         nodes_.size(), wait);
+    quorum_timer_.arm(wait);
   }
 }
 

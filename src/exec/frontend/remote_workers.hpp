@@ -90,6 +90,7 @@ class RemoteWorkers : public WorkerSet {
   void on_stdin_drained(int node);
   void node_lost(int node, std::string why);
   void lose_silent(int node, const std::string& why);
+  std::string not_reported() const;
   void check_ready();
   void prepared();
   int valid_rank(int rank) const;
@@ -131,6 +132,7 @@ class RemoteWorkers : public WorkerSet {
   std::function<void(int)> running_;
   std::vector<int> unstarted_;  // nodes of the generation started last that have not said so
   double daemon_timeout_ = 60;
+  int first_nodes_ = 0;  // nodes_ at prepare(): the first nodes (ready_timer_'s)
   bool prepared_ = false;
 };
 
