@@ -417,9 +417,10 @@ void RemoteWorkers::node_lost(int node, std::string why) {
 }
 
 // Every node has reported, or is lost (an elastic job goes on without it).  An elastic job
-// does not wait for them all: once --nnodes MIN nodes with ranks are ready, the last call
-// (--last-call) is the others' time to join the first generation, as in torchrun's rendezvous;
-// those still starting then join a later one when ready, as arrivals do.
+// does not wait for them all: once --nnodes MIN nodes with ranks are ready, the others have
+// kFirstNodesWait (or --last-call) to join the first generation, as in torchrun's rendezvous,
+// and none once MAX are ready; those still starting then join a later one when ready, as
+// arrivals do.
 void RemoteWorkers::check_ready() {
   if (prepared_) return;
   int ready = 0, ranked = 0, starting = 0;
