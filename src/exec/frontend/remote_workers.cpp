@@ -417,10 +417,9 @@ void RemoteWorkers::node_lost(int node, std::string why) {
 }
 
 // Every node has reported, or is lost (an elastic job goes on without it).  An elastic job
-// does not wait for them all: once --nnodes MIN nodes with ranks are ready, the others have
-// kFirstNodesWait (or --last-call) to join the first generation, as in torchrun's rendezvous,
-// and none once MAX are ready; those still starting then join a later one when ready, as
-// arrivals do.
+// does not wait for them all: once --nnodes MIN nodes with ranks are ready, the others (spares
+// too) have kFirstNodesWait (or --last-call) to join the first generation, as in torchrun's
+// rendezvous; those still starting then join a later one when ready, as arrivals do.
 void RemoteWorkers::check_ready() {
   if (prepared_) return;
   int ready = 0, ranked = 0, starting = 0;
@@ -433,8 +432,7 @@ void RemoteWorkers::check_ready() {
     }
   }
   if (ready == 0) return;
-  if (starting == 0 || (cfg_.nnodes_min > 0 && !join_ && ranked >= cfg_.nnodes_max))
-    return prepared();
+  if (starting == 0) return prepared();
   if (cfg_.nnodes_min > 0 && !join_ && ranked >= cfg_.nnodes_min && !quorum_timer_.pending()) {
     double wait = std::min(daemon_timeout_, std::max(cfg_.last_call, kFirstNodesWait));
     logger("ctrl")->info("{} of {} daemons ready: the others have {} s more", ready,
