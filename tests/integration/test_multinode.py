@@ -55,9 +55,12 @@ def test_map_by_node_places_ranks_round_robin():
     """--map-by node on a:2,b:2: ranks 0 and 2 on a, 1 and 3 on b, as --display-map shows them,
     in generation 0 and in the generation a restart starts."""
     env = job_env()
+    # Generation 0: every rank says where it is; rank 3 fails a second later (the others are
+    # still there, their lines out), and the group restarts.
     show = script("#!/bin/sh\necho \"gen $PYTORCH_EXEC_GENERATION rank $RANK local $LOCAL_RANK "
                   "node $PE_NODE group $GROUP_RANK mpi $OMPI_COMM_WORLD_RANK\"\n"
-                  "if [ \"$PYTORCH_EXEC_GENERATION\" = 0 ] && [ \"$RANK\" = 3 ]; then exit 1; fi\n")
+                  "[ \"$PYTORCH_EXEC_GENERATION\" = 0 ] || exit 0\n"
+                  "if [ \"$RANK\" = 3 ]; then sleep 1; exit 1; fi\nexec sleep 30\n")
     r = run(["-H", "a:2,b:2", "--map-by", "node", "--display-map", "--max-restarts", "1",
              "--launch-agent", agent(env["PE_TEST_MARKER"]), show], env=env, timeout=60)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
