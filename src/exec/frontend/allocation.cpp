@@ -259,20 +259,24 @@ namespace {
 // -H or --hostfile inside a SLURM allocation: when it names only the allocation's nodes, their
 // daemons are started with srun, as mpirun does (there may be no ssh between them).
 Allocation within_slurm(Allocation a, const std::map<std::string, std::string>& env) {
-  std::optional<Allocation> slurm;
-  try {
-    slurm = slurm_allocation(env);
-  } catch (const UsageError&) {  // its variables do not agree: not used for this
-  }
-  if (!slurm) return a;
-  a.slurm = std::all_of(a.nodes.begin(), a.nodes.end(), [&](const HostSlots& h) {
-    return std::any_of(slurm->nodes.begin(), slurm->nodes.end(),
-                       [&](const HostSlots& s) { return s.host == h.host; });
+  auto nodes = slurm_nodes(env);
+  a.slurm = !nodes.empty() && std::all_of(a.nodes.begin(), a.nodes.end(), [&](const HostSlots& h) {
+    return std::find(nodes.begin(), nodes.end(), h.host) != nodes.end();
   });
   return a;
 }
 
 }  // namespace
+
+std::vector<std::string> slurm_nodes(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> out;
+  try {
+    if (auto a = slurm_allocation(env))
+      for (const auto& n : a->nodes) out.push_back(n.host);
+  } catch (const UsageError&) {  // its variables do not agree: none
+  }
+  return out;
+}
 
 Allocation find_allocation(const std::string& hosts, const std::string& hostfile,
                            const std::map<std::string, std::string>& env, const std::string& host) {

@@ -35,6 +35,8 @@ std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name)
 std::vector<HostSlots> parse_host_list(const std::string& spec);
 // The SLURM allocation this process runs in, if any.
 std::optional<Allocation> slurm_allocation(const std::map<std::string, std::string>& env);
+// The nodes of that allocation; none when there is none or its variables disagree.
+std::vector<std::string> slurm_nodes(const std::map<std::string, std::string>& env);
 
 // The allocation of a launch: -H, else --hostfile, else SLURM, else this machine (`host`,
 // unlimited).  Throws UsageError (unreadable hostfile, malformed lists).

@@ -8,7 +8,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <optional>
 
 #include "common/auth.hpp"
 #include "common/error.hpp"
@@ -149,7 +148,10 @@ void DaemonLauncher::launch(const std::vector<std::string>& addresses, int port,
 }
 
 void DaemonLauncher::launch_node(int node, int incarnation) {
-  if (slurm_ && in_allocation(map_.nodes.at(static_cast<size_t>(node)).host))
+  // An arrival outside the allocation (a hostfile's host): the launch agent starts it.
+  auto nodes = slurm_ ? slurm_nodes(env_) : std::vector<std::string>{};
+  const std::string& host = map_.nodes.at(static_cast<size_t>(node)).host;
+  if (slurm_ && (nodes.empty() || std::find(nodes.begin(), nodes.end(), host) != nodes.end()))
     start(srun_argv({node}), {node}, false, incarnation);
   else
     start(launch_command(node), {node}, true, incarnation);
@@ -164,16 +166,6 @@ double daemon_timeout(const EnvMap& env) {
     throw UsageError("PYTORCH_EXEC_DAEMON_TIMEOUT: '" + it->second +
                      "' is not a number of seconds");
   return v;
-}
-
-bool DaemonLauncher::in_allocation(const std::string& host) const {
-  std::optional<Allocation> a;
-  try {
-    a = slurm_allocation(env_);
-  } catch (const UsageError&) {  // its variables disagree: as before, srun
-  }
-  return !a || std::any_of(a->nodes.begin(), a->nodes.end(),
-                           [&](const HostSlots& n) { return n.host == host; });
 }
 
 // One srun step that starts the daemons of `nodes`.

@@ -56,9 +56,6 @@ class DaemonLauncher {
   void forward_output(Launcher& l, bool out);
   void on_sigchld();
   std::vector<std::string> daemon_argv(int node, bool slurm) const;
-  // Under SLURM, whether `host` is a node of the allocation (an arrival may be another host:
-  // the launch agent starts it).
-  bool in_allocation(const std::string& host) const;
 
   EventLoop& loop_;
   const LaunchConfig& cfg_;
