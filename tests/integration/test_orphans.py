@@ -66,6 +66,32 @@ def test_daemons_in_sessions_of_their_own_end_with_the_ranks():
             os.kill(p, signal.SIGKILL)
 
 
+def test_a_daemon_whose_parent_is_slow_to_die_ends_with_the_job():
+    """The rank's daemon (setsid) is the child of a process in the rank's group that takes a
+    while to die (it frees a large memory): that process's environment reads empty before the
+    daemon comes to pytorch_exec, which must not take it for the last one and exit."""
+    env = marker_env()
+    marker = env["PE_TEST_MARKER"]
+    ready = os.path.join(tmpdir(), "ready")
+    prog = ("import subprocess, time\n"
+            "b = b'x' * (256 << 20)\n"
+            "subprocess.Popen(['setsid', 'sleep', '321'], stdin=subprocess.DEVNULL)\n"
+            f"open('{ready}', 'w').close()\n"
+            "time.sleep(1000)\n")
+    rank = (f'python3 -c "{prog}" & '
+            f'for i in $(seq 100); do [ -e {ready} ] && break; sleep 0.1; done; '
+            f'[ -e {ready} ] || {{ echo "the daemon did not start"; exit 3; }}')
+    try:
+        r = subprocess.run([EXEC, "-n", "1", "sh", "-c", rank], env=env, capture_output=True,
+                           text=True, timeout=60)
+        check(r.returncode == 0, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+        check(wait_until(lambda: not processes_with_marker(marker), 1),
+              f"left: {[comm_args(p) for p in processes_with_marker(marker)]}")
+    finally:
+        for p in processes_with_marker(marker):
+            os.kill(p, signal.SIGKILL)
+
+
 def comm_args(pid):
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -130,4 +156,5 @@ def test_a_later_job_removes_what_a_killed_one_left():
 if __name__ == "__main__":
     main([test_sigkill_of_pytorch_exec_leaves_nothing, test_normal_end_leaves_nothing,
           test_daemons_in_sessions_of_their_own_end_with_the_ranks,
+          test_a_daemon_whose_parent_is_slow_to_die_ends_with_the_job,
           test_a_later_job_removes_what_a_killed_one_left])

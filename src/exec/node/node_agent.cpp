@@ -57,6 +57,7 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
   // children died later; under load, 1 run in 60 kept one): looked for again now and then.
   stray_sweep_ = loop_.timer([this] {
     end_strays();
+    still_ending();  // forgets the groups that are gone
     stray_sweep_.arm(kStraySweep);
   });
   stray_sweep_.arm(kStraySweep);
@@ -68,7 +69,7 @@ NodeAgent::NodeAgent(EventLoop& loop, AgentListener& listener, pmix::ModexRouter
 }
 
 NodeAgent::~NodeAgent() {
-  for (auto& [pid, w] : workers_) ::kill(-pid, SIGKILL);
+  for (auto& [pid, w] : workers_) kill_group(pid);
   // Reap what dies within a moment; a process stuck in the kernel is left to init rather than
   // hanging pytorch_exec (the job controller has already reported the timeout).
   for (int i = 0; i < 100 && !workers_.empty(); ++i) {
@@ -77,12 +78,27 @@ NodeAgent::~NodeAgent() {
     if (!workers_.empty()) ::usleep(10000);
   }
   // What the ranks left in sessions of their own comes here as the processes between them die,
-  // which the loop no longer sees: looked for until none is left (a moment), reaping meanwhile.
-  for (int i = 0; i < 100 && end_strays() > 0; ++i) {
+  // which the loop no longer sees: looked for until none is left and every group killed is gone
+  // (a moment), reaping meanwhile.  Not only until a look finds none: a dying process's
+  // environment reads empty before its children come here (CI, under load, kept a rank's
+  // daemon that way).
+  for (int i = 0; i < 200; ++i) {
     while (::waitpid(-1, nullptr, WNOHANG) > 0) {
     }
+    if (end_strays() == 0 && !still_ending()) break;
     ::usleep(10000);
   }
+}
+
+void NodeAgent::kill_group(pid_t group) {
+  ::kill(-group, SIGKILL);
+  ending_.insert(group);
+}
+
+bool NodeAgent::still_ending() {
+  for (auto it = ending_.begin(); it != ending_.end();)
+    it = ::kill(-*it, 0) != 0 && errno == ESRCH ? ending_.erase(it) : std::next(it);
+  return !ending_.empty();
 }
 
 void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
@@ -207,7 +223,7 @@ void NodeAgent::stop_spawned(int generation, int number) {
   for (auto& [pid, w] : workers_)
     if (w->spawn == number && w->generation == generation) {
       logger("agent")->info("spawned job {} rank {} (pid {}): stopped", number, w->rank, pid);
-      ::kill(-pid, SIGKILL);
+      kill_group(pid);
     }
 }
 
@@ -312,7 +328,7 @@ void NodeAgent::on_sigchld() {
     // them (draining once before the loop missed ranks that exited while it ran).
     loop_.run_posted();
     pid_t pid = info.si_pid;
-    if (workers_.count(pid)) ::kill(-pid, SIGKILL);  // stragglers in the rank's group
+    if (workers_.count(pid)) kill_group(pid);  // stragglers in the rank's group
     int status = 0;
     if (::waitpid(pid, &status, 0) != pid) continue;
     if (workers_.count(pid))
@@ -344,7 +360,7 @@ size_t NodeAgent::end_strays() {
     logger("agent")->info("killing pid {}: it outlived its rank in a session of its own", pid);
     // With what it started (its group; what left that comes here in turn, see on_sigchld).
     pid_t group = ::getpgid(pid);
-    if (group > 1 && group != ::getpgrp() && !workers_.count(group)) ::kill(-group, SIGKILL);
+    if (group > 1 && group != ::getpgrp() && !workers_.count(group)) kill_group(group);
     ::kill(pid, SIGKILL);  // reaped by on_sigchld (any child), or by ~NodeAgent
   }
   return found;

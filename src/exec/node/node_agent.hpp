@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -157,6 +158,10 @@ class NodeAgent : public pmix::ServerListener {
   // none: its environment is gone).
   size_t end_strays();
   static std::vector<pid_t> children();
+  // SIGKILL to a process group, remembered until the group is gone (still_ending).
+  void kill_group(pid_t group);
+  // Whether a group killed still has a process (a zombie too); forgets those that have none.
+  bool still_ending();
 
   OrphanGuard guard_;  // first member: outlives the workers' cleanup in ~NodeAgent
   EventLoop& loop_;
@@ -168,6 +173,7 @@ class NodeAgent : public pmix::ServerListener {
   std::string job_marker_;    // "PYTORCH_EXEC_JOBID=..." of the workers (end_strays)
   std::string agent_marker_;  // "PYTORCH_EXEC_AGENT=...", this agent's (its orphan guard's)
   Event stray_sweep_;         // end_strays() every kStraySweep seconds, besides on every exit
+  std::set<pid_t> ending_;    // process groups killed and not yet seen gone (kill_group)
   bool output_paused_ = false;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
