@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <memory>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -114,8 +116,12 @@ namespace {
 // Runs `loop` until it is stopped.  A SIGINT, SIGTERM or SIGHUP meanwhile stops it and throws
 // ProgramError (128 + the signal), so that what the caller started (a discovery command) is
 // ended as it unwinds.
-void run_interruptible(EventLoop& loop, const std::string& what) {
+// Runs `loop` until it stops, `start` called once the signals are caught (what it starts, such
+// as a command, is then never left running by a signal's default action).
+void run_interruptible(EventLoop& loop, const std::string& what,
+                       const std::function<void()>& start = {}) {
   SignalPipe signals({SIGINT, SIGTERM, SIGHUP});
+  if (start) start();
   int signal = 0;
   Event on_signal = loop.watch_readable(signals.fd(), [&] {
     for (int sig : signals.take()) signal = signal ? signal : sig;
@@ -133,12 +139,14 @@ std::vector<HostSlots> run_discovery(const std::string& cmd, double timeout) {
   EventLoop loop;
   int status = 0;
   std::string out;
-  CommandRun run(loop, cmd, timeout, [&](int st, std::string o) {
-    status = st;
-    out = std::move(o);
-    loop.stop();
+  std::unique_ptr<CommandRun> run;
+  run_interruptible(loop, "while running the --host-discovery command", [&] {
+    run = std::make_unique<CommandRun>(loop, cmd, timeout, [&](int st, std::string o) {
+      status = st;
+      out = std::move(o);
+      loop.stop();
+    });
   });
-  run_interruptible(loop, "while running the --host-discovery command");
   if (status < 0)
     throw Error("--host-discovery: the command did not finish within " +
                 std::to_string(static_cast<int>(timeout)) + " s");
