@@ -83,13 +83,19 @@ def test_salloc_starts_daemons_mpi():
     check(r.returncode == 0 and sorted(r.stdout.split("\n")) == ["", "0 0 1", "1 1 1"],
           f"exit {r.returncode}: {r.stdout} {r.stderr}")
     # -H naming nodes of the allocation: their daemons are started with srun, not ssh.
-    # Each rank's SLURM_PROCID, _LOCALID, _NODEID and _NTASKS are its own, as srun would give
-    # them (they were the daemon's task's: one rank id per node).
-    r = sh(["salloc", "-N", "2", "--ntasks-per-node=2", EXEC, "-H", "n2:1,n1:2", "sh", "-c",
-            "echo $RANK $GROUP_RANK $LOCAL_WORLD_SIZE $SLURM_PROCID $SLURM_NODEID $SLURM_LOCALID "
-            "$SLURM_NTASKS"], env)
+    # Each rank's SLURM_PROCID, _LOCALID, _NODEID, _NTASKS, _GTIDS and _TASKS_PER_NODE are its
+    # own, as srun would give them (they were the daemon's task's: one rank id per node), and
+    # SLURMD_NODENAME its node's (it was the launching shell's node's, here sbatch's n1).
+    out = os.path.join(WORK, "sbatch.out")
+    r = sh(["sbatch", "-N", "2", "--ntasks-per-node=2", "--wait", "-o", out, "--wrap",
+            f"{EXEC} -H n2:1,n1:2 sh -c 'echo $RANK $GROUP_RANK $LOCAL_WORLD_SIZE $SLURM_PROCID "
+            "$SLURM_NODEID $SLURM_LOCALID $SLURM_NTASKS $SLURM_GTIDS $SLURM_TASKS_PER_NODE "
+            "$SLURMD_NODENAME'"], env)
+    with open(out) as f:
+        r.stdout = f.read()
     check(r.returncode == 0 and sorted(r.stdout.split("\n")) == [
-        "", "0 0 1 0 0 0 3", "1 1 2 1 1 0 3", "2 1 2 2 1 1 3"], f"exit {r.returncode}: {r.stdout} {r.stderr}")
+        "", "0 0 1 0 0 0 3 0 1,2 n2", "1 1 2 1 1 0 3 1,2 1,2 n1", "2 1 2 2 1 1 3 1,2 1,2 n1"],
+        f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 
@@ -122,6 +128,28 @@ def test_the_interactive_step_is_no_direct_launch():
     rows = sorted(l.split() for l in r.stdout.splitlines())
     check(r.returncode == 0 and rows == sorted([str(i), "8", str(i // 2)] for i in range(8)),
           f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
+def test_a_shell_of_srun_pty_is_no_direct_launch():
+    """`srun --pty bash` in an allocation: pytorch_exec typed in that shell starts the ranks on
+    the allocation's nodes, as in salloc's shell (it took itself for a task of a direct launch
+    of 1 rank); an srun from that shell (the terminal's SLURM_PTY_PORT in its environment too)
+    is a direct launch still."""
+    env = marker_env()
+    env.update(ENV)
+    inner = os.path.join(WORK, "typed_in_the_shell.sh")
+    with open(inner, "w") as f:
+        f.write(f"{EXEC} sh -c 'echo rank $RANK of $WORLD_SIZE node $GROUP_RANK'; echo exit $?\n"
+                f"srun -n 2 --overlap {EXEC} sh -c 'echo direct $RANK of $WORLD_SIZE'; "
+                "echo exit $?\n")
+    r = sh(["salloc", "-N", "2", "--ntasks-per-node=2", "script", "-qec",
+            f"srun -N 1 -n 1 --pty sh {inner}", "/dev/null"], env)
+    # (the terminal's echo may put "^@" before a line)
+    said = sorted(re.findall(r"rank \d+ of \d+ node \d+|direct \d+ of \d+|exit \d+", r.stdout))
+    want = sorted([f"rank {i} of 4 node {i // 2}" for i in range(4)] +
+                  ["direct 0 of 2", "direct 1 of 2", "exit 0", "exit 0"])
+    check(r.returncode == 0 and said == want, f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 
@@ -394,7 +422,8 @@ if __name__ == "__main__":
         build()
         main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
               test_spawn_onto_a_node_without_ranks,
-              test_the_interactive_step_is_no_direct_launch, test_srun_direct_launch,
+              test_the_interactive_step_is_no_direct_launch,
+              test_a_shell_of_srun_pty_is_no_direct_launch, test_srun_direct_launch,
               test_srun_direct_launch_agrees_on_a_dc_token, test_srun_torch_dc_backend,
               test_elastic_job_goes_on_when_slurm_sets_a_node_down,
               test_elastic_job_starts_without_a_node_slurm_has_down,

@@ -1,4 +1,9 @@
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <functional>
 #include <sstream>
@@ -141,6 +146,20 @@ TEST(SlurmTest, ReadsTheAllocationFromTheEnvironment) {
       std::string::npos);
 }
 
+TEST(SlurmTest, InAStepsShellTheJobsCpusAreTheSlots) {
+  // srun -N1 -n1 --pty bash in salloc -N2: the step's task counts are no slots of the job.
+  std::map<std::string, std::string> env{
+      {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_TASKS_PER_NODE", "1"},
+      {"SLURM_JOB_CPUS_PER_NODE", "2(x2)"}, {"SLURM_STEP_ID", "0"}, {"SLURM_JOB_ID", "7"}};
+  auto a = pe::slurm_allocation(env);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->nodes.size(), 2u);
+  EXPECT_EQ(a->total_slots(), 4);
+  env["SLURM_STEP_ID"] = "4294967291";  // the batch step's shell: its tasks per node are the job's
+  env["SLURM_TASKS_PER_NODE"] = "1(x2)";
+  EXPECT_EQ(pe::slurm_allocation(env)->total_slots(), 2);
+}
+
 TEST(SlurmTest, HostsOfTheAllocationNamedWithHAreStartedWithSrun) {
   std::map<std::string, std::string> env{{"SLURM_JOB_NODELIST", "n[1-3]"},
                                          {"SLURM_TASKS_PER_NODE", "2(x3)"}};
@@ -177,19 +196,67 @@ TEST(DirectLaunchTest, OnlyTasksOfNumberedStepsAreDirectLaunches) {
                          "4294967294", "4294967295", "4294967296", "", "-1", "0x1", "batch"})
     EXPECT_FALSE(pe::is_task_step_id(id)) << id;
   pe::EnvMap task{{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "3"}, {"SLURM_JOB_NODELIST", "n[1-4]"}};
-  EXPECT_TRUE(pe::is_step_task(task));
+  EXPECT_TRUE(pe::is_step_task(task, ::getpid()));
   pe::EnvMap interactive = task;
   interactive["SLURM_STEP_ID"] = "4294967290";
-  EXPECT_FALSE(pe::is_step_task(interactive));
+  EXPECT_FALSE(pe::is_step_task(interactive, ::getpid()));
   pe::EnvMap no_step = task;
   no_step.erase("SLURM_STEP_ID");
-  EXPECT_FALSE(pe::is_step_task(no_step));
+  EXPECT_FALSE(pe::is_step_task(no_step, ::getpid()));
   pe::EnvMap no_task = task;
   no_task.erase("SLURM_PROCID");
-  EXPECT_FALSE(pe::is_step_task(no_task));
+  EXPECT_FALSE(pe::is_step_task(no_task, ::getpid()));
   pe::EnvMap our_worker = task;
   our_worker[PYTORCH_EXEC_ENV_JOBID] = "job";
-  EXPECT_FALSE(pe::is_step_task(our_worker));
+  EXPECT_FALSE(pe::is_step_task(our_worker, ::getpid()));
+}
+
+// A child process whose stdin is `in` (once this returns), that waits until killed.
+static pid_t child_reading(int in) {
+  int ready[2];
+  if (::pipe(ready) != 0) return -1;
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in, 0);
+    (void)!::write(ready[1], "x", 1);
+    ::pause();
+    ::_exit(0);
+  }
+  char c;
+  (void)!::read(ready[0], &c, 1);
+  ::close(ready[0]);
+  ::close(ready[1]);
+  return pid;
+}
+
+TEST(DirectLaunchTest, ACommandTypedInTheShellOfSrunPtyIsNoDirectLaunch) {
+  // srun --pty bash: the step's task is the shell, on a terminal; what srun starts from it
+  // carries SLURM_PTY_PORT too, as its own task or under a wrapper without a terminal.
+  int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+  ASSERT_GE(master, 0);
+  ASSERT_EQ(::grantpt(master), 0);
+  ASSERT_EQ(::unlockpt(master), 0);
+  int terminal = ::open(::ptsname(master), O_RDWR | O_NOCTTY);
+  ASSERT_GE(terminal, 0);
+  int null = ::open("/dev/null", O_RDONLY);
+  pid_t shell = child_reading(terminal), wrapper = child_reading(null);
+  ASSERT_GT(shell, 0);
+  ASSERT_GT(wrapper, 0);
+  pe::EnvMap env{{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "0"}, {"SLURM_PTY_PORT", "40001"}};
+  env["SLURM_TASK_PID"] = std::to_string(shell);
+  EXPECT_FALSE(pe::is_step_task(env, ::getpid()));  // typed in the shell
+  env["SLURM_TASK_PID"] = std::to_string(::getpid());
+  EXPECT_TRUE(pe::is_step_task(env, ::getpid()));  // srun ... pytorch_exec from the shell
+  env["SLURM_TASK_PID"] = std::to_string(wrapper);
+  EXPECT_TRUE(pe::is_step_task(env, ::getpid()));  // srun ... bash -c '...; pytorch_exec ...'
+  env.erase("SLURM_PTY_PORT");
+  env["SLURM_TASK_PID"] = std::to_string(shell);
+  EXPECT_TRUE(pe::is_step_task(env, ::getpid()));  // a task with its own terminal, no --pty
+  for (pid_t p : {shell, wrapper}) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+  for (int fd : {master, terminal, null}) ::close(fd);
 }
 
 TEST(MapJobTest, FillsNodesBySlotOrRoundRobinByNode) {

@@ -491,6 +491,12 @@ void Daemon::on_job(ctrl::Job& m) {
   if (!job_.replace_env) {
     env = environment_from(environ);
     for (const auto& [k, v] : job_.env) env[k] = v;
+  } else {
+    // The launching shell's environment, as srun gives it, with what srun gave this daemon for
+    // its node and step (SLURMD_NODENAME, SLURM_STEP_ID, ...: the shell's are another node's);
+    // the per-rank ones are set for each rank (worker_env).
+    for (const auto& [k, v] : environment_from(environ))
+      if (k.rfind("SLURM", 0) == 0) env[k] = v;
   }
   const auto& node = job_.map.nodes.at(static_cast<size_t>(job_.node));
   logger("agent")->info("job {}: node {} of {} ({} ranks)", job_.job_id, job_.node,

@@ -221,6 +221,11 @@ std::vector<HostSlots> parse_host_list(const std::string& spec) {
   return out;
 }
 
+bool is_task_step_id(const std::string& step_id) {
+  const long long first_special = 0xfffffff0LL;
+  return parse_int(step_id, 0, 0xffffffffLL).value_or(first_special) < first_special;
+}
+
 std::optional<Allocation> slurm_allocation(const std::map<std::string, std::string>& env) {
   auto get = [&env](const char* k) -> std::string {
     auto it = env.find(k);
@@ -237,7 +242,7 @@ std::optional<Allocation> slurm_allocation(const std::map<std::string, std::stri
   a.slurm = true;
   auto hosts = expand_hostlist(list);
   std::string counts_var = "SLURM_TASKS_PER_NODE";
-  std::string counts = get("SLURM_TASKS_PER_NODE");
+  std::string counts = is_task_step_id(get("SLURM_STEP_ID")) ? "" : get("SLURM_TASKS_PER_NODE");
   if (counts.empty()) {
     counts_var = "SLURM_JOB_CPUS_PER_NODE";
     counts = get("SLURM_JOB_CPUS_PER_NODE");

@@ -33,7 +33,15 @@ std::vector<int> expand_counts(const std::string& what, const std::string& spec)
 std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name);
 // -H "a,b:3,a" (one slot per mention unless :N is given; duplicates add up).
 std::vector<HostSlots> parse_host_list(const std::string& spec);
-// The SLURM allocation this process runs in, if any.
+// Whether SLURM_STEP_ID names a step srun started with tasks (0, 1, ...).  SLURM 22.05 gives its
+// special steps ids from 0xfffffff0 up: interactive 0xfffffffa (salloc with
+// LaunchParameters=use_interactive_step), batch 0xfffffffb, extern 0xfffffffc, pending
+// 0xfffffffd, the old batch 0xfffffffe.  An empty or unparsable id is no task step either.
+bool is_task_step_id(const std::string& step_id);
+
+// The SLURM allocation this process runs in, if any: SLURM_JOB_NODELIST with SLURM_TASKS_PER_NODE
+// (salloc, sbatch) or, in a step's shell (`srun --pty bash`), whose SLURM_TASKS_PER_NODE is the
+// step's, SLURM_JOB_CPUS_PER_NODE (mpirun's choice).
 std::optional<Allocation> slurm_allocation(const std::map<std::string, std::string>& env);
 // The nodes of that allocation; none when there is none or its variables disagree.
 std::vector<std::string> slurm_nodes(const std::map<std::string, std::string>& env);

@@ -158,14 +158,25 @@ StepShared step_shared(double timeout, const std::string& node) {
   return StepShared{got.substr(1, nl - 1), got.substr(nl + 1)};
 }
 
-bool is_task_step_id(const std::string& step_id) {
-  const long long first_special = 0xfffffff0LL;
-  return parse_int(step_id, 0, 0xffffffffLL).value_or(first_special) < first_special;
+namespace {
+// Whether process `pid`'s standard input is a terminal.
+bool stdin_is_terminal(const std::string& pid) {
+  char target[64];
+  ssize_t n = ::readlink(("/proc/" + pid + "/fd/0").c_str(), target, sizeof target - 1);
+  if (n <= 0) return false;
+  target[n] = '\0';
+  return std::strncmp(target, "/dev/pts/", 9) == 0 || std::strncmp(target, "/dev/tty", 8) == 0;
 }
+}  // namespace
 
-bool is_step_task(const EnvMap& env) {
+bool is_step_task(const EnvMap& env, long self) {
+  // A step that srun starts from that shell has SLURM_PTY_PORT too (srun passes the environment
+  // on), but its task is this process itself or, with a wrapper, a program without a terminal.
+  std::string task = get(env, "SLURM_TASK_PID");
+  bool typed_in_pty_shell = env.count("SLURM_PTY_PORT") && task != std::to_string(self) &&
+                            stdin_is_terminal(task);
   return env.count("SLURM_PROCID") && !env.count(PYTORCH_EXEC_ENV_JOBID) &&
-         is_task_step_id(get(env, "SLURM_STEP_ID"));
+         is_task_step_id(get(env, "SLURM_STEP_ID")) && !typed_in_pty_shell;
 }
 
 StepIdentity step_identity(const EnvMap& env) {

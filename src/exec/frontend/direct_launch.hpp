@@ -35,15 +35,12 @@ struct StepIdentity {
   std::string job_id, step_id;
 };
 
-// Whether SLURM_STEP_ID names a step srun started with tasks (0, 1, ...).  SLURM 22.05 gives its
-// special steps ids from 0xfffffff0 up: interactive 0xfffffffa (salloc with
-// LaunchParameters=use_interactive_step), batch 0xfffffffb, extern 0xfffffffc, pending
-// 0xfffffffd, the old batch 0xfffffffe.  An empty or unparsable id is no task step either.
-bool is_task_step_id(const std::string& step_id);
-
-// Whether this process is a task of a SLURM job step (and not a rank of a pytorch_exec job, nor
-// the shell of an allocation's interactive or batch step, where pytorch_exec starts daemons).
-bool is_step_task(const EnvMap& env);
+// Whether this process (pid `self`) is a task of a SLURM job step: not a rank of a pytorch_exec
+// job, nor a command typed in the shell of an allocation's interactive or batch step, nor one
+// typed in a shell that srun started on a terminal (`srun --pty bash`: SLURM_PTY_PORT, and the
+// step's task, SLURM_TASK_PID, is not this process but one whose stdin is a terminal: the
+// shell).  pytorch_exec starts the ranks itself in those shells, as it does in salloc's.
+bool is_step_task(const EnvMap& env, long self);
 
 // The task's identity.  Throws Error when the variables are missing or disagree.
 StepIdentity step_identity(const EnvMap& env);

@@ -179,7 +179,8 @@ int real_main(int argc, char** argv) {
   ctx.default_np = ncpu > 0 ? static_cast<int>(ncpu) : 1;
   char cwd[4096];
   if (::getcwd(cwd, sizeof cwd)) ctx.cwd = cwd;
-  ctx.find_program = !pe::is_step_task(ctx.env);  // a step task looks with the workers' PATH
+  const bool step_task = pe::is_step_task(ctx.env, ::getpid());
+  ctx.find_program = !step_task;  // a step task looks with the workers' PATH
   const pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
   if (cfg.display_only) {
     pe::NodePlan plan = pe::plan_node(pe::placement_of(cfg), 0);
@@ -191,7 +192,7 @@ int real_main(int argc, char** argv) {
   pe::init_logging(cfg.verbosity, spec ? spec : "", host);
   // A task of `srun --mpi=pmix ... pytorch_exec PROGRAM`: become that rank of the program (in
   // join mode, torchrun's way, each task is its node's launcher instead).
-  if (pe::is_step_task(ctx.env) && !cfg.dry_run && !cfg.join_mode())
+  if (step_task && !cfg.dry_run && !cfg.join_mode())
     pe::direct_exec(cfg, ctx.env, pe::step_identity(ctx.env));
   if (cfg.join_mode() && !cfg.dry_run) {
     pe::LaunchConfig jc = cfg;

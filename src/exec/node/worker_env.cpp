@@ -70,15 +70,30 @@ EnvMap worker_environment(const EnvMap& base,
   seti("OMPI_COMM_WORLD_NODE_RANK", loc.local_rank);
 
   // SLURM's per-task names, where the ranks run in a SLURM job (its daemons' srun step, or the
-  // shell of an allocation): what srun would give each task, had it started the ranks, not the
-  // daemon's own task (programs that read them for their rank, as Lightning's SLURMEnvironment
-  // does, took every rank of a node for one).
+  // shell of an allocation): what srun would give each task, had it started the ranks as one
+  // step, not the daemon's own task (programs that read them for their rank, as Lightning's
+  // SLURMEnvironment does, took every rank of a node for one).
   if (env.count("SLURM_JOB_ID") || env.count("SLURM_JOBID")) {
     seti("SLURM_PROCID", rank);
     seti("SLURM_LOCALID", loc.local_rank);
     seti("SLURM_NODEID", node.node_rank);
     seti("SLURM_NTASKS", map.world_size);
     seti("SLURM_NPROCS", map.world_size);
+    seti("SLURM_STEP_NUM_TASKS", map.world_size);
+    seti("SLURM_STEP_NUM_NODES", nnodes);
+    std::string gtids, per_node;
+    for (int r : node.ranks) gtids += (gtids.empty() ? "" : ",") + std::to_string(r);
+    set("SLURM_GTIDS", gtids);
+    // SLURM's "2(x3),1": the ranks per node, runs of one count folded.
+    for (size_t i = 0, j; i < map.nodes.size(); i = j) {
+      size_t n = map.nodes[i].ranks.size();
+      for (j = i + 1; j < map.nodes.size() && map.nodes[j].ranks.size() == n; ++j) {
+      }
+      per_node += (per_node.empty() ? "" : ",") + std::to_string(n) +
+                  (j - i > 1 ? "(x" + std::to_string(j - i) + ")" : "");
+    }
+    set("SLURM_TASKS_PER_NODE", per_node);
+    set("SLURM_STEP_TASKS_PER_NODE", per_node);
   }
 
   // Ours.
