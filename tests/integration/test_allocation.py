@@ -2,6 +2,7 @@
 shown with --dry-run; a job on this machine only runs; mistakes are one line."""
 import os
 import re
+import socket
 
 from harness import check, main, run, tmpdir
 
@@ -51,6 +52,35 @@ def test_this_machine_as_a_host_runs():
     check(sorted(r.stdout.split()) == ["0/3/3", "1/3/3", "2/3/3"], r.stdout)
 
 
+def test_names_of_this_machine_are_one_node():
+    """-H localhost:2,127.0.0.1:1,HOSTNAME:1 is this machine: one node of 4 ranks (they were three
+    nodes, each rank its node's local rank 0), as mpirun takes it."""
+    r = run(["-H", f"localhost:2,127.0.0.1:1,{socket.gethostname()}:1", "sh", "-c",
+             'echo "$RANK $LOCAL_RANK/$LOCAL_WORLD_SIZE $GROUP_WORLD_SIZE"'])
+    check(r.returncode == 0 and sorted(r.stdout.splitlines()) ==
+          [f"{i} {i}/4 1" for i in range(4)], f"exit {r.returncode}: {r.stdout} {r.stderr}")
+
+
+def test_a_hostfile_line_with_max_slots_alone_has_that_many_slots():
+    path = os.path.join(tmpdir(), "hosts")
+    with open(path, "w") as f:
+        f.write("n1 max_slots=3\nn2 slots=1 max_slots=4\n")
+    r = run(["--dry-run", "--hostfile", path, "./train"])
+    check(ranks_by_node(r.stdout) == {"n1": [0, 1, 2], "n2": [3]}, r.stdout + r.stderr)
+
+
+def test_a_program_in_this_directory_is_found_after_path():
+    """mpirun and srun run `prog` from the working directory when PATH has none."""
+    d = tmpdir()
+    with open(os.path.join(d, "pe-here"), "w") as f:
+        f.write("#!/bin/sh\necho here $RANK\n")
+    os.chmod(os.path.join(d, "pe-here"), 0o755)
+    r = run(["-n", "1", "pe-here"], cwd=d)
+    check(r.returncode == 0 and r.stdout == "here 0\n", f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    r = run(["-n", "1", "--wdir", d, "pe-here"])
+    check(r.returncode == 0 and r.stdout == "here 0\n", f"exit {r.returncode}: {r.stdout} {r.stderr}")
+
+
 def test_mistakes():
     cases = [
         (["-H", "a:2", "-n", "3", "true"], "-n 3 but -H a:2 has 2 slots (add --oversubscribe"),
@@ -74,4 +104,6 @@ def test_mistakes():
 if __name__ == "__main__":
     main([test_host_option_with_different_slot_counts, test_map_by_node_is_round_robin,
           test_hostfile_and_npernode, test_slurm_allocation_sets_the_default_count,
-          test_this_machine_as_a_host_runs, test_mistakes])
+          test_this_machine_as_a_host_runs, test_names_of_this_machine_are_one_node,
+          test_a_hostfile_line_with_max_slots_alone_has_that_many_slots,
+          test_a_program_in_this_directory_is_found_after_path, test_mistakes])

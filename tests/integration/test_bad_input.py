@@ -51,6 +51,17 @@ CASES = [
     (["--hostfile", "/tmp", "true"], 2, "--hostfile: '/tmp' is a directory"),
     (["-H", "-1", "true"], 2, "-H: bad host name '-1'"),
     (["-H", "n1,-inf", "true"], 2, "-H: bad host name '-inf'"),
+    # an option that took the program for its value says so (not "no program given")
+    (["-n", "2", "-x", "./prog"], 2, "-x: './prog' is not a valid environment variable name"),
+    (["-n", "2", "--stdin", "./prog"], 2, "--stdin: expected none, all or a rank number, got './prog'"),
+    (["-N", "2", "-n", "3", "true"], 2, "-n 3 with -N 2 needs 2 nodes; this machine is one"),
+    (["-n", "1000000000", "true"], 2, "more processes than this machine can run"),
+    (["-H", "a:1", "--oversubscribe", "-n", "2000000000", "true"], 2,
+     "more processes than 1 node(s) can run"),
+    (["--output-filename", "/etc/hostname", "true"], 2, "/etc/hostname is not a directory"),
+    (["--wdir", "/", "no-such-program-anywhere"], 127,
+     "'no-such-program-anywhere' not found in PATH or --wdir /"),
+    (["--wdir", "/", "./no-such-program-anywhere"], 127, "not found in --wdir /"),
 ]
 
 

@@ -4,8 +4,13 @@ import signal
 import subprocess
 import time
 
-from harness import (assert_no_leftovers, check, main, marker_env, start, script, tmpdir,
-                     wait_until)
+from harness import (assert_no_leftovers, check, main, marker_env, processes_with_marker, start,
+                     script, tmpdir, wait_until)
+
+def agent_script():
+    """A launch agent that runs the daemon here (simulated nodes)."""
+    return script('#!/bin/sh\nshift\nexec "$@"\n') + " {host}"
+
 
 TRAPPER = script("""#!/bin/bash
 # Records which signal it got, then exits (or ignores it, with IGNORE=1).
@@ -70,6 +75,50 @@ def test_sigusr1_is_forwarded_and_the_job_goes_on():
     assert_no_leftovers(marker)
 
 
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def stopped(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except OSError:
+        return False
+
+
+def test_ctrl_z_stops_the_ranks_and_fg_continues_them():
+    """SIGTSTP (Ctrl-Z) to pytorch_exec: every rank stops (their process groups are their own,
+    out of the terminal's reach: they went on running), then pytorch_exec; SIGCONT (fg) goes on
+    to them, and the job ends well.  Also across nodes, whose daemons do not take the stopped
+    front end for lost."""
+    for extra in ([], ["-H", "a:1,b:1", "--launch-agent", agent_script(), "--heartbeat-interval",
+                       "0.2", "--heartbeat-timeout", "1"]):
+        env = marker_env()
+        p = start(extra + ["-n", "2", "sh", "-c",
+                           "for i in $(seq 40); do sleep 0.1; done; echo done $RANK"],
+                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        ranks = lambda: [q for q in processes_with_marker(env["PE_TEST_MARKER"])
+                         if cmdline(q).startswith(b"sh\0-c\0for")]
+        check(wait_until(lambda: len(ranks()) == 2, 30), f"{extra}: the ranks did not start")
+        p.send_signal(signal.SIGTSTP)
+        all_stopped = lambda: len(ranks()) == 2 and all(stopped(q) for q in ranks())
+        check(wait_until(lambda: stopped(p.pid) and all_stopped(), 10),
+              f"{extra}: not stopped: pytorch_exec {stopped(p.pid)}, ranks "
+              f"{[stopped(q) for q in ranks()]}")
+        time.sleep(12 if extra else 1)  # past the daemons' 10 s for a silent front end
+        check(p.poll() is None and all_stopped(), f"{extra}: went on")
+        p.send_signal(signal.SIGCONT)
+        out, err = p.communicate(timeout=60)
+        check(p.returncode == 0 and sorted(out.split("\n")) == ["", "done 0", "done 1"],
+              f"{extra}: exit {p.returncode}: {out} {err}")
+        assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 def test_grace_then_sigkill():
     out, n = tmpdir(), 2
     p, marker = launch(n, out, extra=["--kill-grace", "0.5"], env_extra={"IGNORE": "1"})
@@ -98,4 +147,5 @@ def test_second_ctrl_c_kills_at_once():
 if __name__ == "__main__":
     main([test_sigterm_reaches_every_worker, test_sigint_reaches_every_worker,
           test_sighup_reaches_every_worker, test_sigusr1_is_forwarded_and_the_job_goes_on,
-          test_grace_then_sigkill, test_second_ctrl_c_kills_at_once])
+          test_ctrl_z_stops_the_ranks_and_fg_continues_them, test_grace_then_sigkill,
+          test_second_ctrl_c_kills_at_once])

@@ -112,7 +112,12 @@ Daemon::Daemon(DaemonOptions opts) : opts_(std::move(opts)) {
       .on<JobEnd>(job_end)
       .on<Leave>(let_go)
       .on<Remap>([this](Remap& m) { on_remap(m); })
-      .on<Signal>([this](Signal& m) { agent_->signal_all(m.sig); })
+      .on<Signal>([this](Signal& m) {
+        // The front end stops itself after SIGTSTP (Ctrl-Z): its silence until SIGCONT says
+        // nothing (its connection still closes if it dies).
+        if (m.sig == SIGTSTP || m.sig == SIGCONT) beats_->hold(kUpstream, m.sig == SIGTSTP);
+        agent_->signal_all(m.sig);
+      })
       .on<ProcFailed>([this](ProcFailed& m) {
         agent_->notify_failure(m.generation, m.spawn, m.rank, m.exit_code, m.aborted);
       })

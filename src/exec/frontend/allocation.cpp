@@ -199,6 +199,7 @@ std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name)
     if (max_slots >= 0 && slots > max_slots)
       throw UsageError(where + ": " + host + " has slots=" + std::to_string(slots) +
                        ", more than max_slots=" + std::to_string(max_slots));
+    if (max_slots >= 0 && !given) slots = max_slots;  // max_slots alone: that many, as mpirun
     add(out, host, slots);
   }
   if (out.empty()) throw UsageError(name + ": no hosts");
@@ -283,13 +284,33 @@ std::vector<std::string> slurm_nodes(const std::map<std::string, std::string>& e
   return out;
 }
 
+namespace {
+
+// The names of this machine in a host list (localhost, 127.0.0.1, its name) are one node, under
+// the first of them, with their slots added up, as mpirun takes them.
+std::vector<HostSlots> one_node_here(std::vector<HostSlots> nodes, const std::string& host) {
+  std::vector<HostSlots> out;
+  size_t here = nodes.size();  // its index in out, once there
+  for (auto& h : nodes) {
+    if (is_local_host(h.host, host) && here < out.size()) {
+      out[here].slots += h.slots;
+      continue;
+    }
+    if (is_local_host(h.host, host)) here = out.size();
+    out.push_back(h);
+  }
+  return out;
+}
+
+}  // namespace
+
 Allocation find_allocation(const std::string& hosts, const std::string& hostfile,
                            const std::map<std::string, std::string>& env, const std::string& host) {
   Allocation a;
   a.limited = true;
   if (!hosts.empty()) {
     a.source = "-H " + hosts;
-    a.nodes = parse_host_list(hosts);
+    a.nodes = one_node_here(parse_host_list(hosts), host);
     return within_slurm(std::move(a), env);
   }
   if (!hostfile.empty()) {
@@ -300,7 +321,7 @@ Allocation find_allocation(const std::string& hosts, const std::string& hostfile
     if (::stat(hostfile.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
       throw UsageError("--hostfile: '" + hostfile + "' is a directory");
     a.source = "hostfile " + hostfile;
-    a.nodes = parse_hostfile(in, hostfile);
+    a.nodes = one_node_here(parse_hostfile(in, hostfile), host);
     return within_slurm(std::move(a), env);
   }
   if (auto s = slurm_allocation(env)) return *s;

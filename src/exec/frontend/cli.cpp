@@ -467,7 +467,7 @@ std::string program_path(const LaunchConfig& c, const ValidationContext& ctx) {
   if (c.dry_run || !ctx.find_program) return c.program_arg0;
   auto path = ctx.env.find("PATH");
   return resolve_program(c.program_arg0, c.wdir,
-                         path != ctx.env.end() ? path->second : "/usr/bin:/bin");
+                         path != ctx.env.end() ? path->second : "/usr/bin:/bin", true);
 }
 
 }  // namespace
@@ -504,6 +504,9 @@ LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& 
     c.display_only = true;  // pytorch_exec --display-topology: print and exit
     return c;
   }
+  // Before the program's check: an option that took the program for its value says so.
+  validate_exports(raw, ctx, c);
+  validate_stdin(raw, c);
   if (raw.command.empty())
     throw UsageError("no program given (usage: pytorch_exec [options] PROGRAM [ARGS...])");
   if (raw.command[0].empty()) throw UsageError("the program name is empty");
@@ -525,10 +528,8 @@ LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& 
     c.remote_wdir = ctx.cwd;
   else
     c.remote_wdir = c.wdir[0] == '/' || ctx.cwd.empty() ? c.wdir : ctx.cwd + "/" + c.wdir;
-  validate_exports(raw, ctx, c);
   c.oversubscribe = raw.oversubscribe;
   validate_output(raw, c);
-  validate_stdin(raw, c);
   validate_failure_handling(raw, c);
   validate_elastic(raw, c);
   if (raw.run_id) {
@@ -573,7 +574,7 @@ std::string from_here(const std::string& path) {
 }  // namespace
 
 std::string resolve_program(const std::string& program, const std::string& wdir,
-                            const std::string& path_env) {
+                            const std::string& path_env, bool then_wdir) {
   if (!wdir.empty()) {
     struct stat st;
     if (::stat(wdir.c_str(), &st) != 0)
@@ -585,21 +586,26 @@ std::string resolve_program(const std::string& program, const std::string& wdir,
     if (program[0] != '/' && !wdir.empty()) path = wdir + "/" + program;
     int err = check_executable(path);
     if (err == ENOENT || err == ENOTDIR)
-      throw ProgramError("program '" + program + "' not found", 127);
+      throw ProgramError("program '" + program + "' not found" +
+                             (program[0] != '/' && !wdir.empty() ? " in --wdir " + wdir : ""),
+                         127);
     if (err == EISDIR) throw ProgramError("program '" + program + "' is a directory", 126);
     if (err) throw ProgramError("program '" + program + "' is not executable", 126);
     return from_here(path);
   }
   bool seen_non_exec = false;
-  for (const auto& dir : split(path_env, ':')) {
+  auto dirs = split(path_env, ':');
+  if (then_wdir) dirs.push_back(wdir.empty() ? "." : wdir);  // as mpirun and srun look
+  for (const auto& dir : dirs) {
     std::string path = (dir.empty() ? "." : dir) + "/" + program;
     int err = check_executable(path);
     if (err == 0) return from_here(path);
     if (err == EACCES) seen_non_exec = true;
   }
+  std::string where = then_wdir ? (wdir.empty() ? "PATH or this directory" : "PATH or --wdir " + wdir) : "PATH";
   if (seen_non_exec)
-    throw ProgramError("program '" + program + "' is in PATH but not executable", 126);
-  throw ProgramError("program '" + program + "' not found in PATH", 127);
+    throw ProgramError("program '" + program + "' is in " + where + " but not executable", 126);
+  throw ProgramError("program '" + program + "' not found in " + where, 127);
 }
 
 }  // namespace pe

@@ -113,9 +113,10 @@ LaunchConfig validate_options(const RawOptions& raw, const ValidationContext& ct
 void check_stdin_rank(const LaunchConfig& c, int world_size);
 
 // Finds the program as execvp would (PATH search for a bare name, relative to `wdir` for a
-// relative path) and checks it can be executed.  Throws ProgramError (127 not found,
+// relative path; `then_wdir`: a bare name not in PATH in `wdir`, else this directory, as mpirun
+// and srun find it) and checks it can be executed.  Throws ProgramError (127 not found,
 // 126 not executable) or UsageError (missing --wdir).
 std::string resolve_program(const std::string& program, const std::string& wdir,
-                            const std::string& path_env);
+                            const std::string& path_env, bool then_wdir = false);
 
 }  // namespace pe

@@ -292,7 +292,7 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   JobMap map = step_map(id);
   EnvMap out = worker_environment(env, cfg.exports, map, id.rank, gen);
   auto path = out.count("PATH") ? out["PATH"] : std::string("/usr/bin:/bin");
-  std::string program = resolve_program(cfg.program_arg0, cfg.wdir, path);
+  std::string program = resolve_program(cfg.program_arg0, cfg.wdir, path, true);
   if (!cfg.wdir.empty() && ::chdir(cfg.wdir.c_str()) != 0)
     throw SystemError("chdir " + cfg.wdir, errno);
   // Under PMIx the tasks agree on rank 0's node (MASTER_ADDR) and on the DataChannel's token:

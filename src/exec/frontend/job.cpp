@@ -27,6 +27,7 @@ namespace {
 
 constexpr size_t kStdinBacklogLimit = 4u << 20;
 constexpr double kAfterKillTimeout = 10.0;  // seconds to wait for SIGKILLed workers to be reaped
+constexpr double kSuspendDelay = 0.05;  // seconds between SIGTSTP to other nodes and our stop
 constexpr size_t kTailLines = 10;
 // The DataChannel job token of each generation: this many random bytes, in hex.
 constexpr size_t kDcTokenBytes = 16;
@@ -87,7 +88,11 @@ int JobController::run() {
   if (cfg_.dry_run) return 0;
   sink_.open_files();
   signals_ = std::make_unique<SignalPipe>(
-      std::initializer_list<int>{SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2});
+      std::initializer_list<int>{SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT});
+  // Ctrl-Z: the ranks (in process groups of their own, which the terminal does not stop) are
+  // sent SIGTSTP, then pytorch_exec stops; a moment later on other nodes, so that the message
+  // goes out first.  SIGCONT (fg, bg) goes on to them.
+  suspend_timer_ = loop_.timer([] { ::raise(SIGSTOP); });
   signal_event_ = loop_.watch_readable(signals_->fd(), [this] {
     for (int sig : signals_->take()) on_signal(sig);
   });
@@ -741,8 +746,15 @@ void JobController::on_all_stopped() {
 }
 
 void JobController::on_signal(int sig) {
-  if (sig == SIGUSR1 || sig == SIGUSR2) {
+  if (sig == SIGUSR1 || sig == SIGUSR2 || sig == SIGCONT) {
     workers_->signal_all(sig);
+    return;
+  }
+  if (sig == SIGTSTP) {
+    if (state_ == State::Done || state_ == State::Interrupted) return;
+    logger("exec")->info("SIGTSTP: stopping {} processes, then pytorch_exec", workers_->live());
+    workers_->signal_all(SIGTSTP);
+    suspend_timer_.arm(source_.local ? 0 : kSuspendDelay);
     return;
   }
   if (state_ == State::Done) return;

@@ -111,11 +111,12 @@ class JobController : public AgentListener {
   std::optional<Failure> failure_;
   int exit_status_ = 0;
 
-  std::unique_ptr<SignalPipe> signals_;  // SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2
+  std::unique_ptr<SignalPipe> signals_;  // SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT
   Event signal_event_;
   Event window_timer_;  // --failure-window
   Event grace_timer_;
   Event kill_timer_;
+  Event suspend_timer_;  // SIGTSTP: stops pytorch_exec once the ranks were told
   Event last_call_;  // --last-call: arrivals wait for others
   // When the change that led to the next generation was seen (a failure, a loss, the first
   // arrival of a last call), when the old one had stopped, when the new one was started; -1:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <fstream>
 
 #include "common/error.hpp"
 #include "exec/frontend/allocation.hpp"
@@ -21,6 +22,13 @@ JobMap map_single_node(const std::string& host, int np) {
   return m;
 }
 
+long max_processes(bool here) {
+  const long limit = 4194304;
+  long v = 0;
+  if (here) std::ifstream("/proc/sys/kernel/pid_max") >> v;
+  return v > 0 && v < limit ? v : limit;
+}
+
 JobMap map_job(const Allocation& alloc, const MapRequest& req) {
   const size_t n = alloc.nodes.size();
   std::vector<int> cap(n), count(n, 0);
@@ -38,6 +46,10 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
   for (int c : cap) total += c;
   int np = req.np > 0 ? req.np : static_cast<int>(std::min<long long>(total, INT_MAX));
   if (np <= 0) throw UsageError(alloc.source + " has no slots");
+  if (np / static_cast<long long>(n) >= max_processes(false))
+    throw UsageError("-n " + std::to_string(np) + ": more processes than " + std::to_string(n) +
+                     " node(s) can run (Linux runs at most " +
+                     std::to_string(max_processes(false)) + " on one)");
   if (np > total) {
     if (req.npernode > 0)
       throw UsageError("-n " + std::to_string(np) + " with -N " + std::to_string(req.npernode) +

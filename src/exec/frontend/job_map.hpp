@@ -34,6 +34,10 @@ struct JobMap {
 // All `np` ranks on one host.
 JobMap map_single_node(const std::string& host, int np);
 
+// The most processes Linux runs on one machine: kernel.pid_max here (`here`), else its largest
+// value (PID_MAX_LIMIT, 4194304).
+long max_processes(bool here = true);
+
 // Elastic re-forming: the map of the nodes that are left (alive[i] for base.nodes[i]), in their
 // order.  Each keeps its number of ranks; ranks and node ranks are numbered again from 0.
 JobMap reform_map(const JobMap& base, const std::vector<bool>& alive);

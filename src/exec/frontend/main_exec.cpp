@@ -64,9 +64,18 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
     size_t most = static_cast<size_t>(cfg.nnodes_max) + static_cast<size_t>(cfg.spares);
     if (alloc.nodes.size() > most) alloc.nodes.resize(most);
   }
-  if (!alloc.limited)
-    return pe::map_single_node(alloc.nodes[0].host,
-                               cfg.npernode > 0 && !cfg.np_given ? cfg.npernode : cfg.np);
+  if (!alloc.limited) {
+    if (cfg.npernode > 0 && cfg.np_given && cfg.np > cfg.npernode)
+      throw pe::UsageError("-n " + std::to_string(cfg.np) + " with -N " +
+                           std::to_string(cfg.npernode) + " needs " +
+                           std::to_string((cfg.np + cfg.npernode - 1) / cfg.npernode) +
+                           " nodes; " + alloc.source + " is one");
+    int np = cfg.npernode > 0 && !cfg.np_given ? cfg.npernode : cfg.np;
+    if (long most = pe::max_processes(); np > most)
+      throw pe::UsageError("-n " + std::to_string(np) + ": more processes than this machine can run (" +
+                           std::to_string(most) + ", kernel.pid_max)");
+    return pe::map_single_node(alloc.nodes[0].host, np);
+  }
   pe::MapRequest req;
   req.np = cfg.np_given ? cfg.np : 0;
   req.by_node = cfg.map_by == pe::topo::MapBy::Node;

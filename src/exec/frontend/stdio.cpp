@@ -117,9 +117,15 @@ void OutputSink::open_files() {
   if (opts_.dir.empty()) return;
   std::string dir = opts_.dir;
   if (!files_open_) {
-    for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
-      make_dir(dir.substr(0, pos));
-    make_own_dir(dir);
+    try {  // the directory given is a usage error (exit 2), a rank's within it is not
+      for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
+        make_dir(dir.substr(0, pos));
+      make_own_dir(dir);
+    } catch (const UsageError&) {
+      throw;
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
     files_open_ = true;
   }
   for (size_t r = files_out_.size(); r < tails_.size(); ++r) {
