@@ -62,6 +62,9 @@ CASES = [
     (["--wdir", "/", "no-such-program-anywhere"], 127,
      "'no-such-program-anywhere' not found in PATH or --wdir /"),
     (["--wdir", "/", "./no-such-program-anywhere"], 127, "not found in --wdir /"),
+    (["-n", "2", "-n", "3", "true"], 2, "option -n (--np) is given more than once"),
+    (["--standalone", "-H", "a:1,b:1", "true"], 2,
+     "--standalone runs on this machine: no -H, --hostfile or --host-discovery"),
 ]
 
 
@@ -74,6 +77,21 @@ def test_every_mistake_gets_one_line_and_a_status():
         check(lines[0].startswith("pytorch_exec: ") and text in lines[0],
               f"{args}: {lines[0]!r} does not say {text!r}")
         check(r.stdout == "", f"{args}: printed {r.stdout!r}")
+
+
+def test_a_mistake_from_pet_variables_names_them():
+    """Kubeflow's PET_* variables stand for torchrun's options: a mistake they make names them
+    (the user typed none of it); -n or -N on the command line outweighs PET_NPROC_PER_NODE."""
+    for var, args, text in (("PET_MASTER_PORT=abc", ["-n", "1", "true"], "--master-port: 'abc'"),
+                            ("PET_NNODES=2", ["-n", "2", "true"], "--nnodes 2:2 needs at least 2")):
+        k, v = var.split("=")
+        r = run(args, env=dict(os.environ, **{k: v}), timeout=20)
+        check(r.returncode == 2 and text in r.stderr and
+              f"(with {var} from the environment)" in r.stderr and len(r.stderr.splitlines()) == 1,
+              f"{var}: exit {r.returncode}: {r.stderr}")
+    r = run(["-n", "2", "sh", "-c", "echo $WORLD_SIZE"],
+            env=dict(os.environ, PET_NPROC_PER_NODE="3"), timeout=20)
+    check(r.returncode == 0 and r.stdout == "2\n2\n", f"exit {r.returncode}: {r.stdout} {r.stderr}")
 
 
 def test_bad_log_spec():
@@ -90,4 +108,5 @@ def test_help_and_version():
 
 
 if __name__ == "__main__":
-    main([test_every_mistake_gets_one_line_and_a_status, test_bad_log_spec, test_help_and_version])
+    main([test_every_mistake_gets_one_line_and_a_status, test_a_mistake_from_pet_variables_names_them,
+          test_bad_log_spec, test_help_and_version])

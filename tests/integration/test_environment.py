@@ -161,7 +161,47 @@ def test_many_ranks_without_slot_limit():
     check(got == sorted(f"{i}/{n}" for i in range(n)), f"output {got}")
 
 
+def test_only_the_standard_descriptors_reach_the_ranks():
+    """A descriptor the launching shell left open (exec 7>file) does not reach the ranks, as
+    with mpirun and torchrun; on one node and on a daemon's."""
+    with open(os.path.join(tmpdir(), "open"), "w") as f:
+        for extra in ([], ["-H", "a:1", "--launch-agent", script('#!/bin/sh\nshift\nexec "$@"\n')]):
+            r = subprocess.run([EXEC] + extra + ["-n", "1", "sh", "-c", "ls /proc/$$/fd"],
+                               pass_fds=(f.fileno(),), capture_output=True, text=True, timeout=60)
+            check(r.returncode == 0 and r.stdout.split() == ["0", "1", "2"],
+                  f"{extra}: exit {r.returncode}: {r.stdout} {r.stderr}")
+
+
+def test_omp_num_threads_as_torchrun():
+    """OMP_NUM_THREADS=1 with more than one rank on the node, as torchrun: one rank keeps
+    OpenMP's own choice."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    for n, want in ((1, "[unset]"), (2, "[1]")):
+        r = run(["-n", str(n), "sh", "-c", "echo [${OMP_NUM_THREADS-unset}]"], env=env)
+        check(r.returncode == 0 and set(r.stdout.split()) == {want}, f"-n {n}: {r.stdout} {r.stderr}")
+
+
+def test_python_prints_show_at_once_on_a_terminal():
+    """The ranks' output is a pipe to pytorch_exec: with a terminal as pytorch_exec's output,
+    they get PYTHONUNBUFFERED=1 (Python held a rank's prints until it exited), unless set."""
+    if not shutil.which("script"):
+        print("  (script not found: not run)")
+        return
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    cmd = f"{EXEC} -n 1 sh -c 'echo [$PYTHONUNBUFFERED]'"
+    r = subprocess.run(["script", "-qec", cmd, "/dev/null"], env=env, capture_output=True,
+                       text=True, timeout=60, stdin=subprocess.DEVNULL)
+    check(r.returncode == 0 and "[1]" in r.stdout, f"on a terminal: {r.stdout!r} {r.stderr}")
+    r = run(["-n", "1", "sh", "-c", "echo [$PYTHONUNBUFFERED]"], env=env)
+    check(r.stdout == "[]\n", f"on a pipe: {r.stdout!r}")
+    r = subprocess.run(["script", "-qec", cmd, "/dev/null"], env=dict(env, PYTHONUNBUFFERED="0"),
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    check("[0]" in r.stdout, f"the user's value: {r.stdout!r}")
+
+
 if __name__ == "__main__":
     main([test_every_rank_gets_its_identity, test_exports_wdir_and_run_id,
           test_relative_wdir_and_program, test_torchrun_single_node_command_lines,
-          test_pmix_server_does_not_ask_munge, test_many_ranks_without_slot_limit])
+          test_pmix_server_does_not_ask_munge, test_many_ranks_without_slot_limit,
+          test_only_the_standard_descriptors_reach_the_ranks, test_omp_num_threads_as_torchrun,
+          test_python_prints_show_at_once_on_a_terminal])

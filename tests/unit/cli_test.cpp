@@ -91,7 +91,7 @@ TEST(CliTest, EmptyValuesAreNamedByTheirOption) {
   EXPECT_EQ(config({"--launch-agent", "ip netns exec {host}", "prog"}).launch_agent,
             "ip netns exec {host}");
   EXPECT_NE(
-      usage_error({"-n", "2", "-n", "3", "prog"}).find("'--np' cannot be specified more than once"),
+      usage_error({"-n", "2", "-n", "3", "prog"}).find("option -n (--np) is given more than once"),
       std::string::npos);
 }
 

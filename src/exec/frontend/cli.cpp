@@ -494,8 +494,29 @@ std::string help_text() {
   return os.str();
 }
 
+namespace {
+LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx);
+}  // namespace
+
 LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& ctx) {
   const RawOptions raw = with_pet_environment(typed, ctx.env);
+  try {
+    LaunchConfig c = validate_raw(raw, ctx);
+    c.from_environment = raw.from_environment;
+    return c;
+  } catch (const UsageError& e) {
+    throw UsageError(e.what() + environment_note(raw.from_environment));
+  }
+}
+
+std::string environment_note(const std::vector<std::string>& from_environment) {
+  if (from_environment.empty()) return "";
+  return " (with " + join(from_environment, ", ") + " from the environment)";
+}
+
+namespace {
+
+LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   LaunchConfig c;
   c.verbosity = raw.verbosity;
   validate_counts(raw, ctx, c);
@@ -540,8 +561,6 @@ LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& 
   c.program = program_path(c, ctx);  // last: the other mistakes are usage errors
   return c;
 }
-
-namespace {
 
 // 0 when `path` is an executable regular file, else the errno-like reason.
 int check_executable(const std::string& path) {

@@ -73,14 +73,19 @@ struct RawOptions {
   std::optional<std::string> master_port;
   bool standalone = false;
   std::vector<std::string> command;  // PROGRAM ARGS...
+  std::vector<std::string> from_environment;  // "PET_X=v" that with_pet_environment applied
 };
 
 // torchrun's rule for the Kubeflow training operator's variables: an option not on the command
 // line takes its value from PET_<NAME> (PET_NNODES, PET_NPROC_PER_NODE, PET_RDZV_ENDPOINT,
 // PET_RDZV_ID, PET_RDZV_BACKEND, PET_RDZV_CONF, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT,
 // PET_MAX_RESTARTS, PET_STANDALONE).  Empty variables are ignored, and all of them when -H,
-// --hostfile or --host-discovery name the nodes.
+// --hostfile or --host-discovery name the nodes; PET_NPROC_PER_NODE when -n or -N gives the
+// count.  Those applied are listed in `from_environment` (for error messages).
 RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std::string>& env);
+// " (with PET_NNODES=2 from the environment)" for a usage error, so that it names what the user
+// did not type; "" for none.
+std::string environment_note(const std::vector<std::string>& from_environment);
 
 // The variable that holds join mode's secret when --rdzv-secret-file is not given.
 inline constexpr const char* kRdzvSecretVariable = "PYTORCH_EXEC_RDZV_SECRET";

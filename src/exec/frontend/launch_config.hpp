@@ -41,6 +41,7 @@ struct LaunchConfig {
   bool report_bindings = false;
   bool dry_run = false;
   bool display_only = false;  // --display-topology without a program
+  std::vector<std::string> from_environment;  // PET_X=v taken for options (environment_note)
   std::string wdir;           // --wdir; empty: the current directory
   std::string remote_wdir;    // where workers on other nodes start: --wdir, else the
                               // directory pytorch_exec runs in (empty if unknown)

@@ -28,6 +28,8 @@ extern char** environ;
 namespace {
 
 constexpr double kFirstDiscoveryTimeout = 30;  // seconds
+// Appended to a usage error found after the options were validated (environment_note).
+std::string g_usage_note;
 
 int fail(const std::string& msg, int status) {
   std::fprintf(stderr, "pytorch_exec: %s\n", msg.c_str());
@@ -190,7 +192,15 @@ int real_main(int argc, char** argv) {
   if (::getcwd(cwd, sizeof cwd)) ctx.cwd = cwd;
   const bool step_task = pe::is_step_task(ctx.env, ::getpid());
   ctx.find_program = !step_task;  // a step task looks with the workers' PATH
-  const pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
+  pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
+  g_usage_note = pe::environment_note(cfg.from_environment);
+  // The ranks' standard output is a pipe to pytorch_exec, so Python would hold their prints back
+  // a block at a time where the terminal here shows them at once: with a terminal, the ranks
+  // get PYTHONUNBUFFERED=1 unless it is set.
+  if (::isatty(1) && !ctx.env.count("PYTHONUNBUFFERED") &&
+      std::none_of(cfg.exports.begin(), cfg.exports.end(),
+                   [](const auto& x) { return x.first == "PYTHONUNBUFFERED"; }))
+    cfg.exports.emplace_back("PYTHONUNBUFFERED", "1");
   if (cfg.display_only) {
     pe::NodePlan plan = pe::plan_node(pe::placement_of(cfg), 0);
     std::cout << pe::topo::format_topology(*plan.topology, plan.analysis);
@@ -228,7 +238,7 @@ int main(int argc, char** argv) {
   try {
     return real_main(argc, argv);
   } catch (const pe::UsageError& e) {
-    return fail(std::string(e.what()) + " (see pytorch_exec --help)", 2);
+    return fail(std::string(e.what()) + g_usage_note + " (see pytorch_exec --help)", 2);
   } catch (const pe::ProgramError& e) {
     return fail(e.what(), e.exit_status());
   } catch (const std::exception& e) {

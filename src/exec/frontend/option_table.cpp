@@ -153,6 +153,13 @@ ParsedArgs parse_args(const Table& table, const std::vector<std::string>& args) 
     parsed.options = std::move(p.options);
     po::store(parsed, vm);
     po::notify(vm);
+  } catch (const po::multiple_occurrences& e) {
+    // Boost names the long form ("--np"): name the short one too, which is what users type.
+    std::string name = e.get_option_name();
+    for (const auto& o : table)
+      if ("--" + std::string(o.name) == name && o.short_name)
+        name = std::string("-") + o.short_name + " (" + name + ")";
+    throw UsageError("option " + name + " is given more than once");
   } catch (const po::error& e) {
     throw UsageError(e.what());
   }

@@ -155,6 +155,8 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
     if (endpoint || master)
       throw UsageError("--standalone runs on one node: no --rdzv-endpoint or --master-addr");
     if (c.nnodes_min > 1) throw UsageError("--standalone runs on one node: --nnodes must be 1");
+    if (raw.hosts || raw.hostfile || raw.host_discovery)
+      throw UsageError("--standalone runs on this machine: no -H, --hostfile or --host-discovery");
     c.nnodes_min = c.nnodes_max = 0;
     return;
   }
@@ -226,12 +228,14 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
 
 RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std::string>& env) {
   if (raw.hosts || raw.hostfile || raw.host_discovery) return raw;  // nodes named here: no pod
-  auto from = [&env](const char* name, std::optional<std::string>& field) {
+  auto from = [&env, &raw](const char* name, std::optional<std::string>& field) {
     auto it = env.find(name);
-    if (!field && it != env.end() && !it->second.empty()) field = it->second;
+    if (field || it == env.end() || it->second.empty()) return;
+    field = it->second;
+    raw.from_environment.push_back(std::string(name) + "=" + it->second);
   };
   from("PET_NNODES", raw.nnodes);
-  from("PET_NPROC_PER_NODE", raw.nproc_per_node);
+  if (!raw.np && !raw.npernode) from("PET_NPROC_PER_NODE", raw.nproc_per_node);
   from("PET_RDZV_ENDPOINT", raw.rdzv_endpoint);
   from("PET_RDZV_ID", raw.rdzv_id);
   from("PET_RDZV_BACKEND", raw.rdzv_backend);
@@ -241,7 +245,10 @@ RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std:
   from("PET_MASTER_PORT", raw.master_port);
   from("PET_MAX_RESTARTS", raw.max_restarts);
   auto st = env.find("PET_STANDALONE");
-  if (!raw.standalone && st != env.end()) raw.standalone = truthy(st->second);
+  if (!raw.standalone && st != env.end() && truthy(st->second)) {
+    raw.standalone = true;
+    raw.from_environment.push_back("PET_STANDALONE=" + st->second);
+  }
   return raw;
 }
 

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -42,6 +43,7 @@ struct ChildArgs {
   cpu_set_t* cpus;          // nullptr: no binding
   size_t cpus_size;
   volatile bool bind_failed;
+  long max_fd;  // the descriptor limit, for closing without close_range
 };
 
 // Runs in the child, on its own stack, in the launcher's memory: system calls only.
@@ -59,6 +61,10 @@ int child_main(void* p) {
   sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
   if (::dup2(a->in_fd, 0) < 0 || ::dup2(a->out_fd, 1) < 0 || ::dup2(a->err_fd, 2) < 0) fail(errno);
+  // Only 0, 1 and 2 go on (as mpirun and torchrun give them): not what the launching shell left
+  // open.  Without close_range (Linux < 5.9), each descriptor below the limit.
+  if (::syscall(SYS_close_range, 3u, ~0u, 0u) != 0)
+    for (long fd = 3; fd < a->max_fd; ++fd) ::close(static_cast<int>(fd));
   if (!a->spec->wdir.empty() && ::chdir(a->spec->wdir.c_str()) != 0) fail(errno);
   if (a->cpus && ::sched_setaffinity(0, a->cpus_size, a->cpus) != 0) {
     a->bind_failed = true;
@@ -120,7 +126,8 @@ ChildProcess spawn_child(const SpawnSpec& spec) {
                  0,
                  cpus,
                  cpus_size,
-                 false};
+                 false,
+                 std::min(::sysconf(_SC_OPEN_MAX), 1L << 20)};
   sigset_t all;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &args.mask);

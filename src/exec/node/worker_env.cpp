@@ -50,7 +50,8 @@ EnvMap worker_environment(const EnvMap& base,
   seti("TORCHELASTIC_RESTART_COUNT", gen.restart_count);
   seti("TORCHELASTIC_MAX_RESTARTS", gen.max_restarts);
   set("TORCHELASTIC_RUN_ID", gen.run_id.empty() ? gen.job_id : gen.run_id);
-  if (!env.count("OMP_NUM_THREADS")) set("OMP_NUM_THREADS", "1");
+  // As torchrun: with more than one rank on the node (one rank keeps OpenMP's own choice).
+  if (!env.count("OMP_NUM_THREADS") && local_size > 1) set("OMP_NUM_THREADS", "1");
   // NCCL errors and timeouts end the process (and so start a restart) rather than leave it hung.
   if (!env.count("TORCH_NCCL_ASYNC_ERROR_HANDLING")) set("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1");
   // As mpirun does on an oversubscribed node: MPI waits yield the processor instead of spinning,
