@@ -226,6 +226,11 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
                         " has only " + std::to_string(ngpus) + " GPUs");
   if (o.bind_to == BindTo::Gpu && ngpus == 0)
     throw TopologyError("--bind-to gpu: " + t.source() + " has no GPUs");
+  if (o.map_by == MapBy::Gpu && ngpus == 0)
+    throw TopologyError("--map-by gpu: " + t.source() + " has no GPUs");
+  if (o.gpus_per_rank > 1 && ngpus == 0)
+    throw TopologyError("--gpus-per-rank " + std::to_string(o.gpus_per_rank) + ": " + t.source() +
+                        " has no GPUs");
   std::vector<RankPlacement> ranks(static_cast<size_t>(std::max(o.nranks, 0)));
   if (ngpus > 0) {
     auto blocks = gpu_blocks(t, a, o.gpus_per_rank, o.map_by == MapBy::Gpu);

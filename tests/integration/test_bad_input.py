@@ -67,6 +67,14 @@ CASES = [
      "--standalone runs on this machine: no -H, --hostfile or --host-discovery"),
 ]
 
+if not os.path.exists("/dev/nvidia0"):
+    # GPU options where there is none: refused as --bind-to gpu is (they ran without a word)
+    CASES += [
+        (["--map-by", "gpu", "true"], 2, "--map-by gpu: this machine has no GPUs"),
+        (["--rank-by", "gpu", "true"], 2, "--rank-by gpu: this machine has no GPUs"),
+        (["--gpus-per-rank", "2", "true"], 2, "--gpus-per-rank 2: this machine has no GPUs"),
+    ]
+
 
 def test_every_mistake_gets_one_line_and_a_status():
     for args, status, text in CASES:

@@ -57,6 +57,8 @@ void place_again(NodePlan& p, const PlacementRequest& cfg, int nlocal) {
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());
   }
+  if (cfg.rank_by == topo::RankBy::Gpu && p.topology->gpus().empty())
+    throw UsageError("--rank-by gpu: " + p.topology->source() + " has no GPUs");
   apply_rank_by(cfg.rank_by, p.analysis, p.ranks);
 }
 
