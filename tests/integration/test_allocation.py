@@ -81,6 +81,20 @@ def test_a_program_in_this_directory_is_found_after_path():
     check(r.returncode == 0 and r.stdout == "here 0\n", f"exit {r.returncode}: {r.stdout} {r.stderr}")
 
 
+def test_a_python_script_runs_with_python3_as_under_torchrun():
+    """`pytorch_exec -n 2 train.py` (torchrun's command line): a script that is not executable
+    runs with the python3 of PATH, its arguments after it; one that is, runs itself."""
+    d = tmpdir()
+    with open(os.path.join(d, "train.py"), "w") as f:
+        f.write("import os, sys\nprint('py', os.environ['RANK'], sys.argv[1:])\n")
+    for prog in ("train.py", "./train.py"):
+        r = run(["-n", "2", prog, "--lr", "1"], cwd=d)
+        check(r.returncode == 0 and sorted(r.stdout.splitlines()) ==
+              ["py 0 ['--lr', '1']", "py 1 ['--lr', '1']"], f"{prog}: {r.stdout} {r.stderr}")
+    r = run(["-n", "1", "missing.py"], cwd=d)
+    check(r.returncode == 127 and "'missing.py' not found" in r.stderr, r.stderr)
+
+
 def test_mistakes():
     cases = [
         (["-H", "a:2", "-n", "3", "true"], "-n 3 but -H a:2 has 2 slots (add --oversubscribe"),
@@ -106,4 +120,5 @@ if __name__ == "__main__":
           test_hostfile_and_npernode, test_slurm_allocation_sets_the_default_count,
           test_this_machine_as_a_host_runs, test_names_of_this_machine_are_one_node,
           test_a_hostfile_line_with_max_slots_alone_has_that_many_slots,
-          test_a_program_in_this_directory_is_found_after_path, test_mistakes])
+          test_a_program_in_this_directory_is_found_after_path,
+          test_a_python_script_runs_with_python3_as_under_torchrun, test_mistakes])

@@ -1,8 +1,11 @@
 """A real torch.distributed gloo job through env://, and a group restart under torch."""
 import os
 import re
+import subprocess
+import time
 
-from harness import SRCDIR, TORCH_PYTHON, check, main, need_torch, run, script
+from harness import (SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, free_port, main,
+                     marker_env, need_torch, run, script, start)
 
 EXAMPLE = os.path.join(SRCDIR, "examples", "hello_allreduce.py")
 
@@ -64,7 +67,45 @@ def test_record_names_the_exception_of_each_generation():
                     r"RuntimeError: second generation's error\n", r.stderr), r.stderr)
 
 
+def test_two_launchers_on_one_machine_are_two_nodes():
+    """torchrun's way to try a multi-node job on one machine: the same command twice (c10d:
+    the first binds the endpoint and hosts the job, the second finds it taken and joins;
+    static: node ranks 0 and 1).  They make a job of two nodes (the second was refused as 'a
+    second pytorch_exec on that host', or failed to bind the endpoint)."""
+    prog = os.path.join(SRCDIR, "examples", "hello_allreduce.py")
+    env = marker_env({"PYTORCH_EXEC_RDZV_SECRET": "one machine"})
+    for style in ("c10d", "static"):
+        port = free_port()
+        common = ["--nnodes", "2", "--nproc-per-node", "2", "--join-timeout", "30"]
+        if style == "c10d":
+            args = [common + ["--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pair"]] * 2
+        else:
+            args = [common + ["--master-addr", "127.0.0.1", "--master-port", str(port),
+                              "--node-rank", str(i)] for i in (0, 1)]
+        procs = []
+        for a in args:
+            procs.append(start(a + [TORCH_PYTHON, prog], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True))
+            time.sleep(0.5)
+        res = []
+        try:
+            res = [p.communicate(timeout=180) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        for p, (out, err) in zip(procs, res):
+            check(p.returncode == 0, f"{style}: exit {p.returncode}: {out} {err[-2000:]}")
+        check("allreduce over 4 ranks: [6.0, 10.0, 14.0, 18.0] (correct)" in res[0][0],
+              f"{style}: {res[0][0]}")
+        ranks = sorted(int(r) for out, _ in res for r in re.findall(r"rank (\d) of 4", out))
+        check(ranks == [0, 1, 2, 3] and "complete: 2 node(s)" in res[0][1], f"{style}: {res}")
+        assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
 if __name__ == "__main__":
     need_torch()
     main([test_gloo_allreduce_four_ranks, test_gloo_wires_up_again_after_a_restart,
-          test_record_names_the_exception_of_each_generation])
+          test_record_names_the_exception_of_each_generation,
+          test_two_launchers_on_one_machine_are_two_nodes])

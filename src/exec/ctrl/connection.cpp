@@ -248,8 +248,9 @@ void Acceptor::on_frame(Pending* p, wire::Frame& f) {
   std::unique_ptr<Connection> conn = std::move(p->conn);
   conn->on_frame({});  // the new owner installs its own
   conn->on_closed({});
+  std::string known_as = v.name.empty() ? name : v.name;
   forget(p);
-  accepted_(name, std::move(conn));
+  accepted_(known_as, std::move(conn));
 }
 
 }  // namespace pe::ctrl

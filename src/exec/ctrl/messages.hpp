@@ -150,10 +150,12 @@ struct Refused {
 };
 // What the accepting side says of a node that proved it knows the secret: `why` empty accepts
 // it, else it is refused with that reason (told to the node in a Refused frame, and logged), and
-// `retry` says whether it may be accepted later (a host in its cool-down).
+// `retry` says whether it may be accepted later (a host in its cool-down).  An accepted node is
+// known by `name` when that is not empty (another of the same host's), else by its own.
 struct Verdict {
   std::string why;
   bool retry = false;
+  std::string name;
   Verdict(std::string w = "", bool r = false) : why(std::move(w)), retry(r) {}
   Verdict(const char* w) : why(w) {}
 };

@@ -374,8 +374,10 @@ void Daemon::on_frame(wire::Frame& f) {
 void Daemon::on_remap(ctrl::Remap& m) {
   idle_ = true;
   idle_map_ = m.map;
+  // By the name the job knows it by (HOST#2 for a second agent of its host, join mode).
+  const std::string& me = job_.map.nodes.at(static_cast<size_t>(job_.node)).host;
   for (size_t i = 0; i < m.map.nodes.size(); ++i)
-    if (m.map.nodes[i].host == opts_.node) {
+    if (m.map.nodes[i].host == me) {
       idle_ = false;
       try {
         runner_->remap(std::move(m.map), static_cast<int>(i));

@@ -470,6 +470,26 @@ std::string program_path(const LaunchConfig& c, const ValidationContext& ctx) {
                          path != ctx.env.end() ? path->second : "/usr/bin:/bin", true);
 }
 
+// torchrun's `train.py`: a Python script that is no program to run (not executable, or not in
+// PATH) runs with the python3 of PATH, as torchrun runs its own Python.  False: it is none.
+bool as_python_script(LaunchConfig& c, const ValidationContext& ctx) {
+  const std::string& s = c.program_arg0;
+  if (s.size() < 4 || s.compare(s.size() - 3, 3, ".py") != 0) return false;
+  std::string file = s[0] == '/' || c.wdir.empty() ? s : c.wdir + "/" + s;
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
+  LaunchConfig p = c;
+  p.program_arg0 = "python3";
+  try {
+    c.program = program_path(p, ctx);
+  } catch (const ProgramError&) {
+    return false;  // no python3: the script's own error stands
+  }
+  c.args.insert(c.args.begin(), s);
+  c.program_arg0 = "python3";
+  return true;
+}
+
 }  // namespace
 
 RawOptions parse_command_line(int argc, const char* const* argv) {
@@ -558,7 +578,11 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
     c.run_id = *raw.run_id;
   }
   validate_join(raw, ctx, c);
-  c.program = program_path(c, ctx);  // last: the other mistakes are usage errors
+  try {
+    c.program = program_path(c, ctx);  // last: the other mistakes are usage errors
+  } catch (const ProgramError&) {
+    if (!as_python_script(c, ctx)) throw;
+  }
   return c;
 }
 

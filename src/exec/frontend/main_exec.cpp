@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include <cstdio>
@@ -101,6 +102,16 @@ int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std:
   for (auto& p : plans) ptrs.push_back(p.topology ? &p : nullptr);
   std::cout << pe::format_job_map(map, ptrs);
   return 0;
+}
+
+// Whether a TCP port of this machine is taken (a listening socket; the rendezvous host's).
+bool port_in_use(int port) {
+  try {
+    pe::listen_tcp("0.0.0.0", port, nullptr);
+    return false;
+  } catch (const pe::SystemError& e) {
+    return e.code() == EADDRINUSE;
+  }
 }
 
 // Join mode: whether HOST of the endpoint is this machine (one of its IPv4 addresses, or
@@ -216,7 +227,11 @@ int real_main(int argc, char** argv) {
   if (cfg.join_mode() && !cfg.dry_run) {
     pe::LaunchConfig jc = cfg;
     jc.rdzv_key = join_key(cfg, ctx.env);
-    bool hosts = cfg.rdzv_is_host >= 0 ? cfg.rdzv_is_host == 1 : endpoint_is_here(cfg.rdzv_host);
+    // The endpoint's machine hosts the job, unless its port is taken there: then, as torchrun's
+    // agents, another pytorch_exec on this machine hosts it and this one joins.
+    bool hosts = cfg.rdzv_is_host >= 0
+                     ? cfg.rdzv_is_host == 1
+                     : endpoint_is_here(cfg.rdzv_host) && !port_in_use(cfg.rdzv_port);
     if (!hosts) return join_as_node(jc, std::move(jc.rdzv_key), host);
     pe::JobMap map = pe::map_single_node(host, cfg.np);
     pe::WorkerSetSource workers = pe::workers_for(map, host, true);

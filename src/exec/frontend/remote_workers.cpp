@@ -214,8 +214,19 @@ ctrl::Verdict RemoteWorkers::check_node(const ctrl::Hello& h) {
   auto it = by_host_.find(name);
   if (it != by_host_.end() && !(joining && tree_.lost(it->second))) {
     int n = it->second;
-    if (joining)  // its first pytorch_exec is alive (or it is the host's own node)
-      return "node '" + name + "' is in the job already (a second pytorch_exec on that host?)";
+    if (joining) {
+      // Its host has a live node of the job (its own, or the rendezvous host's): another agent
+      // on that host, as torchrun's may be (nodes simulated on one machine), a node of its own
+      // named HOST#2 (#3, ...; one lost before is taken again).
+      std::string alias;
+      for (int k = 2; alias.empty(); ++k) {
+        auto a = by_host_.find(name + "#" + std::to_string(k));
+        if (a == by_host_.end() || tree_.lost(a->second)) alias = name + "#" + std::to_string(k);
+      }
+      ctrl::Verdict v = join_(alias, h.join_slots, h.node_rank);
+      if (v.why.empty()) v.name = alias;
+      return v;
+    }
     if (tree_.attached(n) || tree_.waiting(n) || tree_.lost(n))
       return "node '" + name + "' is already connected";
     return "";
