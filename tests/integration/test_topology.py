@@ -33,6 +33,24 @@ def test_display_topology_of_another_machine():
     check("NICs mlx5_0 (PIX)" in r.stdout, r.stdout)
 
 
+def test_nproc_per_node_auto_and_gpu_count_gpus():
+    """torchrun's --nproc-per-node auto (one per GPU, else per processor) and gpu: on a DGX-2
+    16 ranks (auto counted processors); cpu counts processors; gpu without GPUs is an error."""
+    for v in ("auto", "gpu"):
+        r = run(["--dry-run", "--nproc-per-node", v, "--topology-file",
+                 fixture("dgx2-16xV100-nvswitch"), "./train"])
+        check(r.returncode == 0 and r.stdout.startswith("Job map: 16 ranks on 1 node(s)"),
+              f"{v}: {r.stdout[:200]} {r.stderr}")
+    r = run(["--dry-run", "--nproc-per-node", "cpu", "./train"])
+    check(r.stdout.startswith(f"Job map: {os.cpu_count()} ranks"), r.stdout[:200] + r.stderr)
+    if not os.path.exists("/dev/nvidia0"):
+        r = run(["--nproc-per-node", "gpu", "true"])
+        check(r.returncode == 2 and "--nproc-per-node gpu: this machine has no GPUs" in r.stderr,
+              r.stderr)
+        r = run(["--nproc-per-node", "auto", "sh", "-c", "echo $WORLD_SIZE"])
+        check(r.stdout.split() == [str(os.cpu_count())] * os.cpu_count(), r.stdout + r.stderr)
+
+
 def test_dry_run_maps_a_dgx2_and_starts_nothing():
     r = run(["--dry-run", "-n", "8", "--gpus-per-rank", "2", "--topology-file", fixture("dgx2-16xV100-nvswitch"),
              "/no/such/program/needed"])
@@ -107,5 +125,6 @@ def test_bad_mapping_requests():
 
 if __name__ == "__main__":
     main([test_display_topology_of_another_machine, test_dry_run_maps_a_dgx2_and_starts_nothing,
+          test_nproc_per_node_auto_and_gpu_count_gpus,
           test_binding_is_real_and_announced, test_no_binding_by_default_without_gpus,
           test_bad_mapping_requests])

@@ -21,9 +21,9 @@ namespace {
 const OptionDef<RawOptions> kOptions[] = {
     {"np", 'n', "Processes", "N",
      "number of processes to start (also -np); default: the number of processors", &RawOptions::np},
-    {"nproc-per-node", 0, "Processes", "N",
+    {"nproc-per-node", 0, "Processes", "N|auto|gpu|cpu",
      "processes per node (torchrun's name): as -N with -H, --hostfile or in a SLURM allocation; "
-     "on one machine and in join mode the same as -n",
+     "on one machine and in join mode the same as -n; auto: one per GPU, else per processor",
      &RawOptions::nproc_per_node},
     {"host", 'H', "Processes", "HOST[:SLOTS],...",
      "run on these hosts (one slot per mention unless :SLOTS; duplicates add up)",
@@ -209,12 +209,14 @@ const std::vector<std::string> kGroups = {"Processes", "Mapping and binding", "E
                                           "Output",    "Failure handling",    "Elastic",
                                           "Join mode", "Debugging"};
 
-int parse_count(const std::string& opt, const std::string& v, long long min) {
+int parse_count(const std::string& opt, const std::string& v, long long min,
+                const std::string& expected = "") {
   auto n = parse_int(v, min, INT_MAX);
   if (!n) {
-    throw UsageError(opt + ": expected " +
-                     (min > 0 ? std::string("a positive integer") : "a non-negative integer") +
-                     ", got '" + v + "'");
+    std::string what = !expected.empty() ? expected
+                       : min > 0         ? std::string("a positive integer")
+                                         : "a non-negative integer";
+    throw UsageError(opt + ": expected " + what + ", got '" + v + "'");
   }
   return static_cast<int>(*n);
 }
@@ -252,10 +254,13 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
     c.launch_agent = *raw.launch_agent;
   }
   if (raw.nproc_per_node) {
-    // torchrun's auto and cpu: one per processor here (no GPUs are counted).
+    // torchrun's auto (one per GPU, else per processor), gpu and cpu, on this machine.
     const std::string& v = *raw.nproc_per_node;
-    int per_node =
-        v == "auto" || v == "cpu" ? ctx.default_np : parse_count("--nproc-per-node", v, 1);
+    int gpus = (v == "auto" || v == "gpu") && ctx.gpu_count ? ctx.gpu_count() : 0;
+    if (v == "gpu" && gpus == 0) throw UsageError("--nproc-per-node gpu: this machine has no GPUs");
+    int per_node = v == "auto" || v == "gpu" || v == "cpu"
+                       ? (gpus > 0 && v != "cpu" ? gpus : ctx.default_np)
+                       : parse_count("--nproc-per-node", v, 1, "a positive integer, auto, gpu or cpu");
     c.nproc_per_node = per_node;
     // Per node wherever there are nodes: -H, --hostfile, a SLURM allocation (not in join mode,
     // where each node's pytorch_exec runs its own).

@@ -4,6 +4,7 @@
 // a RawOptions member, its check in validate_options, and its lines in the man page and README.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -107,6 +108,8 @@ struct ValidationContext {
   // Look for the program here (resolve_program, with env's PATH).  Without, and for a dry run,
   // the LaunchConfig's program is as typed: an srun step task looks it up with the workers' PATH.
   bool find_program = false;
+  // This machine's GPUs, for --nproc-per-node auto and gpu (counted only then); none if unset.
+  std::function<int()> gpu_count;
 };
 
 // Checks every value and fills the LaunchConfig, which is final: nothing changes it later.
