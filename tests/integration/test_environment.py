@@ -92,7 +92,7 @@ def test_relative_wdir_and_program():
 def test_torchrun_single_node_command_lines():
     """torchrun's one-node lines run as they do under torchrun: --master-port is the workers'
     MASTER_PORT (the store listens there), --node-rank 0 of --nnodes 1 and --master-addr are its
-    defaults; --node-rank 1 alone is refused."""
+    defaults, as is a c10d endpoint here; --node-rank 1 alone is refused."""
     with socket.socket() as s:  # a port free now
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -106,6 +106,14 @@ def test_torchrun_single_node_command_lines():
               f"{extra}: exit {r.returncode}: {r.stdout} {r.stderr}")
     r = run(["--node_rank=1", "-n", "1", "true"])
     check(r.returncode == 2 and "--node-rank 1 needs --rdzv-endpoint" in r.stderr, r.stderr)
+    # A rendezvous endpoint on this machine with --nnodes 1 (its default): nobody can join, so
+    # it runs here without a secret (it asked for one), port 0 too, as torchrun runs it.
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_EXEC_RDZV_SECRET"}
+    for extra in (["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"],
+                  ["--rdzv_backend=c10d"]):
+        r = run(extra + ["--nproc-per-node", "2", SYSTEM_PYTHON, "-c", probe], env=env)
+        check(r.returncode == 0 and len(r.stdout.split("\n")) == 3,
+              f"{extra}: exit {r.returncode}: {r.stdout} {r.stderr}")
 
 
 # Run by test_pmix_server_does_not_ask_munge in a private mount namespace: a listening socket

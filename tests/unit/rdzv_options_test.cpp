@@ -66,6 +66,27 @@ TEST(RdzvOptionsTest, DefaultsAreTorchruns) {
   EXPECT_FALSE(config({"-n", "2", "prog2"}, {}).join_mode());
 }
 
+TEST(RdzvOptionsTest, TorchrunsOneNodeLinesRunOnThisMachine) {
+  // --nnodes 1 (the default) with an endpoint here: nobody can join, no secret is needed.
+  for (auto args : std::vector<std::vector<const char*>>{
+           {"--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"},
+           {"--rdzv_endpoint", "127.0.0.1:29400", "--rdzv_backend", "static"},
+           {"--rdzv-backend", "c10d"}}) {
+    auto c = config(args, {});
+    EXPECT_FALSE(c.join_mode()) << args[0];
+    EXPECT_EQ(c.nnodes_max, 0) << args[0];
+  }
+  EXPECT_TRUE(config({"--rdzv-endpoint", "localhost", "--nnodes", "1:2"}).join_mode());
+  // --node-rank of several nodes without an address: torchrun's --master-addr 127.0.0.1.
+  auto s = config({"--nnodes", "2", "--node-rank", "1", "--master-port", "7000"});
+  EXPECT_TRUE(s.rdzv_static);
+  EXPECT_EQ(s.rdzv_host, "127.0.0.1");
+  EXPECT_EQ(s.rdzv_port, 7000);
+  EXPECT_EQ(usage_error({"--rdzv-backend", "etcd"}),
+            "--rdzv-backend: 'etcd' is not supported (pytorch_exec hosts its own rendezvous: use "
+            "c10d or static)");
+}
+
 TEST(RdzvOptionsTest, PetVariablesFillWhatTheCommandLineLeaves) {
   std::map<std::string, std::string> env = kSecret;
   env.insert({{"PET_NNODES", "1:3"},

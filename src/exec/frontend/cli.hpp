@@ -110,6 +110,9 @@ struct ValidationContext {
   bool find_program = false;
   // This machine's GPUs, for --nproc-per-node auto and gpu (counted only then); none if unset.
   std::function<int()> gpu_count;
+  // Whether a host name or address is this machine (a rendezvous endpoint); unset: only
+  // localhost and 127.x are.
+  std::function<bool(const std::string&)> is_here;
 };
 
 // Checks every value and fills the LaunchConfig, which is final: nothing changes it later.

@@ -203,6 +203,7 @@ int real_main(int argc, char** argv) {
   if (::getcwd(cwd, sizeof cwd)) ctx.cwd = cwd;
   const bool step_task = pe::is_step_task(ctx.env, ::getpid());
   ctx.find_program = !step_task;  // a step task looks with the workers' PATH
+  ctx.is_here = endpoint_is_here;
   ctx.gpu_count = [file = raw.topology_file.value_or("")] {  // a dry run's --topology-file
     try {
       return static_cast<int>(pe::topo::load_topology(pe::topo::LoadOptions{file})->gpus().size());

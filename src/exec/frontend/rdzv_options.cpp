@@ -87,10 +87,9 @@ bool first_node(const RawOptions& raw) {
 }
 
 // Options that mean something in join mode only; torchrun's single-node defaults (--node-rank 0,
-// --rdzv-backend static, --rdzv-id) are not among them.
+// --rdzv-backend static or c10d, --rdzv-id) are not among them.
 void refuse_alone(const RawOptions& raw) {
   const std::pair<bool, std::string> given[] = {
-      {raw.rdzv_backend.has_value() && *raw.rdzv_backend != "static", "--rdzv-backend"},
       {raw.rdzv_conf.has_value(), "--rdzv-conf"},
       {raw.rdzv_host, "--rdzv-host"},
       {raw.rdzv_secret_file.has_value(), "--rdzv-secret-file"},
@@ -151,6 +150,11 @@ std::pair<std::string, int> parse_endpoint(const std::string& opt, const std::st
 void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
   bool endpoint = raw.rdzv_endpoint && !raw.rdzv_endpoint->empty();
   bool master = raw.master_addr && !raw.master_addr->empty();
+  const std::string backend = raw.rdzv_backend.value_or(endpoint ? "c10d" : "static");
+  if (backend != "c10d" && backend != "static")
+    throw UsageError("--rdzv-backend: '" + backend +
+                     "' is not supported (pytorch_exec hosts its own rendezvous: use c10d or "
+                     "static)");
   if (raw.standalone) {  // torchrun --standalone: one node, a local rendezvous; that is ours
     if (endpoint || master)
       throw UsageError("--standalone runs on one node: no --rdzv-endpoint or --master-addr");
@@ -159,6 +163,25 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
       throw UsageError("--standalone runs on this machine: no -H, --hostfile or --host-discovery");
     c.nnodes_min = c.nnodes_max = 0;
     return;
+  }
+  const bool nodes_named = raw.hosts || raw.hostfile || raw.host_discovery;
+  // torchrun on one node with a rendezvous endpoint on this machine (--nnodes 1, its default,
+  // node rank 0: `--rdzv-backend c10d --rdzv-endpoint localhost:0`): nobody can join, so nothing
+  // is hosted (and no secret needed); it runs as on one machine, as with --standalone.
+  const std::string ep_host = endpoint ? raw.rdzv_endpoint->substr(0, raw.rdzv_endpoint->find(':')) : "";
+  const bool ep_here = ep_host == "localhost" || ep_host.rfind("127.", 0) == 0 ||
+                       (ctx.is_here && !ep_host.empty() && ctx.is_here(ep_host));
+  if (endpoint && ep_here && c.nnodes_max <= 1 && first_node(raw) && !nodes_named) {
+    if (raw.rdzv_id && c.run_id.empty()) c.run_id = *raw.rdzv_id;
+    c.nnodes_min = c.nnodes_max = 0;
+    return;
+  }
+  // torchrun's --master-addr defaults to 127.0.0.1: --node-rank with more than one node and no
+  // address is a static rendezvous of nodes on this machine.
+  if (!endpoint && !master && raw.node_rank && c.nnodes_max > 1 && !nodes_named) {
+    RawOptions local = raw;
+    local.master_addr = "127.0.0.1";
+    return validate_join(local, ctx, c);
   }
   if (!endpoint && (!master || single_node(raw, c))) {
     refuse_alone(raw);
@@ -174,11 +197,6 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
     throw UsageError(
         "--rdzv-endpoint: nodes join by themselves (run pytorch_exec on each); -H, --hostfile, "
         "--host-discovery and --spares do not apply");
-  std::string backend = raw.rdzv_backend.value_or(endpoint ? "c10d" : "static");
-  if (backend != "c10d" && backend != "static")
-    throw UsageError("--rdzv-backend: '" + backend +
-                     "' is not supported (pytorch_exec hosts its own rendezvous: use c10d or "
-                     "static)");
   c.rdzv_static = backend == "static";
   if (!raw.np && !raw.nproc_per_node) c.np = 1;            // torchrun's default: one per node
   if (c.nnodes_min == 0) c.nnodes_min = c.nnodes_max = 1;  // torchrun's default
