@@ -48,6 +48,9 @@ def forwarded(sig, name, status):
     p.send_signal(sig)
     rc = p.wait(timeout=30)
     check(rc == status, f"{name}: exit {rc}, expected {status}")
+    said = p.stderr.read().decode()
+    check(f"pytorch_exec: signal {int(sig)} ({signal.strsignal(sig)}): stopping the job's 3 "
+          "processes" in said, f"{name}: {said!r}")
     check(got(out, n) == {r: name for r in range(n)}, f"{name}: handlers ran: {got(out, n)}")
     assert_no_leftovers(marker)
 

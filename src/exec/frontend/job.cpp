@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "common/auth.hpp"
@@ -765,7 +766,10 @@ void JobController::on_signal(int sig) {
     if (!kill_timer_.pending()) kill_timer_.arm(kAfterKillTimeout);
     return;
   }
-  logger("exec")->info("signal {} received: forwarding to {} processes", sig, workers_->live());
+  // One line, so that the job's end says why (other nodes of a join-mode job point here).
+  size_t live = workers_->live();
+  say("signal " + std::to_string(sig) + " (" + ::strsignal(sig) + "): stopping the job" +
+      (live ? "'s " + std::to_string(live) + " processes" : ""));
   interrupt(sig, sig);
 }
 
