@@ -102,11 +102,11 @@ def test_ctrl_z_stops_the_ranks_and_fg_continues_them():
     for extra in ([], ["-H", "a:1,b:1", "--launch-agent", agent_script(), "--heartbeat-interval",
                        "0.2", "--heartbeat-timeout", "1"]):
         env = marker_env()
-        p = start(extra + ["-n", "2", "sh", "-c",
-                           "for i in $(seq 40); do sleep 0.1; done; echo done $RANK"],
+        # (no subshell: it would carry the rank's command line, stopped or not)
+        p = start(extra + ["-n", "2", "sh", "-c", "sleep 6; echo done $RANK"],
                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ranks = lambda: [q for q in processes_with_marker(env["PE_TEST_MARKER"])
-                         if cmdline(q).startswith(b"sh\0-c\0for")]
+                         if cmdline(q).startswith(b"sh\0-c\0sleep 6")]
         check(wait_until(lambda: len(ranks()) == 2, 30), f"{extra}: the ranks did not start")
         p.send_signal(signal.SIGTSTP)
         all_stopped = lambda: len(ranks()) == 2 and all(stopped(q) for q in ranks())

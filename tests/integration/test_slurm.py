@@ -85,16 +85,18 @@ def test_salloc_starts_daemons_mpi():
     # -H naming nodes of the allocation: their daemons are started with srun, not ssh.
     # Each rank's SLURM_PROCID, _LOCALID, _NODEID, _NTASKS, _GTIDS and _TASKS_PER_NODE are its
     # own, as srun would give them (they were the daemon's task's: one rank id per node), and
-    # SLURMD_NODENAME its node's (it was the launching shell's node's, here sbatch's n1).
+    # SLURMD_NODENAME its node's (it was the launching shell's node's, here sbatch's n1); what
+    # the daemons' own srun options set is not theirs (SLURM_JOB_NAME, SLURM_NTASKS_PER_NODE).
     out = os.path.join(WORK, "sbatch.out")
     r = sh(["sbatch", "-N", "2", "--ntasks-per-node=2", "--wait", "-o", out, "--wrap",
             f"{EXEC} -H n2:1,n1:2 sh -c 'echo $RANK $GROUP_RANK $LOCAL_WORLD_SIZE $SLURM_PROCID "
             "$SLURM_NODEID $SLURM_LOCALID $SLURM_NTASKS $SLURM_GTIDS $SLURM_TASKS_PER_NODE "
-            "$SLURMD_NODENAME'"], env)
+            "$SLURMD_NODENAME $SLURM_JOB_NAME $SLURM_NTASKS_PER_NODE'"], env)
     with open(out) as f:
         r.stdout = f.read()
     check(r.returncode == 0 and sorted(r.stdout.split("\n")) == [
-        "", "0 0 1 0 0 0 3 0 1,2 n2", "1 1 2 1 1 0 3 1,2 1,2 n1", "2 1 2 2 1 1 3 1,2 1,2 n1"],
+        "", "0 0 1 0 0 0 3 0 1,2 n2 wrap 2", "1 1 2 1 1 0 3 1,2 1,2 n1 wrap 2",
+        "2 1 2 2 1 1 3 1,2 1,2 n1 wrap 2"],
         f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
@@ -150,6 +152,25 @@ def test_a_shell_of_srun_pty_is_no_direct_launch():
     want = sorted([f"rank {i} of 4 node {i // 2}" for i in range(4)] +
                   ["direct 0 of 2", "direct 1 of 2", "exit 0", "exit 0"])
     check(r.returncode == 0 and said == want, f"exit {r.returncode}: {r.stdout} {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
+
+
+def test_join_mode_under_srun():
+    """torchrun's way under SLURM: `srun -N2 --ntasks-per-node=1 pytorch_exec --nnodes 2
+    --rdzv-endpoint ...`, each task its node's launcher.  Here every node's address is this
+    machine's: the first task binds the endpoint and hosts, the other finds it taken and joins
+    (it failed to bind), and the program is found in PATH by the tasks (`sh`: it was exec'd as
+    typed, not found)."""
+    env = marker_env({"PYTORCH_EXEC_RDZV_SECRET": "srun join"})
+    env.update(ENV)
+    r = sh(["salloc", "-N", "2", "srun", "-N", "2", "--ntasks-per-node=1", EXEC, "--nnodes", "2",
+            "--nproc-per-node", "1", "--join-timeout", "30", "--rdzv-endpoint", "127.0.0.1:29557",
+            "sh", "-c",
+            "echo rank $RANK of $WORLD_SIZE on $SLURMD_NODENAME"], env)
+    rows = sorted(l for l in r.stdout.splitlines() if l.startswith("rank "))
+    check(r.returncode == 0 and [l.split(" on ")[0] for l in rows] == ["rank 0 of 2", "rank 1 of 2"]
+          and sorted(l.split(" on ")[1] for l in rows) == ["n1", "n2"],
+          f"exit {r.returncode}: {r.stdout} {r.stderr}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)
 
 
@@ -423,7 +444,8 @@ if __name__ == "__main__":
         main([test_salloc_starts_daemons_mpi, test_salloc_torch_and_failure_names_the_node,
               test_spawn_onto_a_node_without_ranks,
               test_the_interactive_step_is_no_direct_launch,
-              test_a_shell_of_srun_pty_is_no_direct_launch, test_srun_direct_launch,
+              test_a_shell_of_srun_pty_is_no_direct_launch, test_join_mode_under_srun,
+              test_srun_direct_launch,
               test_srun_direct_launch_agrees_on_a_dc_token, test_srun_torch_dc_backend,
               test_elastic_job_goes_on_when_slurm_sets_a_node_down,
               test_elastic_job_starts_without_a_node_slurm_has_down,

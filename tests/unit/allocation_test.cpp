@@ -155,6 +155,10 @@ TEST(SlurmTest, InAStepsShellTheJobsCpusAreTheSlots) {
   ASSERT_TRUE(a);
   EXPECT_EQ(a->nodes.size(), 2u);
   EXPECT_EQ(a->total_slots(), 4);
+  env["SLURM_CPUS_PER_TASK"] = "2";  // one task per two processors
+  EXPECT_EQ(pe::slurm_allocation(env)->total_slots(), 2);
+  env["SLURM_NTASKS_PER_NODE"] = "3";  // the job's --ntasks-per-node
+  EXPECT_EQ(pe::slurm_allocation(env)->total_slots(), 6);
   env["SLURM_STEP_ID"] = "4294967291";  // the batch step's shell: its tasks per node are the job's
   env["SLURM_TASKS_PER_NODE"] = "1(x2)";
   EXPECT_EQ(pe::slurm_allocation(env)->total_slots(), 2);

@@ -22,6 +22,12 @@ namespace pe {
 namespace {
 
 constexpr int kKeepaliveSeconds = 10;
+// What srun sets for a node and its step, which a rank takes from its daemon (on_job).
+constexpr const char* kNodeStepVariables[] = {
+    "SLURMD_NODENAME",       "SLURM_STEP_ID",           "SLURM_STEPID",
+    "SLURM_STEP_NODELIST",   "SLURM_CPUS_ON_NODE",      "SLURM_TOPOLOGY_ADDR",
+    "SLURM_TOPOLOGY_ADDR_PATTERN", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_SRUN_COMM_HOST",
+    "SLURM_SRUN_COMM_PORT",  "SLURM_STEP_LAUNCHER_PORT", "SLURM_NODE_ALIASES"};
 constexpr int kUpstream = -1;  // the parent's link, for the heartbeats
 // The parent is given longer than the children: a front end stopped for a moment (Ctrl-Z) or
 // a relay that is slow should not end the node's ranks at once.  At least this long, and three
@@ -221,6 +227,15 @@ int Daemon::run() {
       logger("agent")->info("signal {}: forwarding to the workers", sig);
       if (agent_) agent_->signal_all(sig);
     }));
+  // Ctrl-Z at a node that joined by itself: its ranks (out of the terminal's reach) stop, then
+  // it does, as the host's pytorch_exec does; the host finds it silent after its heartbeat
+  // timeout, as a frozen node.  SIGCONT goes on to them.
+  if (joins)
+    for (int sig : {SIGTSTP, SIGCONT})
+      signal_events_.push_back(loop_.watch_signal(sig, [this, sig] {
+        if (agent_) agent_->signal_all(sig);
+        if (sig == SIGTSTP) ::raise(SIGSTOP);
+      }));
   loop_.run();
   agent_ = nullptr;
   runner_.reset();  // kills and reaps whatever is left
@@ -500,10 +515,12 @@ void Daemon::on_job(ctrl::Job& m) {
     for (const auto& [k, v] : job_.env) env[k] = v;
   } else {
     // The launching shell's environment, as srun gives it, with what srun gave this daemon for
-    // its node and step (SLURMD_NODENAME, SLURM_STEP_ID, ...: the shell's are another node's);
-    // the per-rank ones are set for each rank (worker_env).
-    for (const auto& [k, v] : environment_from(environ))
-      if (k.rfind("SLURM", 0) == 0) env[k] = v;
+    // its node and step (the shell's are another node's); the per-rank ones are set for each
+    // rank (worker_env).  Not what the daemons' own srun options made (SLURM_JOB_NAME,
+    // SLURM_NTASKS_PER_NODE=1, SLURM_OVERLAP, SLURM_CPU_BIND, ...).
+    EnvMap own = environment_from(environ);
+    for (const char* k : kNodeStepVariables)
+      if (own.count(k)) env[k] = own[k];
   }
   const auto& node = job_.map.nodes.at(static_cast<size_t>(job_.node));
   logger("agent")->info("job {}: node {} of {} ({} ranks)", job_.job_id, job_.node,

@@ -256,6 +256,15 @@ std::optional<Allocation> slurm_allocation(const std::map<std::string, std::stri
                        " nodes but SLURM_JOB_NODELIST='" + list + "' has " +
                        std::to_string(hosts.size()));
   }
+  if (counts_var == "SLURM_JOB_CPUS_PER_NODE") {
+    // Processors, not tasks: the job's --ntasks-per-node where given, else one task per
+    // --cpus-per-task processors.
+    auto per_node = parse_int(get("SLURM_NTASKS_PER_NODE"), 1, INT_MAX);
+    auto per_task = parse_int(get("SLURM_CPUS_PER_TASK"), 1, INT_MAX);
+    for (int& s : slots)
+      s = per_node ? static_cast<int>(*per_node)
+                   : std::max(1, s / static_cast<int>(per_task.value_or(1)));
+  }
   for (size_t i = 0; i < hosts.size(); ++i) add(a.nodes, hosts[i], slots[i]);
   return a;
 }

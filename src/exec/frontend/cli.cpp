@@ -475,22 +475,14 @@ std::string program_path(const LaunchConfig& c, const ValidationContext& ctx) {
                          path != ctx.env.end() ? path->second : "/usr/bin:/bin", true);
 }
 
-// torchrun's `train.py`: a Python script that is no program to run (not executable, or not in
-// PATH) runs with the python3 of PATH, as torchrun runs its own Python.  False: it is none.
+// A Python script that is no program to run: with python3, its arguments after it.
 bool as_python_script(LaunchConfig& c, const ValidationContext& ctx) {
-  const std::string& s = c.program_arg0;
-  if (s.size() < 4 || s.compare(s.size() - 3, 3, ".py") != 0) return false;
-  std::string file = s[0] == '/' || c.wdir.empty() ? s : c.wdir + "/" + s;
-  struct stat st;
-  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return false;
-  LaunchConfig p = c;
-  p.program_arg0 = "python3";
-  try {
-    c.program = program_path(p, ctx);
-  } catch (const ProgramError&) {
-    return false;  // no python3: the script's own error stands
-  }
-  c.args.insert(c.args.begin(), s);
+  auto path = ctx.env.find("PATH");
+  auto python = python_for_script(c.program_arg0, c.wdir,
+                                  path != ctx.env.end() ? path->second : "/usr/bin:/bin");
+  if (!python) return false;
+  c.program = *python;
+  c.args.insert(c.args.begin(), c.program_arg0);
   c.program_arg0 = "python3";
   return true;
 }
@@ -583,10 +575,14 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
     c.run_id = *raw.run_id;
   }
   validate_join(raw, ctx, c);
+  // Last: the other mistakes are usage errors.  A job whose launcher starts the ranks looks for
+  // the program here (join mode under srun too); a direct launch's task does, as it execs.
+  ValidationContext look = ctx;
+  look.find_program = ctx.find_program && (!ctx.step_task || c.join_mode());
   try {
-    c.program = program_path(c, ctx);  // last: the other mistakes are usage errors
+    c.program = program_path(c, look);
   } catch (const ProgramError&) {
-    if (!as_python_script(c, ctx)) throw;
+    if (!as_python_script(c, look)) throw;
   }
   return c;
 }
@@ -620,6 +616,19 @@ std::string from_here(const std::string& path) {
 }
 
 }  // namespace
+
+std::optional<std::string> python_for_script(const std::string& script, const std::string& wdir,
+                                             const std::string& path_env) {
+  if (script.size() < 4 || script.compare(script.size() - 3, 3, ".py") != 0) return std::nullopt;
+  std::string file = script[0] == '/' || wdir.empty() ? script : wdir + "/" + script;
+  struct stat st;
+  if (::stat(file.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  try {
+    return resolve_program("python3", "", path_env);
+  } catch (const Error&) {
+    return std::nullopt;  // no python3: the script's own error stands
+  }
+}
 
 std::string resolve_program(const std::string& program, const std::string& wdir,
                             const std::string& path_env, bool then_wdir) {

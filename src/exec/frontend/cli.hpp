@@ -106,8 +106,11 @@ struct ValidationContext {
   int default_np = 1;                      // -n when not given
   std::string cwd;                         // the directory pytorch_exec runs in ("" if unknown)
   // Look for the program here (resolve_program, with env's PATH).  Without, and for a dry run,
-  // the LaunchConfig's program is as typed: an srun step task looks it up with the workers' PATH.
+  // the LaunchConfig's program is as typed.
   bool find_program = false;
+  // This process is a task of an srun step: a direct launch's, which looks for the program with
+  // the workers' PATH as it execs, unless in join mode (it starts the ranks itself).
+  bool step_task = false;
   // This machine's GPUs, for --nproc-per-node auto and gpu (counted only then); none if unset.
   std::function<int()> gpu_count;
   // Whether a host name or address is this machine (a rendezvous endpoint); unset: only
@@ -129,5 +132,11 @@ void check_stdin_rank(const LaunchConfig& c, int world_size);
 // 126 not executable) or UsageError (missing --wdir).
 std::string resolve_program(const std::string& program, const std::string& wdir,
                             const std::string& path_env, bool then_wdir = false);
+
+// torchrun's `train.py`: a Python script (.py, a file relative to `wdir`) that is no program to
+// run (not executable, or not in PATH) runs with the python3 of `path_env`, as torchrun runs
+// its own Python; that python3, or none (not a script, or no python3).
+std::optional<std::string> python_for_script(const std::string& script, const std::string& wdir,
+                                             const std::string& path_env);
 
 }  // namespace pe

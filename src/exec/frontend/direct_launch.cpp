@@ -292,7 +292,17 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   JobMap map = step_map(id);
   EnvMap out = worker_environment(env, cfg.exports, map, id.rank, gen);
   auto path = out.count("PATH") ? out["PATH"] : std::string("/usr/bin:/bin");
-  std::string program = resolve_program(cfg.program_arg0, cfg.wdir, path, true);
+  std::string program, arg0 = cfg.program_arg0;
+  std::vector<std::string> args = cfg.args;
+  try {
+    program = resolve_program(cfg.program_arg0, cfg.wdir, path, true);
+  } catch (const ProgramError&) {
+    auto python = python_for_script(cfg.program_arg0, cfg.wdir, path);
+    if (!python) throw;
+    program = *python;
+    args.insert(args.begin(), cfg.program_arg0);
+    arg0 = "python3";
+  }
   if (!cfg.wdir.empty() && ::chdir(cfg.wdir.c_str()) != 0)
     throw SystemError("chdir " + cfg.wdir, errno);
   // Under PMIx the tasks agree on rank 0's node (MASTER_ADDR) and on the DataChannel's token:
@@ -322,8 +332,8 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
       "direct launch ({}): rank {} of {}, local {} of {}, node {} of {}, master {}:{}", id.source,
       id.rank, id.size, id.local_rank, id.local_peers.size(), id.node, id.nnodes, gen.master_addr,
       gen.master_port);
-  std::vector<std::string> argv{cfg.program_arg0};
-  argv.insert(argv.end(), cfg.args.begin(), cfg.args.end());
+  std::vector<std::string> argv{arg0};
+  argv.insert(argv.end(), args.begin(), args.end());
   std::vector<char*> cargv, cenv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);

@@ -9,7 +9,17 @@
 
 namespace pe {
 
+long max_processes(bool here) {
+  const long limit = 4194304;
+  long v = 0;
+  if (here) std::ifstream("/proc/sys/kernel/pid_max") >> v;
+  return v > 0 && v < limit ? v : limit;
+}
+
 JobMap map_single_node(const std::string& host, int np) {
+  if (long most = max_processes(); np > most)
+    throw UsageError("-n " + std::to_string(np) + ": more processes than this machine can run (" +
+                     std::to_string(most) + ", kernel.pid_max)");
   JobMap m;
   m.world_size = np;
   NodeMap node;
@@ -22,12 +32,6 @@ JobMap map_single_node(const std::string& host, int np) {
   return m;
 }
 
-long max_processes(bool here) {
-  const long limit = 4194304;
-  long v = 0;
-  if (here) std::ifstream("/proc/sys/kernel/pid_max") >> v;
-  return v > 0 && v < limit ? v : limit;
-}
 
 JobMap map_job(const Allocation& alloc, const MapRequest& req) {
   const size_t n = alloc.nodes.size();

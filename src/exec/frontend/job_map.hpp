@@ -31,7 +31,7 @@ struct JobMap {
   std::vector<NodeMap> spawn_hosts;
 };
 
-// All `np` ranks on one host.
+// All `np` ranks on one host (this machine: more than its kernel.pid_max is a UsageError).
 JobMap map_single_node(const std::string& host, int np);
 
 // The most processes Linux runs on one machine: kernel.pid_max here (`here`), else its largest

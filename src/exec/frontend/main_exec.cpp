@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -16,6 +17,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "common/strings.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/cli.hpp"
 #include "exec/daemon/daemon.hpp"
@@ -73,11 +75,8 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
                            std::to_string(cfg.npernode) + " needs " +
                            std::to_string((cfg.np + cfg.npernode - 1) / cfg.npernode) +
                            " nodes; " + alloc.source + " is one");
-    int np = cfg.npernode > 0 && !cfg.np_given ? cfg.npernode : cfg.np;
-    if (long most = pe::max_processes(); np > most)
-      throw pe::UsageError("-n " + std::to_string(np) + ": more processes than this machine can run (" +
-                           std::to_string(most) + ", kernel.pid_max)");
-    return pe::map_single_node(alloc.nodes[0].host, np);
+    return pe::map_single_node(alloc.nodes[0].host,
+                               cfg.npernode > 0 && !cfg.np_given ? cfg.npernode : cfg.np);
   }
   pe::MapRequest req;
   req.np = cfg.np_given ? cfg.np : 0;
@@ -202,14 +201,25 @@ int real_main(int argc, char** argv) {
   char cwd[4096];
   if (::getcwd(cwd, sizeof cwd)) ctx.cwd = cwd;
   const bool step_task = pe::is_step_task(ctx.env, ::getpid());
-  ctx.find_program = !step_task;  // a step task looks with the workers' PATH
+  ctx.find_program = true;
+  ctx.step_task = step_task;
   ctx.is_here = endpoint_is_here;
-  ctx.gpu_count = [file = raw.topology_file.value_or("")] {  // a dry run's --topology-file
+  // The GPUs torch would see (CUDA_VISIBLE_DEVICES, as SLURM's --gres sets it), of this
+  // machine or of a dry run's --topology-file.
+  ctx.gpu_count = [file = raw.topology_file.value_or(""), &env = ctx.env] {
+    int n = 0;
     try {
-      return static_cast<int>(pe::topo::load_topology(pe::topo::LoadOptions{file})->gpus().size());
+      n = static_cast<int>(pe::topo::load_topology(pe::topo::LoadOptions{file})->gpus().size());
     } catch (const std::exception&) {
       return 0;
     }
+    auto visible = env.find("CUDA_VISIBLE_DEVICES");
+    if (visible == env.end() || !file.empty()) return n;
+    int listed = 0;
+    for (const auto& d : pe::split(visible->second, ','))
+      if (!d.empty() && d[0] != '-') ++listed;  // "-1": none (and nothing after it)
+      else break;
+    return std::min(n, listed);
   };
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
   g_usage_note = pe::environment_note(cfg.from_environment);

@@ -172,6 +172,10 @@ void validate_join(const RawOptions& raw, const ValidationContext& ctx, LaunchCo
   const bool ep_here = ep_host == "localhost" || ep_host.rfind("127.", 0) == 0 ||
                        (ctx.is_here && !ep_host.empty() && ctx.is_here(ep_host));
   if (endpoint && ep_here && c.nnodes_max <= 1 && first_node(raw) && !nodes_named) {
+    const std::string& e = *raw.rdzv_endpoint;
+    if (e.size() < 2 || e.compare(e.size() - 2, 2, ":0") != 0)  // port 0: any, as torchrun's
+      parse_endpoint("--rdzv-endpoint", e, kC10dPort);
+    if (!raw.np && !raw.nproc_per_node) c.np = 1;  // torchrun's default: one
     if (raw.rdzv_id && c.run_id.empty()) c.run_id = *raw.rdzv_id;
     c.nnodes_min = c.nnodes_max = 0;
     return;

@@ -108,6 +108,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
     nodes_[i].host = map_.nodes[i].host;
     by_host_[nodes_[i].host] = static_cast<int>(i);
   }
+  if (!nodes_.empty()) own_host_ = nodes_[0].host;
   use_map(map_);
   using namespace ctrl;
   dispatch_
@@ -214,10 +215,14 @@ ctrl::Verdict RemoteWorkers::check_node(const ctrl::Hello& h) {
   auto it = by_host_.find(name);
   if (it != by_host_.end() && !(joining && tree_.lost(it->second))) {
     int n = it->second;
+    if (joining && name != own_host_)  // a restarted pod, its old self not yet lost
+      return ctrl::Verdict("node '" + name + "' is in the job already (its pytorch_exec "
+                           "restarted? it is taken once the other is found lost)",
+                           true);
     if (joining) {
-      // Its host has a live node of the job (its own, or the rendezvous host's): another agent
-      // on that host, as torchrun's may be (nodes simulated on one machine), a node of its own
-      // named HOST#2 (#3, ...; one lost before is taken again).
+      // Another agent on the rendezvous host's machine, as torchrun's may be (nodes simulated
+      // on one machine): a node of its own named HOST#2 (#3, ...; one lost before is taken
+      // again).
       std::string alias;
       for (int k = 2; alias.empty(); ++k) {
         auto a = by_host_.find(name + "#" + std::to_string(k));

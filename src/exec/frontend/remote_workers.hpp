@@ -108,6 +108,7 @@ class RemoteWorkers : public WorkerSet {
   bool stdin_forwarded_ = false;
   std::vector<Node> nodes_;             // every node of the job (map_), lost ones too
   std::map<std::string, int> by_host_;  // index into nodes_ by host name
+  std::string own_host_;  // join mode: the rendezvous host's machine (its first node)
   // The current generation: its map (a part of map_ when an elastic job lost nodes), the node
   // (index into nodes_) of each of its nodes and of each of its ranks, and whether the daemons
   // still need to be told.

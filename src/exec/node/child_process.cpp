@@ -1,5 +1,6 @@
 #include "exec/node/child_process.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
@@ -11,6 +12,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "common/error.hpp"
@@ -43,8 +45,31 @@ struct ChildArgs {
   cpu_set_t* cpus;          // nullptr: no binding
   size_t cpus_size;
   volatile bool bind_failed;
-  long max_fd;  // the descriptor limit, for closing without close_range
+  long max_fd;  // above the highest descriptor open, for closing without close_range
 };
+
+#ifndef SYS_close_range
+#define SYS_close_range 436  // Linux 5.9, where the headers are older
+#endif
+
+// Whether the kernel has close_range: probed once, on an empty range.
+bool have_close_range() {
+  static const bool have = ::syscall(SYS_close_range, ~0u, ~0u, 0u) == 0 || errno != ENOSYS;
+  return have;
+}
+
+// Above the highest descriptor open here (the child closes those one by one without
+// close_range).
+long fd_bound() {
+  long top = 2;
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (struct dirent* e = ::readdir(d)) top = std::max(top, std::atol(e->d_name));
+    ::closedir(d);
+  } else {
+    top = std::min(::sysconf(_SC_OPEN_MAX), 1L << 16);
+  }
+  return top + 1;
+}
 
 // Runs in the child, on its own stack, in the launcher's memory: system calls only.
 int child_main(void* p) {
@@ -127,7 +152,7 @@ ChildProcess spawn_child(const SpawnSpec& spec) {
                  cpus,
                  cpus_size,
                  false,
-                 std::min(::sysconf(_SC_OPEN_MAX), 1L << 20)};
+                 have_close_range() ? 0 : fd_bound()};
   sigset_t all;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &args.mask);
