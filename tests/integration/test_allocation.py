@@ -83,7 +83,8 @@ def test_a_program_in_this_directory_is_found_after_path():
 
 def test_a_python_script_runs_with_python3_as_under_torchrun():
     """`pytorch_exec -n 2 train.py` (torchrun's command line): a script that is not executable
-    runs with the python3 of PATH, its arguments after it; one that is, runs itself."""
+    runs with the python3 of PATH, its arguments after it; so does -m MODULE, as python3 -m;
+    --no-python runs the program itself."""
     d = tmpdir()
     with open(os.path.join(d, "train.py"), "w") as f:
         f.write("import os, sys\nprint('py', os.environ['RANK'], sys.argv[1:])\n")
@@ -93,6 +94,12 @@ def test_a_python_script_runs_with_python3_as_under_torchrun():
               ["py 0 ['--lr', '1']", "py 1 ['--lr', '1']"], f"{prog}: {r.stdout} {r.stderr}")
     r = run(["-n", "1", "missing.py"], cwd=d)
     check(r.returncode == 127 and "'missing.py' not found" in r.stderr, r.stderr)
+    # torchrun's -m MODULE and --no-python.
+    r = run(["-n", "2", "-m", "train", "--lr", "1"], cwd=d)
+    check(r.returncode == 0 and sorted(r.stdout.splitlines()) ==
+          ["py 0 ['--lr', '1']", "py 1 ['--lr', '1']"], f"-m: {r.stdout} {r.stderr}")
+    r = run(["-n", "1", "--no-python", "train.py"], cwd=d)
+    check(r.returncode == 126 and "not executable" in r.stderr, f"--no-python: {r.stderr}")
 
 
 def test_mistakes():

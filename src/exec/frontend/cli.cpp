@@ -198,6 +198,13 @@ const OptionDef<RawOptions> kOptions[] = {
     {"standalone", 0, "Join mode", nullptr,
      "torchrun's single-node mode: accepted; pytorch_exec runs on this machine",
      &RawOptions::standalone},
+    {"module", 'm', "Join mode", nullptr,
+     "torchrun's -m: PROGRAM is a Python module, run as python3 -m PROGRAM ARGS",
+     &RawOptions::module},
+    {"no-python", 0, "Join mode", nullptr,
+     "torchrun's --no-python: run PROGRAM itself (as always; a .py script not with python3 "
+     "either)",
+     &RawOptions::no_python},
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
@@ -516,7 +523,10 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx);
 }  // namespace
 
 LaunchConfig validate_options(const RawOptions& typed, const ValidationContext& ctx) {
-  const RawOptions raw = with_pet_environment(typed, ctx.env);
+  RawOptions raw = with_pet_environment(typed, ctx.env);
+  if (raw.module && raw.no_python) throw UsageError("-m and --no-python exclude each other");
+  if (raw.module && !raw.command.empty())  // torchrun's -m MODULE ARGS
+    raw.command.insert(raw.command.begin(), {"python3", "-m"});
   try {
     LaunchConfig c = validate_raw(raw, ctx);
     c.from_environment = raw.from_environment;
@@ -582,7 +592,7 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   try {
     c.program = program_path(c, look);
   } catch (const ProgramError&) {
-    if (!as_python_script(c, look)) throw;
+    if (raw.no_python || !as_python_script(c, look)) throw;
   }
   return c;
 }

@@ -73,6 +73,8 @@ struct RawOptions {
   std::optional<std::string> master_addr;
   std::optional<std::string> master_port;
   bool standalone = false;
+  bool module = false;     // -m: the program is a Python module
+  bool no_python = false;  // --no-python
   std::vector<std::string> command;  // PROGRAM ARGS...
   std::vector<std::string> from_environment;  // "PET_X=v" that with_pet_environment applied
 };
