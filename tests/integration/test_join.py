@@ -111,22 +111,32 @@ def test_gloo_allreduce_with_torchrun_flags():
 
 def test_pet_variables_only():
     """No flags but the program: PET_* as the Kubeflow training operator sets them (c10d with
-    MASTER_* set too), the secret from PYTORCH_EXEC_RDZV_SECRET, which workers do not see."""
+    MASTER_* set too), the secret from PYTORCH_EXEC_RDZV_SECRET, which workers do not see.
+    PET_TEE and PET_LOG_DIR too: each node writes its own ranks' files, by local rank, and
+    prefixes its terminal's lines, as each node's torchrun does."""
+    logs = os.path.join(tmpdir(), "logs")
     env = secret_env({"PET_NNODES": "2", "PET_NPROC_PER_NODE": "2", "PET_RDZV_BACKEND": "c10d",
                       "PET_RDZV_ENDPOINT": endpoint(29401), "PET_RDZV_ID": "petjob",
                       "PET_MASTER_ADDR": BED.addr(1), "PET_MASTER_PORT": "23456",
-                      "PET_NODE_RANK": "0"})
+                      "PET_NODE_RANK": "0", "PET_TEE": "1", "PET_LOG_DIR": logs})
     prog = script(ENV_SCRIPT)
     res = finish([node(2, [prog], env), node(1, [prog], env)])
     lines = []
     for rc, out, err in res:
         check(rc == 0, f"exit {rc}: {out} {err}")
         lines += out.splitlines()
-    want = [f"node1 rank={r} world=4 group=0 groups=2 local={r}/2 run=petjob master={BED.addr(1)} "
-            "secret=unset" for r in (0, 1)]
-    want += [f"node2 rank={r + 2} world=4 group=1 groups=2 local={r}/2 run=petjob "
-             f"master={BED.addr(1)} secret=unset" for r in (0, 1)]
-    check(sorted(lines) == sorted(want), f"{sorted(lines)} != {sorted(want)}")
+    want = {(n, l): f"node{n + 1} rank={2 * n + l} world=4 group={n} groups=2 local={l}/2 "
+                    f"run=petjob master={BED.addr(1)} secret=unset" for n in (0, 1) for l in (0, 1)}
+    check(sorted(lines) == sorted(f"[default{l}]:{v}" for (_, l), v in want.items()),
+          f"{sorted(lines)} != {sorted(want.values())}")
+    runs = sorted(os.listdir(logs))
+    check(len(runs) == 2 and all(r.startswith("petjob_") for r in runs), runs)
+    files = set()
+    for r in runs:
+        for l in (0, 1):
+            with open(os.path.join(logs, r, "attempt_0", str(l), "stdout.log")) as f:
+                files.add((l, f.read()))
+    check(files == {(l, v + "\n") for (_, l), v in want.items()}, f"{files}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 

@@ -125,6 +125,63 @@ def test_output_files():
     check(got == "partial\nend", f"rank 0's file across generations: {got!r}")
 
 
+def run_dir_of(stderr):
+    m = re.search(r"pytorch_exec: the ranks' logs \(--redirects, --tee\) are in (\S+)\n", stderr)
+    check(m, f"no run directory said: {stderr!r}")
+    return m.group(1)
+
+
+def tree(d):
+    """{relative path: contents} of the files under d."""
+    out = {}
+    for root, _, files in os.walk(d):
+        for f in files:
+            with open(os.path.join(root, f)) as fh:
+                out[os.path.relpath(os.path.join(root, f), d)] = fh.read()
+    return out
+
+
+def test_torchruns_log_options():
+    """torchrun's --log-dir, --redirects, --tee, --local-ranks-filter, --role, as torchtitan's
+    run_train.sh spells them: per-attempt files by local rank, prefixed tee'd lines, one local
+    rank on the terminal.  They were unknown options ('unknown option --local-ranks-filter')."""
+    base = os.path.join(tmpdir(), "logs")
+    prog = 'echo "out $RANK $ROLE_NAME"; echo "err $RANK" >&2'
+    r = run(["--nproc_per_node=3", "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
+             "--local-ranks-filter", "0", "--role", "rank", "--tee", "3", "--log-dir", base,
+             "--run-id", "titan", "sh", "-c", prog])
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    check(r.stdout == "[rank0]:out 0 rank\n", f"stdout {r.stdout!r}")
+    run_dir = run_dir_of(r.stderr)
+    check(r.stderr.endswith("[rank0]:err 0\n"), f"stderr {r.stderr!r}")
+    check(os.path.dirname(run_dir) == base and os.path.basename(run_dir).startswith("titan_"),
+          run_dir)
+    want = {f"attempt_0/{i}/{s}.log": f"{s[3:]} {i}" + (" rank" if s == "stdout" else "") + "\n"
+            for i in range(3) for s in ("stdout", "stderr")}
+    check(tree(run_dir) == want, f"files {tree(run_dir)}")
+    # --redirects: files only; per local rank; a restart writes attempt_1; the default base is a
+    # new torchelastic_ directory in TMPDIR.
+    tmp = tmpdir()
+    flaky = ('echo "o$RANK g$TORCHELASTIC_RESTART_COUNT"; echo "e$RANK" >&2; '
+             '[ "$TORCHELASTIC_RESTART_COUNT$RANK" = 01 ] && exit 3; exit 0')
+    r = run(["-n", "2", "--max-restarts", "1", "-r", "3", "--tee", "1:2", "sh", "-c", flaky],
+            env=dict(os.environ, TMPDIR=tmp))
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    check(r.stdout == "", f"redirected stdout printed: {r.stdout!r}")
+    check(r.stderr.count("[default1]:e1\n") == 2 and "e0" not in r.stderr, r.stderr)
+    run_dir = run_dir_of(r.stderr)
+    check(re.match(re.escape(tmp) + r"/torchelastic_\w{6}/", run_dir), run_dir)
+    got = tree(run_dir)
+    for g in (0, 1):
+        for i in (0, 1):
+            check(got.get(f"attempt_{g}/{i}/stdout.log") == f"o{i} g{g}\n" and
+                  got.get(f"attempt_{g}/{i}/stderr.log") == f"e{i}\n", f"attempt {g}: {got}")
+    # A log directory that cannot be made is a usage error, as --output-filename's.
+    r = run(["-n", "1", "--tee", "3", "--log-dir", "/proc/no/such", "true"])
+    check(r.returncode == 2 and r.stderr.startswith("pytorch_exec: --log-dir: cannot create"),
+          f"exit {r.returncode}: {r.stderr}")
+
+
 def test_output_dir_that_cannot_be_created():
     r = run(["-n", "1", "--output-filename", "/proc/no/such", "true"])
     check(r.returncode != 0, "no error")
@@ -272,7 +329,7 @@ def test_a_prompt_shows_before_its_line_ends():
 
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
-          test_output_files, test_output_dir_that_cannot_be_created,
+          test_output_files, test_torchruns_log_options, test_output_dir_that_cannot_be_created,
           test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job,
           test_sigterm_while_the_output_is_not_read,
           test_sigusr1_while_the_output_is_not_read_loses_nothing, test_closed_stdout,

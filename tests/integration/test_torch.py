@@ -4,8 +4,8 @@ import re
 import subprocess
 import time
 
-from harness import (SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, free_port, main,
-                     marker_env, need_torch, run, script, start)
+from harness import (EXEC, SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, free_port, main,
+                     marker_env, need_torch, run, script, start, tmpdir)
 
 EXAMPLE = os.path.join(SRCDIR, "examples", "hello_allreduce.py")
 
@@ -67,6 +67,38 @@ def test_record_names_the_exception_of_each_generation():
                     r"RuntimeError: second generation's error\n", r.stderr), r.stderr)
 
 
+def test_torchruns_log_options_side_by_side():
+    """One torchrun line, with its logging options, run by torchrun and by pytorch_exec: the
+    same lines on the terminal and the same files, with the same contents, in the run
+    directory (torchtitan's run_train.sh uses --local-ranks-filter, --role and --tee)."""
+    opts = ["--nproc_per_node=3", "--rdzv_backend", "c10d", "--rdzv_endpoint=localhost:0",
+            "--rdzv-id", "titan", "--local-ranks-filter", "0,2", "--role", "rank",
+            "--tee", "0:3,1:1", "-r", "2:2", "--log-line-prefix-template", "${role_name}:${rank}|"]
+    prog = ["--no-python", "sh", "-c",
+            'echo "out $RANK $ROLE_NAME $ROLE_RANK"; echo "err $RANK" >&2']
+    got = {}
+    for name, cmd in (("torchrun", [TORCH_PYTHON, "-m", "torch.distributed.run"]),
+                      ("pytorch_exec", [EXEC])):
+        base = os.path.join(tmpdir(), "logs")
+        r = subprocess.run(cmd + opts + ["--log-dir", base] + prog, capture_output=True,
+                           text=True, timeout=180, stdin=subprocess.DEVNULL)
+        check(r.returncode == 0, f"{name}: exit {r.returncode}: {r.stderr}")
+        runs = os.listdir(base)
+        check(len(runs) == 1 and runs[0].startswith("titan_"), f"{name}: {runs}")
+        files = {}
+        for root, _, names in os.walk(os.path.join(base, runs[0])):
+            for f in names:
+                with open(os.path.join(root, f)) as fh:
+                    files[os.path.relpath(os.path.join(root, f), os.path.join(base, runs[0]))] = fh.read()
+        # The ranks' lines (not the launchers' own: torchrun's warnings, pytorch_exec's run
+        # directory).
+        err = [ln for ln in r.stderr.splitlines() if re.search(r"err \d$", ln)]
+        got[name] = (sorted(r.stdout.splitlines()), sorted(err), files)
+    check(got["torchrun"] == got["pytorch_exec"], f"torchrun {got['torchrun']}\n"
+          f"pytorch_exec {got['pytorch_exec']}")
+    check(got["torchrun"][0] == ["out 2 rank 2", "rank:0|out 0 rank 0"], got["torchrun"])
+
+
 def test_two_launchers_on_one_machine_are_two_nodes():
     """torchrun's way to try a multi-node job on one machine: the same command twice (c10d:
     the first binds the endpoint and hosts the job, the second finds it taken and joins;
@@ -108,4 +140,5 @@ if __name__ == "__main__":
     need_torch()
     main([test_gloo_allreduce_four_ranks, test_gloo_wires_up_again_after_a_restart,
           test_record_names_the_exception_of_each_generation,
+          test_torchruns_log_options_side_by_side,
           test_two_launchers_on_one_machine_are_two_nodes])

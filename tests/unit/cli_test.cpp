@@ -194,6 +194,37 @@ TEST(CliTest, ParsesOutputOptions) {
   EXPECT_NE(usage_error({"--output-filename", ":nocopy", "prog"}).find("empty"), std::string::npos);
 }
 
+// torchrun's logging options as torchtitan's and torchrun's documentation spell them.
+TEST(CliTest, ParsesTorchrunsLogOptions) {
+  auto c = config({"--local-ranks-filter", "0,2", "--role", "rank", "--tee", "3", "--log_dir",
+                   "/tmp/l", "-r", "0:1,1:2", "--monitor-interval", "5", "--start_method",
+                   "fork", "--shutdown-timeout", "7", "prog"});
+  EXPECT_EQ(c.torch_logs.console_ranks, (std::vector<int>{0, 2}));
+  EXPECT_EQ(c.torch_logs.role, "rank");
+  EXPECT_EQ(c.torch_logs.tee.of(5), 3);
+  EXPECT_EQ(c.torch_logs.redirects.of(1), 2);
+  EXPECT_EQ(c.torch_logs.log_dir, "/tmp/l");
+  EXPECT_DOUBLE_EQ(c.kill_grace, 7);
+  EXPECT_FALSE(config({"prog"}).torch_logs.files());
+  pe::ValidationContext ctx;
+  ctx.env = {{"PET_TEE", "1"}, {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}|"}};
+  auto e = config({"prog"}, ctx);
+  EXPECT_EQ(e.torch_logs.tee.of(0), 1);
+  EXPECT_EQ(e.torch_logs.prefix_template, "${rank}|");
+  for (auto [args, want] : std::vector<std::pair<std::vector<const char*>, const char*>>{
+           {{"--tee", "4", "prog"}, "--tee: expected 0, 1 (stdout), 2 (stderr), 3 (both)"},
+           {{"-r", "x", "prog"}, "--redirects: expected"},
+           {{"--local-ranks-filter", "0,a", "prog"}, "--local-ranks-filter: expected local ranks"},
+           {{"--local-ranks-filter", "", "prog"}, "--local-ranks-filter: expected local ranks"},
+           {{"--role", "", "prog"}, "--role: the name is empty"},
+           {{"--log-dir", "", "prog"}, "--log-dir: the directory name is empty"},
+           {{"--tee", "3", "--output-filename", "o", "prog"}, "give one"},
+           {{"--monitor-interval", "0", "prog"}, "--monitor-interval"},
+           {{"--start-method", "thread", "prog"}, "--start-method: expected spawn, fork"},
+           {{"--kill-grace", "1", "--shutdown-timeout", "2", "prog"}, "give one"}})
+    EXPECT_NE(usage_error(args).find(want), std::string::npos) << usage_error(args);
+}
+
 TEST(CliTest, MappingChoicesBecomeEnums) {
   using pe::topo::BindTo;
   using pe::topo::MapBy;

@@ -139,6 +139,95 @@ TEST(OutputSinkTest, PartialLines) {
   close(both[1]);
 }
 
+TEST(TorchLogsTest, ParsesTorchrunsStdValues) {
+  auto all = pe::parse_std_streams("3");
+  ASSERT_TRUE(all);
+  EXPECT_EQ(all->of(0), 3);
+  EXPECT_EQ(all->of(7), 3);
+  auto per = pe::parse_std_streams("0:1,12:2");
+  ASSERT_TRUE(per);
+  EXPECT_EQ(per->of(0), 1);
+  EXPECT_EQ(per->of(12), 2);
+  EXPECT_EQ(per->of(1), 0);
+  EXPECT_TRUE(per->any());
+  EXPECT_FALSE(pe::parse_std_streams("0")->any());
+  for (const char* bad : {"", "4", "-1", "1,2", "0:4", "a:1", "0:1,", "0:", ":1", "03"})
+    EXPECT_FALSE(pe::parse_std_streams(bad)) << bad;
+}
+
+TEST(TorchLogsTest, ExpandsThePrefixTemplateAsTorchrun) {
+  EXPECT_EQ(pe::expand_prefix_template("[${role_name}${local_rank}]:", "default", 2, 6, "n1"),
+            "[default2]:");
+  EXPECT_EQ(pe::expand_prefix_template("$hostname:$rank: ${x} $rank_x $", "r", 0, 5, "n1"),
+            "n1:5: ${x} $rank_x $");
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// torchrun's --log-dir with --redirects/--tee and --local-ranks-filter: files per attempt and
+// local rank; a redirected stream stays off the terminal, a tee'd one is prefixed there, a
+// filtered-out local rank is only in its files; output of an older generation goes to no file.
+TEST(TorchLogsTest, FilesPerAttemptAndTheTerminalAsTorchrun) {
+  char base[] = "/tmp/stdio_test_XXXXXX";
+  ASSERT_TRUE(mkdtemp(base));
+  int out[2], err[2];
+  ASSERT_EQ(pipe2(out, O_NONBLOCK), 0);
+  ASSERT_EQ(pipe2(err, O_NONBLOCK), 0);
+  pe::OutputOptions o;
+  o.torch.log_dir = std::string(base) + "/logs";
+  o.torch.redirects = *pe::parse_std_streams("0:1");   // local 0: stdout to the file only
+  o.torch.tee = *pe::parse_std_streams("1:3");         // local 1: both to file and terminal
+  o.torch.console_ranks = {0, 1};                      // local 2: files only (none here)
+  o.torch.role = "trainer";
+  o.run_id = "job/1";
+  pe::OutputSink sink(o, 0, out[1], err[1]);
+  sink.open_files();
+  const std::string run = sink.run_dir();
+  ASSERT_EQ(run.rfind(std::string(base) + "/logs/job_1_", 0), 0u) << run;
+  EXPECT_NE(drain(err[0]).find("logs (--redirects, --tee) are in " + run), std::string::npos);
+  // Two nodes of three ranks; this sink prints node 1's (ranks 3, 4, 5: local 0, 1, 2).
+  pe::JobMap map;
+  map.world_size = 6;
+  map.nodes = {{"a", 0, {0, 1, 2}, 3}, {"b", 1, {3, 4, 5}, 3}};
+  sink.start_generation(0, 0, map, 1);
+  sink.write(0, 3, Stream::Out, "r3 out\n");
+  sink.write(0, 3, Stream::Err, "r3 err\n");
+  sink.write(0, 4, Stream::Out, "r4 out\n");
+  sink.write(0, 4, Stream::Err, "r4 err\n");
+  sink.write(0, 5, Stream::Out, "r5 out\n");
+  EXPECT_EQ(drain(out[0]), "[trainer1]:r4 out\n");
+  EXPECT_EQ(drain(err[0]), "r3 err\n[trainer1]:r4 err\n");
+  EXPECT_EQ(slurp(run + "/attempt_0/0/stdout.log"), "r3 out\n");
+  EXPECT_EQ(access((run + "/attempt_0/0/stderr.log").c_str(), F_OK), -1);
+  EXPECT_EQ(slurp(run + "/attempt_0/1/stdout.log"), "r4 out\n");
+  EXPECT_EQ(slurp(run + "/attempt_0/1/stderr.log"), "r4 err\n");
+  EXPECT_EQ(access((run + "/attempt_0/2").c_str(), F_OK), 0);  // as torchrun: a directory each
+  // A restart: attempt_1, ranks numbered again (this node is node 0 now: ranks 0, 1, 2).
+  map.nodes = {{"b", 0, {0, 1, 2}, 3}};
+  map.world_size = 3;
+  sink.start_generation(1, 1, map, 0);
+  sink.write(0, 4, Stream::Out, "late\n");  // the old generation's last words: the terminal
+  sink.write(1, 1, Stream::Out, "again\n");
+  EXPECT_EQ(slurp(run + "/attempt_1/1/stdout.log"), "again\n");
+  EXPECT_EQ(slurp(run + "/attempt_0/1/stdout.log"), "r4 out\n");
+  EXPECT_EQ(drain(out[0]), "[trainer1]:late\n[trainer1]:again\n");
+  // The sink of every node's ranks (-H): directories by rank.
+  pe::OutputSink all(o, 0, out[1], err[1]);
+  all.open_files();
+  map.nodes = {{"a", 0, {0, 1}, 2}, {"b", 1, {2, 3}, 2}};
+  map.world_size = 4;
+  all.start_generation(0, 0, map);
+  all.write(0, 3, Stream::Out, "r3\n");  // local 1 on b: tee'd
+  EXPECT_EQ(slurp(all.run_dir() + "/attempt_0/3/stdout.log"), "r3\n");
+  EXPECT_NE(drain(out[0]).find("[trainer1]:r3\n"), std::string::npos);
+  for (int fd : {out[0], out[1], err[0], err[1]}) close(fd);
+  std::string rm = std::string("rm -rf ") + base;
+  EXPECT_EQ(system(rm.c_str()), 0);
+}
+
 pe::Failure failure(int rank, pid_t pid, const std::string& host, int status, int exec_errno,
                     const std::string& program) {
   pe::Failure f;

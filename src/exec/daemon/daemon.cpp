@@ -558,6 +558,9 @@ void Daemon::on_start(ctrl::Start& m) {
   if (next_store_ && m.gen.master_port == next_store_->port()) store_ = std::move(next_store_);
   try {
     if (idle_) return runner_->start_idle(m.gen, idle_map_);
+    if (join_sink_)
+      join_sink_->start_generation(m.gen.generation, m.gen.restart_count, runner_->job().map,
+                                   runner_->job().node);
     runner_->start(m.gen);
   } catch (const Error& e) {
     conn_->send(ctrl::Port{next_store_port()});  // a restart must not use the store just taken

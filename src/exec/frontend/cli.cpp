@@ -7,11 +7,13 @@
 #include <cerrno>
 #include <climits>
 #include <sstream>
+#include <tuple>
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
 #include "exec/frontend/option_table.hpp"
 #include "exec/frontend/rdzv_options.hpp"
+#include "exec/frontend/stdio.hpp"
 
 namespace pe {
 namespace {
@@ -91,6 +93,8 @@ const OptionDef<RawOptions> kOptions[] = {
     {"allow-run-as-root", 0, "Environment", nullptr,
      "accepted for mpirun's command lines: pytorch_exec runs as root without it",
      &RawOptions::allow_run_as_root},
+    {"role", 0, "Environment", "NAME", "the workers' ROLE_NAME, torchrun's --role (default: default)",
+     &RawOptions::role},
     {"run-id", 0, "Environment", "ID", "TORCHELASTIC_RUN_ID of the job (default: the job id)",
      &RawOptions::run_id},
     {"tag-output", 0, "Output", nullptr,
@@ -107,12 +111,37 @@ const OptionDef<RawOptions> kOptions[] = {
     {"stdin", 0, "Output", "none|all|RANK",
      "where standard input goes: no process, every process, or one rank (default 0)",
      &RawOptions::stdin_target},
+    {"log-dir", 0, "Output", "DIR",
+     "torchrun's: with --redirects or --tee, each rank's files are "
+     "DIR/RUNID_XXXXXX/attempt_N/R/stdout.log and stderr.log (N: TORCHELASTIC_RESTART_COUNT; R: "
+     "the local rank, as torchrun, or the rank where one pytorch_exec prints several nodes' "
+     "ranks; default DIR: a new TMPDIR/torchelastic_XXXXXX; said at the start)",
+     &RawOptions::log_dir},
+    {"redirects", 'r', "Output", "STD",
+     "torchrun's: these streams go to the --log-dir files only: 0 none, 1 stdout, 2 stderr, "
+     "3 both, or per local rank, LOCAL:STD,... (0:3,1:2)",
+     &RawOptions::redirects},
+    {"tee", 't', "Output", "STD",
+     "torchrun's: these streams go to the --log-dir files and to the terminal, where each line "
+     "is prefixed with the role and local rank, [default0]: (values as --redirects)",
+     &RawOptions::tee},
+    {"local-ranks-filter", 0, "Output", "LOCAL,...",
+     "torchrun's: only these local ranks' output reaches the terminal (files are written for "
+     "all)",
+     &RawOptions::local_ranks_filter},
+    {"log-line-prefix-template", 0, "Output", "TEMPLATE",
+     "torchrun's: the prefix of a tee'd line, with ${role_name}, ${local_rank}, ${rank} and "
+     "${hostname} (default [${role_name}${local_rank}]:; also "
+     "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE)",
+     &RawOptions::log_line_prefix_template},
     {"max-restarts", 0, "Failure handling", "N",
      "restart the whole group up to N times when a process fails (default 0)",
      &RawOptions::max_restarts},
     {"kill-grace", 0, "Failure handling", "SECONDS",
      "time between SIGTERM and SIGKILL when stopping processes (default 5)",
      &RawOptions::kill_grace},
+    {"shutdown-timeout", 0, "Failure handling", "SECONDS", "torchrun's name for --kill-grace",
+     &RawOptions::shutdown_timeout},
     {"failure-window", 0, "Failure handling", "SECONDS",
      "when a process fails, tell the others through a PMIx event (PMIX_ERR_PROC_ABORTED or "
      "PMIX_EVENT_PROC_TERMINATED) and give them SECONDS before stopping them (default 0)",
@@ -205,6 +234,12 @@ const OptionDef<RawOptions> kOptions[] = {
      "torchrun's --no-python: run PROGRAM itself (as always; a .py script not with python3 "
      "either)",
      &RawOptions::no_python},
+    {"monitor-interval", 0, "Join mode", "SECONDS",
+     "torchrun's: accepted; pytorch_exec learns of a worker's exit at once",
+     &RawOptions::monitor_interval},
+    {"start-method", 0, "Join mode", "spawn|fork|forkserver",
+     "torchrun's: accepted; every worker is a new process running PROGRAM",
+     &RawOptions::start_method},
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
@@ -313,6 +348,52 @@ void validate_exports(const RawOptions& raw, const ValidationContext& ctx, Launc
   }
 }
 
+// torchrun's --log-dir, --redirects, --tee, --local-ranks-filter, --log-line-prefix-template,
+// --role.
+void validate_torch_logs(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
+  TorchLogs& t = c.torch_logs;
+  if (raw.log_dir) {
+    if (raw.log_dir->empty()) throw UsageError("--log-dir: the directory name is empty");
+    t.log_dir = *raw.log_dir;
+  }
+  for (auto [given, name, field] : {std::tuple{&raw.redirects, "--redirects", &t.redirects},
+                                    std::tuple{&raw.tee, "--tee", &t.tee}}) {
+    if (!*given) continue;
+    auto v = parse_std_streams(**given);
+    if (!v)
+      throw UsageError(std::string(name) +
+                       ": expected 0, 1 (stdout), 2 (stderr), 3 (both) or LOCAL_RANK:STD,... "
+                       "(0:3,1:2), got '" +
+                       **given + "'");
+    *field = *v;
+  }
+  if (raw.local_ranks_filter) {
+    for (const auto& l : split(*raw.local_ranks_filter, ',')) {
+      auto n = parse_int(l, 0, INT_MAX);
+      if (!n)
+        throw UsageError("--local-ranks-filter: expected local ranks separated by commas (0,1), "
+                         "got '" + *raw.local_ranks_filter + "'");
+      t.console_ranks.push_back(static_cast<int>(*n));
+    }
+  }
+  if (raw.log_line_prefix_template)
+    t.prefix_template = *raw.log_line_prefix_template;
+  else if (auto it = ctx.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != ctx.env.end())
+    t.prefix_template = it->second;
+  if (raw.role) {
+    if (raw.role->empty()) throw UsageError("--role: the name is empty");
+    t.role = *raw.role;
+  }
+  if (t.files() && raw.output_filename)
+    throw UsageError("--output-filename and --redirects/--tee both put the ranks' output in "
+                     "files: give one");
+  if (raw.monitor_interval) positive_seconds("--monitor-interval", *raw.monitor_interval);
+  if (raw.start_method && *raw.start_method != "spawn" && *raw.start_method != "fork" &&
+      *raw.start_method != "forkserver")
+    throw UsageError("--start-method: expected spawn, fork or forkserver, got '" +
+                     *raw.start_method + "'");
+}
+
 void validate_output(const RawOptions& raw, LaunchConfig& c) {
   c.tag_output = raw.tag_output;
   c.timestamp_output = raw.timestamp_output;
@@ -350,11 +431,15 @@ void validate_stdin(const RawOptions& raw, LaunchConfig& c) {
 }
 
 void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
-  if (raw.kill_grace) {
-    auto g = parse_seconds(*raw.kill_grace);
+  if (raw.kill_grace && raw.shutdown_timeout)
+    throw UsageError("--kill-grace and --shutdown-timeout are one option: give one");
+  for (auto [given, name] : {std::pair{&raw.kill_grace, "--kill-grace"},
+                             std::pair{&raw.shutdown_timeout, "--shutdown-timeout"}}) {
+    if (!*given) continue;
+    auto g = parse_seconds(**given);
     if (!g)
-      throw UsageError("--kill-grace: expected a non-negative number of seconds, got '" +
-                       *raw.kill_grace + "'");
+      throw UsageError(std::string(name) + ": expected a non-negative number of seconds, got '" +
+                       **given + "'");
     c.kill_grace = *g;
   }
   if (raw.failure_window) {
@@ -578,6 +663,7 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
     c.remote_wdir = c.wdir[0] == '/' || ctx.cwd.empty() ? c.wdir : ctx.cwd + "/" + c.wdir;
   c.oversubscribe = raw.oversubscribe;
   validate_output(raw, c);
+  validate_torch_logs(raw, ctx, c);
   validate_failure_handling(raw, c);
   validate_elastic(raw, c);
   if (raw.run_id) {

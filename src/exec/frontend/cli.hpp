@@ -48,6 +48,15 @@ struct RawOptions {
   bool timestamp_output = false;
   std::optional<std::string> output_filename;
   std::optional<std::string> stdin_target;
+  std::optional<std::string> log_dir;  // torchrun's logs
+  std::optional<std::string> redirects;
+  std::optional<std::string> tee;
+  std::optional<std::string> local_ranks_filter;
+  std::optional<std::string> log_line_prefix_template;
+  std::optional<std::string> role;
+  std::optional<std::string> monitor_interval;  // torchrun's, accepted
+  std::optional<std::string> start_method;      // torchrun's, accepted
+  std::optional<std::string> shutdown_timeout;  // torchrun's --kill-grace
   std::optional<std::string> kill_grace;
   std::optional<std::string> failure_window;
   std::optional<std::string> max_restarts;

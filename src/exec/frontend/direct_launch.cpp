@@ -276,6 +276,8 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
       {cfg.tag_output, "--tag-output (srun --label)"},
       {cfg.timestamp_output, "--timestamp-output"},
       {!cfg.output_dir.empty(), "--output-filename (srun --output)"},
+      {cfg.torch_logs.files(), "--redirects/--tee (srun --output)"},
+      {!cfg.torch_logs.console_ranks.empty(), "--local-ranks-filter"},
       {cfg.stdin_mode != StdinMode::OneRank || cfg.stdin_rank != 0, "--stdin (srun --input)"},
       {cfg.bind_to != topo::BindTo::Default, "--bind-to (srun --cpu-bind)"},
       {cfg.report_bindings, "--report-bindings (srun --cpu-bind=verbose)"},
@@ -287,6 +289,7 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   GenerationInfo gen;
   gen.job_id = "slurm." + id.job_id + "." + id.step_id;
   gen.run_id = cfg.run_id;
+  gen.role_name = cfg.torch_logs.role;
   gen.master_addr = id.master_host;
   gen.master_port = step_master_port(id.job_id, id.step_id);
   JobMap map = step_map(id);

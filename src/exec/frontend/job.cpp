@@ -63,7 +63,8 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSet
       source_(std::move(workers)),
       job_id_(random_job_id()),
       sink_(
-          OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy},
+          OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy,
+                        cfg_.torch_logs, cfg_.run_id.empty() ? job_id_ : cfg_.run_id},
           map.world_size),
       base_map_(std::move(map)),
       map_(base_map_),
@@ -162,6 +163,7 @@ void JobController::start_generation() {
   GenerationInfo gen;
   gen.job_id = job_id_;
   gen.run_id = cfg_.run_id;
+  gen.role_name = cfg_.torch_logs.role;
   gen.generation = generation_;
   gen.restart_count = restarts_ + scale_events_;  // torchrun counts membership changes too
   gen.max_restarts = cfg_.max_restarts;
@@ -189,7 +191,15 @@ void JobController::start_generation() {
                        generation_, map_.world_size, map_.nodes.size(), gen.master_addr,
                        gen.master_port);
   try {
-    sink_.grow(map_.world_size);
+    // Join mode: the nodes that joined print their own ranks' output; here, the host's node's
+    // (the first of the job's map, when this generation has it).
+    int printed = -1;
+    if (cfg_.join_mode()) {
+      printed = static_cast<int>(map_.nodes.size());
+      for (size_t i = 0; i < map_.nodes.size(); ++i)
+        if (map_.nodes[i].host == base_map_.nodes.at(0).host) printed = static_cast<int>(i);
+    }
+    sink_.start_generation(generation_, gen.restart_count, map_, printed);
     timeline_.reformed = ctrl::Heartbeats::steady_seconds();
     if (timeline_.detect < 0) timeline_.detect = timeline_.stopped = timeline_.reformed;
     workers_->start(gen);

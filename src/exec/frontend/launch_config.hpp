@@ -3,6 +3,7 @@
 // (the allocation's nodes, the job's size) is in the JobMap.  No behaviour here.
 #pragma once
 
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,34 @@
 namespace pe {
 
 enum class StdinMode { None, OneRank, All };
+
+// torchrun's --redirects / --tee value: the streams of each local rank, 1 stdout, 2 stderr,
+// 3 both ("3", or "0:1,1:2" per local rank).
+struct StdStreams {
+  int all = 0;                 // local ranks not in by_local
+  std::map<int, int> by_local;
+  int of(int local_rank) const {
+    auto it = by_local.find(local_rank);
+    return it != by_local.end() ? it->second : all;
+  }
+  bool any() const {
+    if (all) return true;
+    for (const auto& [l, v] : by_local)
+      if (v) return true;
+    return false;
+  }
+};
+
+// torchrun's per-rank log files and console filter (--log-dir, --redirects, --tee,
+// --local-ranks-filter, --log-line-prefix-template, --role).
+struct TorchLogs {
+  std::string log_dir;  // --log-dir; empty: a new torchelastic_XXXXXX in TMPDIR when needed
+  StdStreams redirects, tee;
+  std::vector<int> console_ranks;  // --local-ranks-filter; empty: every local rank
+  std::string prefix_template;     // of tee'd lines on the terminal; empty: "[${role_name}${local_rank}]:"
+  std::string role = "default";    // --role: ROLE_NAME
+  bool files() const { return redirects.any() || tee.any(); }
+};
 
 struct LaunchConfig {
   int np = 1;                       // ranks asked for (-n, else the default); an allocation
@@ -53,6 +82,7 @@ struct LaunchConfig {
   bool timestamp_output = false;
   std::string output_dir;   // --output-filename DIR; empty: none
   bool output_copy = true;  // false with DIR:nocopy
+  TorchLogs torch_logs;
 
   // Input.
   StdinMode stdin_mode = StdinMode::OneRank;

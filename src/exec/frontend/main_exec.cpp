@@ -171,7 +171,8 @@ int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string
   o.join.timeout = cfg.join_timeout;
   o.join.endpoint = cfg.rdzv_host + ":" + std::to_string(cfg.rdzv_port);
   o.join.output =
-      pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy};
+      pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy,
+                        cfg.torch_logs, cfg.run_id.empty() ? cfg.rdzv_id : cfg.run_id};
   o.join.kill_grace = cfg.kill_grace;
   pe::Daemon d(std::move(o));
   return d.run();

@@ -266,6 +266,15 @@ RawOptions with_pet_environment(RawOptions raw, const std::map<std::string, std:
   from("PET_MASTER_ADDR", raw.master_addr);
   from("PET_MASTER_PORT", raw.master_port);
   from("PET_MAX_RESTARTS", raw.max_restarts);
+  from("PET_LOG_DIR", raw.log_dir);
+  from("PET_REDIRECTS", raw.redirects);
+  from("PET_TEE", raw.tee);
+  from("PET_LOCAL_RANKS_FILTER", raw.local_ranks_filter);
+  from("PET_LOG_LINE_PREFIX_TEMPLATE", raw.log_line_prefix_template);
+  from("PET_ROLE", raw.role);
+  from("PET_MONITOR_INTERVAL", raw.monitor_interval);
+  from("PET_START_METHOD", raw.start_method);
+  from("PET_SHUTDOWN_TIMEOUT", raw.shutdown_timeout);
   auto st = env.find("PET_STANDALONE");
   if (!raw.standalone && st != env.end() && truthy(st->second)) {
     raw.standalone = true;

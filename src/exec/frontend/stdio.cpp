@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 
 #include "common/error.hpp"
+#include "common/strings.hpp"
 
 namespace pe {
 
@@ -65,6 +68,58 @@ std::vector<std::string> last_lines(std::string_view text, size_t max_lines) {
   return out;
 }
 
+std::optional<StdStreams> parse_std_streams(const std::string& v) {
+  auto stream = [](const std::string& d) -> std::optional<int> {
+    if (d.size() != 1 || d[0] < '0' || d[0] > '3') return std::nullopt;
+    return d[0] - '0';
+  };
+  StdStreams out;
+  if (auto all = stream(v)) {
+    out.all = *all;
+    return out;
+  }
+  if (v.empty()) return std::nullopt;
+  for (const auto& item : split(v, ',')) {
+    auto colon = item.find(':');
+    if (colon == std::string::npos) return std::nullopt;
+    auto local = parse_int(item.substr(0, colon), 0, INT_MAX);
+    auto s = stream(item.substr(colon + 1));
+    if (!local || !s) return std::nullopt;
+    out.by_local[static_cast<int>(*local)] = *s;
+  }
+  return out;
+}
+
+std::string expand_prefix_template(const std::string& tmpl, const std::string& role,
+                                   int local_rank, int rank, const std::string& host) {
+  const std::pair<const char*, std::string> macros[] = {{"role_name", role},
+                                                        {"local_rank", std::to_string(local_rank)},
+                                                        {"rank", std::to_string(rank)},
+                                                        {"hostname", host}};
+  std::string out;
+  for (size_t i = 0; i < tmpl.size();) {
+    bool done = false;
+    if (tmpl[i] == '$')
+      for (const auto& [name, value] : macros) {
+        std::string braced = std::string("${") + name + "}", bare = std::string("$") + name;
+        bool b = tmpl.compare(i, braced.size(), braced) == 0;
+        // Bare: the name must end there ($rank_x is no macro, as in Python's string.Template).
+        size_t end = i + bare.size();
+        bool n = !b && tmpl.compare(i, bare.size(), bare) == 0 &&
+                 (end == tmpl.size() || !(std::isalnum(static_cast<unsigned char>(tmpl[end])) ||
+                                          tmpl[end] == '_'));
+        if (b || n) {
+          out += value;
+          i += b ? braced.size() : bare.size();
+          done = true;
+          break;
+        }
+      }
+    if (!done) out += tmpl[i++];
+  }
+  return out;
+}
+
 OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
     : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd), tails_(static_cast<size_t>(nranks)) {
   // stdout and stderr on one terminal or pipe (2>&1): one line, whichever stream writes it.
@@ -75,9 +130,16 @@ OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
 
 namespace {
 
-void make_dir(const std::string& d) {
+void make_dir(const std::string& d, const char* what = "--output-filename") {
   if (::mkdir(d.c_str(), 0755) != 0 && errno != EEXIST)
-    throw SystemError("--output-filename: cannot create " + d, errno);
+    throw SystemError(std::string(what) + ": cannot create " + d, errno);
+}
+
+// `d` and the directories above it.
+void make_dirs(const std::string& d, const char* what) {
+  for (size_t pos = 1; (pos = d.find('/', pos)) != std::string::npos; ++pos)
+    make_dir(d.substr(0, pos), what);
+  make_dir(d, what);
 }
 
 // The directories the files go into: created, or existing ones of this user that are not
@@ -93,17 +155,19 @@ void make_own_dir(const std::string& d) {
     throw Error("--output-filename: " + d + " belongs to another user; refusing to write into it");
 }
 
+UniqueFd open_log(const std::string& path, const char* what) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0 && errno == ELOOP)
+    throw Error(std::string(what) + ": " + path + " is a symbolic link; refusing to follow it");
+  if (fd < 0) throw SystemError(std::string(what) + ": cannot open " + path, errno);
+  return UniqueFd(fd);
+}
+
 // `rd`/stdout and `rd`/stderr, `rd` created first.
 void open_process_files(const std::string& rd, UniqueFd& out, UniqueFd& err) {
   make_own_dir(rd);
-  for (const char* name : {"stdout", "stderr"}) {
-    std::string path = rd + "/" + name;
-    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0 && errno == ELOOP)
-      throw Error("--output-filename: " + path + " is a symbolic link; refusing to follow it");
-    if (fd < 0) throw SystemError("--output-filename: cannot open " + path, errno);
-    (name[3] == 'o' ? out : err) = UniqueFd(fd);
-  }
+  out = open_log(rd + "/stdout", "--output-filename");
+  err = open_log(rd + "/stderr", "--output-filename");
 }
 
 }  // namespace
@@ -114,12 +178,12 @@ std::string spawned_output_dir(const std::string& dir, int generation, int spawn
 }
 
 void OutputSink::open_files() {
+  if (opts_.torch.files() && run_dir_.empty()) make_run_dir();
   if (opts_.dir.empty()) return;
   std::string dir = opts_.dir;
   if (!files_open_) {
     try {  // the directory given is a usage error (exit 2), a rank's within it is not
-      for (size_t pos = 1; (pos = dir.find('/', pos)) != std::string::npos; ++pos)
-        make_dir(dir.substr(0, pos));
+      make_dirs(dir, "--output-filename");
       make_own_dir(dir);
     } catch (const UsageError&) {
       throw;
@@ -136,8 +200,94 @@ void OutputSink::open_files() {
   }
 }
 
-// The --output-filename file of a process's stream s, else -1.
+// torchrun's run directory: LOG_DIR/RUN_ID_XXXXXX, LOG_DIR a new TMPDIR/torchelastic_XXXXXX
+// when --log-dir is not given (as torchrun's).  Said in one line, since its name is new.
+void OutputSink::make_run_dir() {
+  try {  // --log-dir is a usage error (exit 2)
+    std::string base = opts_.torch.log_dir;
+    if (base.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string t = tmp && *tmp ? tmp : "/tmp";
+      std::string tpl = t + "/torchelastic_XXXXXX";
+      if (!::mkdtemp(tpl.data()))
+        throw SystemError("--redirects/--tee: cannot create a log directory in " + t, errno);
+      base = tpl;
+    } else {
+      make_dirs(base, "--log-dir");
+    }
+    std::string id = opts_.run_id.empty() ? "none" : opts_.run_id;
+    std::replace(id.begin(), id.end(), '/', '_');
+    std::string tpl = base + "/" + id + "_XXXXXX";
+    if (!::mkdtemp(tpl.data())) throw SystemError("--log-dir: cannot create a directory in " + base, errno);
+    run_dir_ = tpl;
+  } catch (const UsageError&) {
+    throw;
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  message("pytorch_exec: the ranks' logs (--redirects, --tee) are in " + run_dir_ + "\n");
+}
+
+void OutputSink::start_generation(int generation, int restart_count, const JobMap& map,
+                                  int node) {
+  grow(map.world_size);
+  while (!labels_.empty() && labels_.begin()->first < generation - 1) labels_.erase(labels_.begin());
+  auto& labels = labels_[generation];
+  labels.clear();
+  for (size_t n = 0; n < map.nodes.size(); ++n) {
+    if (node >= 0 && static_cast<size_t>(node) != n) continue;
+    const NodeMap& nm = map.nodes[n];
+    for (size_t l = 0; l < nm.ranks.size(); ++l)
+      labels[nm.ranks[l]] = RankLabel{static_cast<int>(l), nm.host};
+  }
+  if (run_dir_.empty()) return;
+  for (const auto& [rank, f] : torch_files_)
+    for (int fd : {f.out.get(), f.err.get()}) file_lines_.erase(fd);
+  torch_files_.clear();
+  torch_generation_ = generation;
+  std::string ad = run_dir_ + "/attempt_" + std::to_string(restart_count);
+  make_dir(ad, "--log-dir");
+  for (const auto& [rank, label] : labels) {
+    int streams = opts_.torch.redirects.of(label.local_rank) | opts_.torch.tee.of(label.local_rank);
+    // Named as torchrun's agent names them, by local rank, where this sink prints one node's
+    // ranks; by rank where it prints every node's (one directory for all).
+    std::string rd = ad + "/" + std::to_string(node >= 0 ? label.local_rank : rank);
+    make_dir(rd, "--log-dir");
+    ProcessFiles& f = torch_files_[rank];
+    if (streams & 1) f.out = open_log(rd + "/stdout.log", "--log-dir");
+    if (streams & 2) f.err = open_log(rd + "/stderr.log", "--log-dir");
+  }
+}
+
+// torchrun's rules: a stream redirected and not tee'd, or of a local rank that
+// --local-ranks-filter leaves out, stays off the terminal; a tee'd one gets a prefix there.
+bool OutputSink::to_console(int generation, int rank, Stream s, std::string& tee_prefix) const {
+  const TorchLogs& t = opts_.torch;
+  if (t.console_ranks.empty() && !t.files()) return true;
+  static const std::map<int, RankLabel> kNone;
+  auto g = labels_.find(generation);
+  const auto& labels = g != labels_.end() ? g->second : kNone;
+  auto it = labels.find(rank);
+  int local = it != labels.end() ? it->second.local_rank : rank;
+  const auto& f = t.console_ranks;
+  if (!f.empty() && std::find(f.begin(), f.end(), local) == f.end()) return false;
+  int bit = s == Stream::Out ? 1 : 2;
+  if (t.tee.of(local) & bit) {
+    tee_prefix = expand_prefix_template(
+        t.prefix_template.empty() ? "[${role_name}${local_rank}]:" : t.prefix_template, t.role,
+        local, rank, it != labels.end() ? it->second.host : "");
+    return true;
+  }
+  return !(t.redirects.of(local) & bit);
+}
+
+// The --output-filename file (or torchrun's log file) of a process's stream s, else -1.
 int OutputSink::file_of(int generation, int spawn, int rank, Stream s) {
+  if (!spawn && generation == torch_generation_) {
+    auto it = torch_files_.find(rank);
+    if (it == torch_files_.end()) return -1;
+    return (s == Stream::Out ? it->second.out : it->second.err).get();
+  }
   if (opts_.dir.empty() || !files_open_) return -1;
   if (spawn) return spawned_file(generation, spawn, rank, s);
   if (rank < 0 || static_cast<size_t>(rank) >= files_out_.size()) return -1;
@@ -150,7 +300,7 @@ int OutputSink::spawned_file(int generation, int spawn, int rank, Stream s) {
   auto key = std::make_tuple(generation, spawn, rank);
   auto it = spawned_files_.find(key);
   if (it == spawned_files_.end()) {
-    SpawnedFiles& f = spawned_files_[key];
+    ProcessFiles& f = spawned_files_[key];
     try {
       std::string gd = spawned_output_dir(opts_.dir, generation, spawn, rank);
       make_own_dir(gd.substr(0, gd.rfind('/')));
@@ -193,13 +343,16 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
     write_all(fd, text.data(), text.size());
     if (!opts_.copy) return;
   }
+  std::string tee_prefix;
+  if (!spawn && !to_console(generation, rank, s, tee_prefix)) return;
   bool& broken = s == Stream::Out ? out_broken_ : err_broken_;
   if (broken) return;
   int fd = s == Stream::Out ? out_fd_ : err_fd_;
   std::string& held = s == Stream::Out ? out_held_ : err_held_;
   bool prefixed = opts_.tag || opts_.timestamp;
-  std::string text = carry(line_of(s), who, lines,
-                           prefixed ? line_prefix(opts_, generation, rank, s, ts, spawn) : "");
+  std::string text =
+      carry(line_of(s), who, lines,
+            (prefixed ? line_prefix(opts_, generation, rank, s, ts, spawn) : "") + tee_prefix);
   std::string_view data = text;
   if (!held.empty()) {  // what a signal interrupted goes first
     held.append(data);
@@ -264,7 +417,8 @@ void OutputSink::flush() {
        {std::tuple{out_fd_, &out_held_, out_broken_, &line_of(Stream::Out)},
         std::tuple{err_fd_, &err_held_, err_broken_, &line_of(Stream::Err)}}) {
     // A prefixed partial last line is ended; without prefixes the bytes stay as they were.
-    if (open->mid && (opts_.tag || opts_.timestamp)) held->push_back('\n');
+    if (open->mid && (opts_.tag || opts_.timestamp || opts_.torch.tee.any()))
+      held->push_back('\n');
     open->mid = false;
     std::string_view data = *held;
     if (!broken && !data.empty()) write_out(fd, data);

@@ -1,6 +1,7 @@
 // Output of the ranks as the user sees it: prefixes (--tag-output, --timestamp-output), the
-// terminal, per-rank files (--output-filename), and the tail of each rank's stderr for the
-// failure report.  The formatting functions are pure.
+// terminal, per-rank files (--output-filename, or torchrun's --log-dir with --redirects/--tee),
+// torchrun's --local-ranks-filter, and the tail of each rank's stderr for the failure report.
+// The formatting and parsing functions are pure.
 //
 // Threading: used from the event-loop thread only.
 #pragma once
@@ -13,7 +14,11 @@
 #include <tuple>
 #include <vector>
 
+#include <optional>
+
 #include "common/unique_fd.hpp"
+#include "exec/frontend/job_map.hpp"
+#include "exec/frontend/launch_config.hpp"
 
 namespace pe {
 
@@ -24,7 +29,16 @@ struct OutputOptions {
   bool timestamp = false;
   std::string dir;   // per-rank files; empty: none
   bool copy = true;  // also to the terminal when dir is set
+  TorchLogs torch;     // torchrun's logs (not with dir)
+  std::string run_id;  // TORCHELASTIC_RUN_ID: the prefix of torchrun's run directory
 };
+
+// torchrun's --redirects/--tee value ("3", "0:1,1:2"), or nothing when it is not one.
+std::optional<StdStreams> parse_std_streams(const std::string& v);
+// A tee'd line's prefix on the terminal: torchrun's template with ${role_name}, ${local_rank},
+// ${rank} and ${hostname} (also without braces) replaced; other '$' text stays as it is.
+std::string expand_prefix_template(const std::string& tmpl, const std::string& role,
+                                   int local_rank, int rank, const std::string& host);
 
 // "[2026-11-22T10:00:00.123456]" in local time.
 std::string format_timestamp(const struct timespec& ts);
@@ -50,6 +64,15 @@ class OutputSink {
   void open_files();
   // Elastic arrivals: the job has `nranks` ranks now (more tails, and files once open).
   void grow(int nranks);
+  // Generation `generation` (TORCHELASTIC_RESTART_COUNT `restart_count`) runs on `map`; this
+  // sink prints the ranks of node `node` of it (-1: of every node).  Ranks' local ranks and
+  // hosts are taken from it (the console filter, tee prefixes), and with torchrun's logs their
+  // files RUN_DIR/attempt_<restart_count>/<R>/{stdout,stderr}.log are created, R the local rank
+  // (one node's sink, as torchrun's agent) or the rank (node -1).  Throws SystemError with the
+  // path.
+  void start_generation(int generation, int restart_count, const JobMap& map, int node = -1);
+  // torchrun's run directory (LOG_DIR/RUN_ID_XXXXXXXX), created by open_files; empty: none.
+  const std::string& run_dir() const { return run_dir_; }
   // While the terminal or pipe does not take our output, `waiting` is called every `every`
   // seconds (pytorch_exec's daemons keep hearing from it: its loop waits here).  When
   // `interrupt_fd` (SignalPipe's) becomes readable, the wait gives up, so that the loop gets
@@ -84,9 +107,22 @@ class OutputSink {
   bool write_out(int fd, std::string_view& data);
   int file_of(int generation, int spawn, int rank, Stream s);
   int spawned_file(int generation, int spawn, int rank, Stream s);
-  struct SpawnedFiles {
+  struct ProcessFiles {
     UniqueFd out, err;
   };
+  void make_run_dir();
+  // Whether rank `rank`'s stream `s` goes to the terminal, and a tee'd stream's prefix there.
+  bool to_console(int generation, int rank, Stream s, std::string& tee_prefix) const;
+  struct RankLabel {
+    int local_rank = 0;
+    std::string host;
+  };
+  // By rank, of the generation running and of the one before (its last output may come after
+  // the new one started); a rank not here: its local rank is taken to be its rank.
+  std::map<int, std::map<int, RankLabel>> labels_;
+  std::string run_dir_;
+  int torch_generation_ = -1;  // whose files torch_files_ are
+  std::map<int, ProcessFiles> torch_files_;  // by rank
   OutputOptions opts_;
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
@@ -110,7 +146,7 @@ class OutputSink {
   std::function<void()> waiting_;
   std::function<void(Stream)> closed_;
   std::vector<UniqueFd> files_out_, files_err_;
-  std::map<std::tuple<int, int, int>, SpawnedFiles> spawned_files_;  // generation, spawn, rank
+  std::map<std::tuple<int, int, int>, ProcessFiles> spawned_files_;  // generation, spawn, rank
   std::vector<std::string> tails_;
 };
 
