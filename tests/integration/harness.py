@@ -116,6 +116,25 @@ def start(args, env=None, **kw):
     return subprocess.Popen([EXEC] + list(args), env=env, **kw)
 
 
+def finish(procs, timeout=60):
+    """Waits for every process: [(returncode, stdout, stderr)]; kills them all on a timeout."""
+    out = []
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            try:
+                o, e = p.communicate(timeout=max(1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired as ex:
+                raise TestFailure(f"a pytorch_exec did not finish within {timeout} s") from ex
+            out.append((p.returncode, o, e))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return out
+
+
 class reaped:
     """`with reaped(start(...)) as p:` kills and reaps p if the block leaves it running."""
 

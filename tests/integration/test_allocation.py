@@ -3,8 +3,10 @@ shown with --dry-run; a job on this machine only runs; mistakes are one line."""
 import os
 import re
 import socket
+import subprocess
 
-from harness import check, main, run, tmpdir
+from harness import (assert_no_leftovers, check, finish, free_port, main, marker_env, run, start,
+                     tmpdir)
 
 
 def ranks_by_node(out):
@@ -102,6 +104,26 @@ def test_a_python_script_runs_with_python3_as_under_torchrun():
     check(r.returncode == 126 and "not executable" in r.stderr, f"--no-python: {r.stderr}")
 
 
+def test_two_launchers_started_together_make_one_job():
+    """torchrun's way to try two nodes on one machine, the same line twice, started in the same
+    instant (a script's `&`): exactly one hosts.  Each probed the endpoint's port and let it go,
+    so both could find it taken (both joined, and waited for a host until the join timeout) or
+    both free (the second failed to bind): 4 of 10 such pairs failed."""
+    env = marker_env({"PYTORCH_EXEC_RDZV_SECRET": "together"})
+    for i in range(6):
+        args = ["--nnodes", "2", "--nproc-per-node", "1", "--join-timeout", "15",
+                "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", f"pair{i}",
+                "sh", "-c", 'echo "$RANK/$WORLD_SIZE $GROUP_RANK/$GROUP_WORLD_SIZE"']
+        procs = [start(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        res = finish(procs)
+        for rc, _, err in res:
+            check(rc == 0, f"pair {i}: exit {rc}: {err}")
+        lines = sorted(ln for _, out, _ in res for ln in out.splitlines())
+        check(lines == ["0/2 0/2", "1/2 1/2"], f"pair {i}: {lines}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
 def test_mistakes():
     cases = [
         (["-H", "a:2", "-n", "3", "true"], "-n 3 but -H a:2 has 2 slots (add --oversubscribe"),
@@ -128,4 +150,5 @@ if __name__ == "__main__":
           test_this_machine_as_a_host_runs, test_names_of_this_machine_are_one_node,
           test_a_hostfile_line_with_max_slots_alone_has_that_many_slots,
           test_a_program_in_this_directory_is_found_after_path,
-          test_a_python_script_runs_with_python3_as_under_torchrun, test_mistakes])
+          test_a_python_script_runs_with_python3_as_under_torchrun,
+          test_two_launchers_started_together_make_one_job, test_mistakes])

@@ -15,7 +15,7 @@ import struct
 import subprocess
 import time
 
-from harness import (DC_CHECK, check, comm, control_port, free_port, main, marker_env, processes_with_marker, run, script, skip,
+from harness import (DC_CHECK, check, comm, control_port, finish, free_port, main, marker_env, processes_with_marker, run, script, skip,
                      start, tmpdir, wait_until)
 
 FIGURES = {"connections": 0, "bytes": 0, "peak_rss_kb": 0, "peak_fds": 0}
@@ -133,18 +133,8 @@ def dc_rank(rank, size, port, extra=None):
                             text=True)
 
 
-def finish(procs, size):
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=60)
-            outs.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, (rc, out, err) in enumerate(outs):
+def finish_ranks(procs, size):
+    for r, (rc, out, err) in enumerate(finish(procs)):
         check(rc == 0 and f"rank {r} size {size}" in out, f"rank {r}: exit {rc}: {out}{err[-2000:]}")
 
 
@@ -161,7 +151,7 @@ def test_store_wrapped_length_does_not_kill_rank0():
     time.sleep(0.2)
     check(r0.poll() is None, f"rank 0 died: {r0.returncode}")
     observe(r0.pid)
-    finish([r0, dc_rank(1, 2, port)], 2)
+    finish_ranks([r0, dc_rank(1, 2, port)], 2)
 
 
 def test_store_lengths_and_memory_are_bounded():
@@ -186,7 +176,7 @@ def test_store_lengths_and_memory_are_bounded():
     check(fds1 - fds0 < 100, f"rank 0 holds {fds1 - fds0} more descriptors for 200 idle connections")
     for c in idle:
         c.close()
-    finish([r0, dc_rank(1, 2, port)], 2)
+    finish_ranks([r0, dc_rank(1, 2, port)], 2)
 
 
 def test_bootstrap_rejects_a_record_without_colon():
@@ -222,7 +212,7 @@ def test_token_keeps_strangers_out():
     bad = dc_rank(1, 2, port, {"PYTORCH_DC_TOKEN": "other"})
     out, err = bad.communicate(timeout=40)
     check(bad.returncode == 1 and "PYTORCH_DC_TOKEN" in err, f"a rank with another token: {err[-2000:]}")
-    finish([r0, dc_rank(1, 2, port, tok)], 2)
+    finish_ranks([r0, dc_rank(1, 2, port, tok)], 2)
     # Under pytorch_exec every generation's ranks share a fresh token, in the environment.
     r = run(["-n", "2", "sh", "-c", "echo $PYTORCH_DC_TOKEN"], env=marker_env(), timeout=60)
     toks = r.stdout.split()
@@ -252,7 +242,7 @@ def test_idle_and_forged_hellos_do_not_stall_set_up():
     check(len(recv_exact(forged, 32)) == 32, "no challenge")
     send(forged, struct.pack("<II", 0x32636470, 1) + os.urandom(64))
     check(closed_soon(forged), "a forged hello was kept")
-    finish([r0] + others, 3)
+    finish_ranks([r0] + others, 3)
     check(time.monotonic() - t0 < 15, f"set-up took {time.monotonic() - t0:.1f} s")
     for c in idle:
         c.close()
@@ -352,7 +342,7 @@ def test_store_handshake_replay_is_refused():
     recv_exact(r, 32)
     send(r, recorded)
     check(closed_soon(r) and r.recv(1) == b"", "a replayed proof was accepted")
-    finish([r0, dc_rank(1, 2, port)], 2)
+    finish_ranks([r0, dc_rank(1, 2, port)], 2)
 
 
 def test_control_port_during_collectives():

@@ -14,8 +14,8 @@ import subprocess
 import time
 
 import netns
-from harness import (EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, main,
-                     marker_env, need_torch, script, tmpdir, skip)
+from harness import (EXEC, SRCDIR, TORCH_PYTHON, TestFailure, assert_no_leftovers, check, finish,
+                     main, marker_env, need_torch, script, tmpdir, skip)
 
 BED = None
 SECRET = "join test secret"
@@ -30,25 +30,6 @@ def node(i, args, env, name=None):
     cmd = ["ip", "netns", "exec", BED.nodes[i - 1], "unshare", "-u", "sh", "-c",
            'hostname "$0" && exec "$@"', name or f"node{i}", EXEC] + args
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def finish(procs, timeout=60):
-    """Waits for every process: [(returncode, stdout, stderr)]; kills them all on a timeout."""
-    out = []
-    deadline = time.monotonic() + timeout
-    try:
-        for p in procs:
-            try:
-                o, e = p.communicate(timeout=max(1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired as ex:
-                raise TestFailure(f"a node did not finish within {timeout} s") from ex
-            out.append((p.returncode, o, e))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return out
 
 
 def secret_env(extra=None):

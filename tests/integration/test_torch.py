@@ -4,8 +4,8 @@ import re
 import subprocess
 import time
 
-from harness import (EXEC, SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, free_port, main,
-                     marker_env, need_torch, run, script, start, tmpdir)
+from harness import (EXEC, SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, finish, free_port,
+                     main, marker_env, need_torch, run, script, start, tmpdir)
 
 EXAMPLE = os.path.join(SRCDIR, "examples", "hello_allreduce.py")
 
@@ -119,14 +119,7 @@ def test_two_launchers_on_one_machine_are_two_nodes():
             procs.append(start(a + [TORCH_PYTHON, prog], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True))
             time.sleep(0.5)
-        res = []
-        try:
-            res = [p.communicate(timeout=180) for p in procs]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
+        res = [(out, err) for _, out, err in finish(procs, timeout=180)]
         for p, (out, err) in zip(procs, res):
             check(p.returncode == 0, f"{style}: exit {p.returncode}: {out} {err[-2000:]}")
         check("allreduce over 4 ranks: [6.0, 10.0, 14.0, 18.0] (correct)" in res[0][0],

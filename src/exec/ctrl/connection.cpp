@@ -153,12 +153,13 @@ struct Acceptor::Pending {
 };
 
 Acceptor::Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted,
-                   int port)
+                   int port, UniqueFd bound)
     : loop_(loop),
       secret_(secret),
       check_(std::move(check)),
       accepted_(std::move(accepted)),
-      fd_(listen_tcp("0.0.0.0", port, &port_)),
+      port_(port),
+      fd_(bound.valid() ? std::move(bound) : listen_tcp("0.0.0.0", port, &port_)),
       warnings_(kWarnings, kWarnWindow),
       accept_(
           loop, fd_.get(), [this](UniqueFd fd, std::string peer) { on_accept(std::move(fd), peer); },

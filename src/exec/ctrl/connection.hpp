@@ -100,7 +100,8 @@ class ConnLink : public Link {
 };
 
 // The accepting side of the handshake, for the front end and for relaying daemons: listens on
-// every address (at `port`, 0: any free one), challenges each new connection, and hands over
+// every address (at `port`, 0: any free one; or on `bound`, a socket listening there already),
+// challenges each new connection, and hands over
 // those that prove they know the secret and name a node `check` accepts.  The others are told
 // why in a Refused frame (nothing they did not send, or a failed proof), closed and logged (warn,
 // rate-limited); a connection has 10 s to complete the handshake, and frames before it are
@@ -111,7 +112,7 @@ class Acceptor {
   using AcceptedFn = std::function<void(const std::string& name, std::unique_ptr<Connection> conn)>;
 
   Acceptor(EventLoop& loop, const std::string& secret, CheckFn check, AcceptedFn accepted,
-           int port = 0);
+           int port = 0, UniqueFd bound = {});
   ~Acceptor();
   Acceptor(const Acceptor&) = delete;
   Acceptor& operator=(const Acceptor&) = delete;

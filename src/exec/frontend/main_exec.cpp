@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 
 #include <pytorch_exec/version.h>
 
@@ -103,13 +104,17 @@ int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std:
   return 0;
 }
 
-// Whether a TCP port of this machine is taken (a listening socket; the rendezvous host's).
-bool port_in_use(int port) {
+// Join mode, the endpoint on this machine: the rendezvous port, claimed (a socket listening
+// there, kept for the front end's control plane, so that of two pytorch_exec started together
+// exactly one hosts), or nothing when it is taken (the rendezvous host's: this one joins).  An
+// invalid socket when it cannot be bound for another reason (the front end's own bind says
+// why).
+std::optional<pe::UniqueFd> claim_port(int port) {
   try {
-    pe::listen_tcp("0.0.0.0", port, nullptr);
-    return false;
+    return pe::listen_tcp("0.0.0.0", port, nullptr);
   } catch (const pe::SystemError& e) {
-    return e.code() == EADDRINUSE;
+    if (e.code() == EADDRINUSE) return std::nullopt;
+    return pe::UniqueFd();
   }
 }
 
@@ -248,12 +253,13 @@ int real_main(int argc, char** argv) {
     jc.rdzv_key = join_key(cfg, ctx.env);
     // The endpoint's machine hosts the job, unless its port is taken there: then, as torchrun's
     // agents, another pytorch_exec on this machine hosts it and this one joins.
-    bool hosts = cfg.rdzv_is_host >= 0
-                     ? cfg.rdzv_is_host == 1
-                     : endpoint_is_here(cfg.rdzv_host) && !port_in_use(cfg.rdzv_port);
+    std::optional<pe::UniqueFd> claimed;
+    if (cfg.rdzv_is_host < 0 && endpoint_is_here(cfg.rdzv_host)) claimed = claim_port(cfg.rdzv_port);
+    bool hosts = cfg.rdzv_is_host >= 0 ? cfg.rdzv_is_host == 1 : claimed.has_value();
     if (!hosts) return join_as_node(jc, std::move(jc.rdzv_key), host);
     pe::JobMap map = pe::map_single_node(host, cfg.np);
-    pe::WorkerSetSource workers = pe::workers_for(map, host, true);
+    pe::WorkerSetSource workers =
+        pe::workers_for(map, host, true, claimed ? std::move(*claimed) : pe::UniqueFd());
     pe::JobController job(std::move(jc), std::move(ctx.env), std::move(map), std::move(workers));
     return job.run();
   }

@@ -27,7 +27,8 @@ constexpr const char* kCarriedPrefixes[] = {"OMPI_",    "PMIX_MCA_", "NCCL_",
 
 }  // namespace
 
-WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow) {
+WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow,
+                            UniqueFd endpoint) {
   WorkerSetSource s;
   // Hosts of the list without ranks (MPI_Comm_spawn may ask for them) need daemons, so a job
   // that lists them has one on this machine too, as mpirun has on every host of its list.
@@ -39,10 +40,11 @@ WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool gro
                                             c.stdin_how);
     };
   } else {
-    s.make = [host](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
+    auto ep = std::make_shared<UniqueFd>(std::move(endpoint));  // std::function copies
+    s.make = [host, ep](const WorkerSetContext& c) -> std::unique_ptr<WorkerSet> {
       return std::make_unique<RemoteWorkers>(c.loop, c.listener, c.cfg, c.env, c.map, c.job_id,
                                              host, c.stdin_how == StdinHow::Forward, c.node_ready,
-                                             c.join, c.running);
+                                             c.join, c.running, std::move(*ep));
     };
   }
   return s;
@@ -52,7 +54,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
                              const EnvMap& env, const JobMap& map, const std::string& job_id,
                              const std::string& host, bool stdin_forwarded,
                              std::function<void(const std::string&)> node_ready, JoinFn join,
-                             std::function<void(int)> running)
+                             std::function<void(int)> running, UniqueFd endpoint)
     : loop_(loop),
       listener_(listener),
       cfg_(cfg),
@@ -104,6 +106,7 @@ RemoteWorkers::RemoteWorkers(EventLoop& loop, AgentListener& listener, const Lau
       node_ready_(std::move(node_ready)),
       join_(cfg.join_mode() ? std::move(join) : JoinFn()),
       running_(std::move(running)) {
+  endpoint_ = std::move(endpoint);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     nodes_[i].host = map_.nodes[i].host;
     by_host_[nodes_[i].host] = static_cast<int>(i);
@@ -188,7 +191,7 @@ void RemoteWorkers::prepare(std::function<void()> ready) {
       [this](const std::string& name, std::unique_ptr<ctrl::Connection> conn) {
         on_authenticated(by_host_.at(name), std::move(conn));
       },
-      join_ ? cfg_.rdzv_port : 0);
+      join_ ? cfg_.rdzv_port : 0, std::move(endpoint_));
   addresses_ = local_ipv4_addresses();
   daemon_timeout_ = daemon_timeout(env_);
   first_nodes_ = static_cast<int>(nodes_.size());

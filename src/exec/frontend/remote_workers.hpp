@@ -35,7 +35,7 @@ class RemoteWorkers : public WorkerSet {
                 const EnvMap& env, const JobMap& map, const std::string& job_id,
                 const std::string& host, bool stdin_forwarded,
                 std::function<void(const std::string&)> node_ready = {}, JoinFn join = {},
-                std::function<void(int)> running = {});
+                std::function<void(int)> running = {}, UniqueFd endpoint = {});
   // Closes every connection (the daemons then kill what is left and exit); the launchers are
   // waited for, then killed.
   ~RemoteWorkers() override;
@@ -123,6 +123,7 @@ class RemoteWorkers : public WorkerSet {
   SpawnRelay spawn_;
   ctrl::Dispatcher<int> dispatch_;  // frames by the node they came from
   DaemonLauncher launcher_;
+  UniqueFd endpoint_;  // join mode: the socket that claimed cfg.rdzv_port (see workers_for)
   std::unique_ptr<ctrl::Acceptor> acceptor_;
   std::vector<std::string> addresses_;  // where daemons can reach us
   Event ready_timer_;  // the first nodes' daemons have this long to be ready

@@ -13,6 +13,7 @@
 
 #include "common/event_loop.hpp"
 #include "common/torch_store.hpp"
+#include "common/unique_fd.hpp"
 #include "exec/ctrl/messages.hpp"
 #include "exec/frontend/job_map.hpp"
 #include "exec/frontend/launch_config.hpp"
@@ -105,7 +106,10 @@ struct WorkerSetSource {
 // A map of one node, this machine, runs in-process (LocalWorkers) unless the job is to `grow`
 // or its host list has other hosts (for MPI_Comm_spawn); any other through pytorch_execd daemons
 // (RemoteWorkers).
-WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow = false);
+// Join mode: `endpoint`, when valid, is the socket that already listens on the rendezvous port
+// (so that no other pytorch_exec on this machine can take it meanwhile).
+WorkerSetSource workers_for(const JobMap& map, const std::string& host, bool grow = false,
+                            UniqueFd endpoint = {});
 
 // The workers on this machine, through a node agent with a PMIx server (single-node jobs).
 class LocalWorkers : public WorkerSet {
