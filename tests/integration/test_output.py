@@ -5,8 +5,8 @@ import signal
 import subprocess
 import time
 
-from harness import (EXEC, SYSTEM_PYTHON, assert_no_leftovers, check, main, marker_env, reaped, run,
-                     script, start, tmpdir)
+from harness import (EXEC, SYSTEM_PYTHON, TestFailure, assert_no_leftovers, check, main, marker_env,
+                     reaped, run, script, start, tmpdir)
 
 MB = 1 << 20
 
@@ -182,6 +182,71 @@ def test_torchruns_log_options():
           f"exit {r.returncode}: {r.stderr}")
 
 
+def on_terminal(args, rows, cols, until=None, timeout=60):
+    """pytorch_exec ARGS with a terminal of rows x cols as its stdout and stderr (raw: bytes come
+    as the ranks wrote them); returns (exit status, output).  `until`: (text, path): once the
+    output has `text`, `path` is created (a rank waiting for it goes on); the test fails when
+    `text` does not come within 20 s."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    import tty
+    master, slave = pty.openpty()
+    tty.setraw(slave)
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    p = start(args, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL)
+    os.close(slave)
+    got = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if until and until[0].encode() in got:
+                open(until[1], "w").close()
+                until = None
+            if until and time.monotonic() > deadline - timeout + 20:
+                raise TestFailure(f"{until[0]!r} did not come within 20 s: {got!r}")
+            if not select.select([master], [], [], 0.1)[0]:
+                if p.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every writer is gone
+                break
+            if not chunk:
+                break
+            got += chunk
+        p.wait(timeout=max(1, deadline - time.monotonic()))
+    finally:
+        os.close(master)
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return p.returncode, got.decode(errors="replace")
+
+
+def test_ranks_stdout_is_a_terminal_where_ours_is():
+    """Where pytorch_exec's stdout is a terminal, each rank's is one too, of its size (as
+    mpirun's ranks have one, and torchrun's share the terminal): C and Perl stdio flush each
+    line then.  Before, it was a pipe, and a program's lines came a block at a time, after it
+    had gone on (here: after it had waited for its first line to be seen).  stderr stays a
+    pipe; a pytorch_exec whose stdout is a pipe gives pipes."""
+    seen = os.path.join(tmpdir(), "seen")
+    prog = ('print "first\\n"; for (1..300) { last if -e $ARGV[0]; select(undef, undef, undef, '
+            '0.1) } print "second\\n"')
+    rc, out = on_terminal(["-n", "1", "perl", "-e", prog, seen], 33, 99, until=("first\n", seen))
+    check(rc == 0 and out == "first\nsecond\n", f"exit {rc}: {out!r}")
+    show = ("import os, sys; print(os.environ['RANK'], os.isatty(1), os.isatty(2), "
+            "tuple(os.get_terminal_size(1)))")
+    rc, out = on_terminal(["-n", "2", SYSTEM_PYTHON, "-c", show], 33, 99)
+    check(rc == 0 and sorted(out.splitlines()) == ["0 True False (99, 33)",
+                                                   "1 True False (99, 33)"], f"exit {rc}: {out!r}")
+    r = run(["-n", "1", "sh", "-c", "[ -t 1 ] && echo tty || echo pipe"])
+    check(r.returncode == 0 and r.stdout == "pipe\n", f"exit {r.returncode}: {r.stdout!r}")
+
+
 def test_output_dir_that_cannot_be_created():
     r = run(["-n", "1", "--output-filename", "/proc/no/such", "true"])
     check(r.returncode != 0, "no error")
@@ -329,7 +394,8 @@ def test_a_prompt_shows_before_its_line_ends():
 
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
-          test_output_files, test_torchruns_log_options, test_output_dir_that_cannot_be_created,
+          test_output_files, test_torchruns_log_options,
+          test_ranks_stdout_is_a_terminal_where_ours_is, test_output_dir_that_cannot_be_created,
           test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job,
           test_sigterm_while_the_output_is_not_read,
           test_sigusr1_while_the_output_is_not_read_loses_nothing, test_closed_stdout,

@@ -604,6 +604,7 @@ void Job::io(IO& f) {
   f.count(job.placement.gpus_per_rank, 4096), f(job.placement.topology_file);
   f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
   f.choice(job.stdin_how, StdinHow::Direct), f(job.map), f(job.oversubscribe);
+  f(job.stdout_tty), f.count(job.tty_rows, 65535), f.count(job.tty_cols, 65535);
 }
 
 // Checks beyond the fields' own bounds, after a decode (throws wire::WireError).

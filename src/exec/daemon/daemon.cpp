@@ -507,6 +507,11 @@ void Daemon::on_job(ctrl::Job& m) {
   if (have_job_) throw wire::WireError("a second job description");
   job_ = std::move(m.job);
   have_job_ = true;
+  if (opts_.join.slots > 0) {  // its ranks print here: whether this node's stdout is a terminal
+    job_.stdout_tty = opts_.join.stdout_tty;
+    job_.tty_rows = opts_.join.tty_rows;
+    job_.tty_cols = opts_.join.tty_cols;
+  }
   const char* spec = std::getenv("PYTORCH_EXEC_LOG");
   init_logging(job_.verbosity, spec ? spec : "", opts_.node);
   EnvMap env = job_.env;

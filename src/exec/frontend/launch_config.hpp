@@ -83,6 +83,10 @@ struct LaunchConfig {
   std::string output_dir;   // --output-filename DIR; empty: none
   bool output_copy = true;  // false with DIR:nocopy
   TorchLogs torch_logs;
+  // pytorch_exec's stdout is a terminal that shows the ranks' stdout: theirs is a
+  // pseudo-terminal of its size (NodeJob::stdout_tty).
+  bool stdout_tty = false;
+  int tty_rows = 0, tty_cols = 0;
 
   // Input.
   StdinMode stdin_mode = StdinMode::OneRank;

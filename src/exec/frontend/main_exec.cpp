@@ -2,6 +2,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <arpa/inet.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -179,6 +180,9 @@ int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string
       pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy,
                         cfg.torch_logs, cfg.run_id.empty() ? cfg.rdzv_id : cfg.run_id};
   o.join.kill_grace = cfg.kill_grace;
+  o.join.stdout_tty = cfg.stdout_tty;
+  o.join.tty_rows = cfg.tty_rows;
+  o.join.tty_cols = cfg.tty_cols;
   pe::Daemon d(std::move(o));
   return d.run();
 }
@@ -232,6 +236,17 @@ int real_main(int argc, char** argv) {
   // The ranks' standard output is a pipe to pytorch_exec, so Python would hold their prints back
   // a block at a time where the terminal here shows them at once: with a terminal, the ranks
   // get PYTHONUNBUFFERED=1 unless it is set.
+  // A terminal that shows the ranks' stdout: theirs is a pseudo-terminal of its size, so that C
+  // programs flush each line as they would run from it (mpirun gives its ranks one).  Not when
+  // their stdout goes to files (torchrun's redirected or tee'd ranks write to a file).
+  struct winsize ws {};
+  if (::isatty(1) && (cfg.output_dir.empty() || cfg.output_copy) && !cfg.torch_logs.files()) {
+    cfg.stdout_tty = true;
+    if (::ioctl(1, TIOCGWINSZ, &ws) == 0) {
+      cfg.tty_rows = ws.ws_row;
+      cfg.tty_cols = ws.ws_col;
+    }
+  }
   if (::isatty(1) && !ctx.env.count("PYTHONUNBUFFERED") &&
       std::none_of(cfg.exports.begin(), cfg.exports.end(),
                    [](const auto& x) { return x.first == "PYTHONUNBUFFERED"; }))

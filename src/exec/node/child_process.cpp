@@ -6,8 +6,10 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -115,9 +117,39 @@ char* child_stack_top() {
 
 }  // namespace
 
+// A pseudo-terminal for a child's stdout: {master, slave}, or nothing where there is none.  The
+// slave does no output processing ("\n" stays "\n") and echoes nothing; it becomes no process's
+// controlling terminal (O_NOCTTY, and the child keeps the launcher's session).
+Pipe open_stdout_tty(unsigned short rows, unsigned short cols) {
+  Pipe p;
+  UniqueFd master(::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC));
+  char name[128];
+  if (!master.valid() || ::grantpt(master.get()) != 0 || ::unlockpt(master.get()) != 0 ||
+      ::ptsname_r(master.get(), name, sizeof name) != 0)
+    return p;
+  UniqueFd slave(::open(name, O_RDWR | O_NOCTTY | O_CLOEXEC));
+  struct termios t;
+  if (!slave.valid() || ::tcgetattr(slave.get(), &t) != 0) return p;
+  t.c_oflag &= ~static_cast<tcflag_t>(OPOST);
+  t.c_lflag &= ~static_cast<tcflag_t>(ECHO | ECHONL | ICANON | ISIG | IEXTEN);
+  if (::tcsetattr(slave.get(), TCSANOW, &t) != 0) return p;
+  if (rows && cols) {
+    struct winsize ws {};
+    ws.ws_row = rows;
+    ws.ws_col = cols;
+    ::ioctl(slave.get(), TIOCSWINSZ, &ws);
+  }
+  p.read = std::move(master);
+  p.write = std::move(slave);
+  return p;
+}
+
 ChildProcess spawn_child(const SpawnSpec& spec) {
   ChildProcess c;
-  Pipe out = make_pipe(), err = make_pipe();
+  Pipe out;
+  if (spec.stdout_tty) out = open_stdout_tty(spec.tty_rows, spec.tty_cols);
+  if (!out.read.valid()) out = make_pipe();
+  Pipe err = make_pipe();
   Pipe in;
   UniqueFd devnull;
   int child_in = spec.stdin_fd;

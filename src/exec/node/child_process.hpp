@@ -1,4 +1,5 @@
-// Starting one worker: own process group, PR_SET_PDEATHSIG, stdio pipes, working directory,
+// Starting one worker: own process group, PR_SET_PDEATHSIG, stdio pipes (stdout: a
+// pseudo-terminal on request), working directory,
 // execve.  The child is created as posix_spawn does it, with clone(CLONE_VM | CLONE_VFORK) on a
 // stack of its own: the launcher's memory is not copied, and the launcher resumes once the child
 // has exec'd (or failed to, in which case the child stores errno in the launcher's memory).
@@ -23,6 +24,11 @@ struct SpawnSpec {
   bool stdin_pipe = false;
   int stdin_fd = -1;
   std::vector<int> cpus;  // bind to these OS processors before exec; empty: unbound
+  // Standard output on a pseudo-terminal of this size (not the controlling terminal, no output
+  // processing), as a program run from a terminal has it: C's stdio then flushes each line.
+  // Where no pseudo-terminal can be had (no /dev/ptmx), a pipe as without.
+  bool stdout_tty = false;
+  unsigned short tty_rows = 0, tty_cols = 0;
 };
 
 // A started child.  Move-only: owns the parent's ends of the pipes.  It does not kill or reap
@@ -30,7 +36,7 @@ struct SpawnSpec {
 struct ChildProcess {
   pid_t pid = -1;
   UniqueFd stdin_w;  // parent's write end, if stdin_pipe
-  UniqueFd stdout_r;
+  UniqueFd stdout_r;  // a pipe's read end, or a pseudo-terminal's master (EIO once it is done)
   UniqueFd stderr_r;
   int exec_errno = 0;        // non-zero: the child could not exec (it exits with 127)
   bool bind_failed = false;  // exec_errno came from sched_setaffinity, not execve

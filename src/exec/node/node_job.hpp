@@ -51,6 +51,11 @@ struct NodeJob {
   StdinMode stdin_mode = StdinMode::OneRank;
   int stdin_rank = 0;
   StdinHow stdin_how = StdinHow::DevNull;
+
+  // Standard output: a pseudo-terminal of this size where pytorch_exec's output is a terminal
+  // (as the program would have run from it; C's stdio then flushes each line), else a pipe.
+  bool stdout_tty = false;
+  int tty_rows = 0, tty_cols = 0;
 };
 
 // Node `node`'s job.  `env` is what the node's workers start from (on another node: what is

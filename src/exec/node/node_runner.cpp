@@ -32,6 +32,9 @@ NodeJob node_job_for(const LaunchConfig& cfg, const JobMap& map, const std::stri
   j.stdin_mode = cfg.stdin_mode;
   j.stdin_rank = cfg.stdin_rank;
   j.stdin_how = stdin_how;
+  j.stdout_tty = cfg.stdout_tty;
+  j.tty_rows = cfg.tty_rows;
+  j.tty_cols = cfg.tty_cols;
   return j;
 }
 
@@ -62,6 +65,17 @@ bool oversubscribed_here(size_t local_ranks) {
   return ncpu > 0 && local_ranks > static_cast<size_t>(ncpu);
 }
 
+namespace {
+
+// A worker's stdout as the job asks (a pseudo-terminal or a pipe).
+void set_stdout(const NodeJob& job, SpawnSpec& s) {
+  s.stdout_tty = job.stdout_tty;
+  s.tty_rows = static_cast<unsigned short>(job.tty_rows);
+  s.tty_cols = static_cast<unsigned short>(job.tty_cols);
+}
+
+}  // namespace
+
 std::vector<WorkerSpec> node_worker_specs(const NodeJob& job, const EnvMap& base,
                                           const NodePlan& plan, const GenerationInfo& gen) {
   std::vector<WorkerSpec> specs;
@@ -79,6 +93,7 @@ std::vector<WorkerSpec> node_worker_specs(const NodeJob& job, const EnvMap& base
         to_envp(worker_environment(base, job.exports, job.map, rank, gen, locality_of(where)));
     w.spawn.cpus = where.os_cpus;
     w.spawn.wdir = job.wdir;
+    set_stdout(job, w.spawn);
     bool gets_stdin = job.stdin_mode == StdinMode::All ||
                       (job.stdin_mode == StdinMode::OneRank && rank == job.stdin_rank);
     if (gets_stdin && job.stdin_how == StdinHow::Forward) w.spawn.stdin_pipe = true;
@@ -189,6 +204,7 @@ void NodeRunner::start_spawned(const SpawnJob& sj) {
       w.spawn.argv = app.argv;
       w.spawn.envp = to_envp(worker_environment(base, job_.exports, sj.map, rank, gen));
       w.spawn.wdir = app.cwd.empty() ? job_.wdir : app.cwd;
+      set_stdout(job_, w.spawn);
       specs.push_back(std::move(w));
     }
   }
