@@ -124,6 +124,32 @@ def test_two_launchers_started_together_make_one_job():
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
 
 
+def test_a_launcher_waiting_for_the_rendezvous_says_so():
+    """Join mode: a host waiting for its nodes, and a node waiting for its host, say what they
+    wait for and until when after 10 s (then every minute), then fail at the join timeout.  They
+    waited in silence (600 s by default), like a hung job."""
+    env = marker_env({"PYTORCH_EXEC_RDZV_SECRET": "alone"})
+    host_port, no_port = free_port(), free_port()
+    common = ["--nnodes", "2", "--join-timeout", "13"]
+    host = start(common + ["--rdzv-endpoint", f"127.0.0.1:{host_port}", "--rdzv-id", "solo",
+                           "true"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                 text=True)
+    node = start(common + ["--rdzv-endpoint", f"127.0.0.1:{no_port}", "--rdzv-id", "solo",
+                           "--rdzv-conf", "is_host=0", "true"], env=env, stdout=subprocess.PIPE,
+                 stderr=subprocess.PIPE, text=True)
+    (hrc, _, herr), (nrc, _, nerr) = finish([host, node], timeout=60)
+    check(hrc == 1 and re.search(
+        rf"^pytorch_exec: waiting for nodes: 1 of at least 2 here \(rendezvous solo at "
+        rf"127.0.0.1:{host_port}\); giving up in [34] s \(--join-timeout\)\n"
+        rf"pytorch_exec: only 1 of at least 2 node\(s\) joined within the join timeout", herr),
+        f"host: exit {hrc}: {herr!r}")
+    check(nrc == 1 and re.search(
+        rf"^pytorch_exec: waiting to join the rendezvous host 127.0.0.1:{no_port} \(.*refused.*\); "
+        rf"giving up in [1-4] s \(--join-timeout\)\npytorch_exec: could not join", nerr),
+        f"node: exit {nrc}: {nerr!r}")
+    assert_no_leftovers(env["PE_TEST_MARKER"], timeout=10)
+
+
 def test_mistakes():
     cases = [
         (["-H", "a:2", "-n", "3", "true"], "-n 3 but -H a:2 has 2 slots (add --oversubscribe"),
@@ -151,4 +177,5 @@ if __name__ == "__main__":
           test_a_hostfile_line_with_max_slots_alone_has_that_many_slots,
           test_a_program_in_this_directory_is_found_after_path,
           test_a_python_script_runs_with_python3_as_under_torchrun,
-          test_two_launchers_started_together_make_one_job, test_mistakes])
+          test_two_launchers_started_together_make_one_job,
+          test_a_launcher_waiting_for_the_rendezvous_says_so, test_mistakes])

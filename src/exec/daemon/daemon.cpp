@@ -64,6 +64,7 @@ struct Refusal : Error {
 constexpr double kConnectAttempt = 3.0;
 constexpr double kJoinRetryFirst = 0.1;
 constexpr double kJoinRetryMax = 2.0;
+constexpr int kJoinNotice = 10, kJoinNoticeEvery = 60;
 
 // Reads exactly one frame from a blocking-style exchange during the handshake, so that nothing
 // that follows it is consumed.  Throws TimeoutError, IoError or WireError.
@@ -256,10 +257,14 @@ void Daemon::join_handshake() {
   double pause = kJoinRetryFirst;
   const double per_attempt = opts_.connect_timeout;
   std::string last;
+  // A line after kJoinNotice s, then every kJoinNoticeEvery s: what it waits for, and until when.
+  auto notice = Clock::now() + std::chrono::seconds(kJoinNotice);
   while (true) {
-    // An attempt (a connection to a silent address, a handshake) ends by the join deadline too.
+    // An attempt (a connection to a silent address, a handshake) ends by the join deadline too,
+    // and by the next notice (at least a second on).
     double left = std::chrono::duration<double>(deadline - Clock::now()).count();
-    opts_.connect_timeout = std::max(0.001, std::min(per_attempt, left));
+    double to_notice = std::max(1.0, std::chrono::duration<double>(notice - Clock::now()).count());
+    opts_.connect_timeout = std::max(0.001, std::min({per_attempt, left, to_notice}));
     try {
       handshake(opts_.connect);
       opts_.connect_timeout = per_attempt;
@@ -278,6 +283,12 @@ void Daemon::join_handshake() {
       throw TimeoutError("could not join the rendezvous host " + opts_.join.endpoint +
                          " within the join timeout (" + last + ")");
     logger("ctrl")->info("joining {}: {}; again in {:.1f} s", opts_.join.endpoint, last, pause);
+    if (Clock::now() >= notice && left >= 1) {
+      say_joined("waiting to join the rendezvous host " + opts_.join.endpoint + " (" + last +
+                 "); giving up in " + std::to_string(static_cast<long>(left + 0.5)) +
+                 " s (--join-timeout)");
+      notice = Clock::now() + std::chrono::seconds(kJoinNoticeEvery);
+    }
     ::usleep(static_cast<useconds_t>(std::min(pause, left) * 1e6));
     pause = std::min(pause * 2, kJoinRetryMax);
   }

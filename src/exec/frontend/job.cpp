@@ -119,10 +119,8 @@ int JobController::run() {
     on_last_call();
   });
   join_timer_ = loop_.timer([this] { on_join_timeout(); });
-  if (cfg_.join_mode()) {
-    gathering_ = true;
-    join_timer_.arm(cfg_.join_timeout);
-  }
+  wait_notice_ = loop_.timer([this] { on_wait_notice(); });
+  if (cfg_.join_mode()) start_gathering();
   workers_->prepare([this] {
     if (state_ != State::Preparing) return;
     std::string late;
@@ -410,9 +408,8 @@ std::string JobController::reform_without(const std::string& host, const std::st
                                                   : ": stopping the others and waiting up to ";
     say("node " + host + ": " + why + "; " + below + wait + seconds_text(cfg_.join_timeout) +
         " s for more (--join-timeout)");
-    gathering_ = true;
     gather_called_ = false;
-    join_timer_.arm(cfg_.join_timeout);
+    start_gathering();
   } else if (left < cfg_.nnodes_min) {
     return "";  // waiting for more already
   }
@@ -610,6 +607,26 @@ void JobController::next_generation() {
   ++generation_;
   sink_.clear_tails();
   start_generation();
+}
+
+void JobController::start_gathering() {
+  gathering_ = true;
+  join_timer_.arm(cfg_.join_timeout);
+  gather_deadline_ = ctrl::Heartbeats::steady_seconds() + cfg_.join_timeout;
+  if (cfg_.join_timeout > kWaitNotice) wait_notice_.arm(kWaitNotice);
+}
+
+void JobController::on_wait_notice() {
+  if (!gathering_ || (state_ != State::Preparing && state_ != State::Reforming)) return;
+  double left = gather_deadline_ - ctrl::Heartbeats::steady_seconds();
+  if (left < 1) return;
+  say("waiting for nodes: " + std::to_string(membership_.left()) + " of at least " +
+      std::to_string(cfg_.nnodes_min) + " here" +
+      (cfg_.join_mode() ? " (rendezvous " + (cfg_.rdzv_id == "none" ? "" : cfg_.rdzv_id + " ") +
+                              "at " + cfg_.rdzv_host + ":" + std::to_string(cfg_.rdzv_port) + ")"
+                        : std::string()) +
+      "; giving up in " + std::to_string(static_cast<long>(left + 0.5)) + " s (--join-timeout)");
+  if (left > kWaitNoticeEvery) wait_notice_.arm(kWaitNoticeEvery);
 }
 
 void JobController::on_join_timeout() {

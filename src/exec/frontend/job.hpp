@@ -67,6 +67,10 @@ class JobController : public AgentListener {
   void gather();
   void next_generation();
   void on_join_timeout();
+  // Waiting for --nnodes MIN nodes (join mode's start, or after a loss) until --join-timeout.
+  void start_gathering();
+  void on_wait_notice();
+  static constexpr double kWaitNotice = 10, kWaitNoticeEvery = 60;
   // -v: each generation's timeline (detect -> stopped -> re-formed -> all workers running).
   void on_running(int generation);
   std::string on_spawn_host(const std::string& host) override;
@@ -130,6 +134,10 @@ class JobController : public AgentListener {
   bool gathering_ = false;  // join mode: waiting for --nnodes MIN nodes before generation 0
   bool gather_called_ = false;  // the last call once MIN nodes are there was made
   Event join_timer_;        // --rdzv-conf join_timeout
+  // While gathering: a line after kWaitNotice s, then every kWaitNoticeEvery s, saying what it
+  // waits for and until when (a launcher waiting silently looks hung).
+  Event wait_notice_;
+  double gather_deadline_ = 0;  // steady seconds
 
   // Standard input.
   StdinHow stdin_how_ = StdinHow::DevNull;
