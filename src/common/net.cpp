@@ -17,8 +17,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 
 #include "common/error.hpp"
 #include "common/unique_fd.hpp"
@@ -175,6 +178,24 @@ UniqueFd listen_tcp(const std::string& addr, int port, int* bound_port) {
                  "getsockname");
   if (bound_port) *bound_port = ntohs(sa.sin_port);
   return fd;
+}
+
+bool port_has_listener(int port) {
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream f(table);
+    std::string line;
+    std::getline(f, line);  // the header
+    while (std::getline(f, line)) {
+      // "  0: 00000000:7530 00000000:0000 0A ...": local address:port (hex), remote, state.
+      std::istringstream in(line);
+      std::string slot, local, remote, state;
+      if (!(in >> slot >> local >> remote >> state)) continue;
+      auto colon = local.rfind(':');
+      if (colon == std::string::npos || state != "0A") continue;  // TCP_LISTEN
+      if (std::strtol(local.c_str() + colon + 1, nullptr, 16) == port) return true;
+    }
+  }
+  return false;
 }
 
 UniqueFd accept_tcp(int listen_fd, std::string* peer_addr) {

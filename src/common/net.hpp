@@ -31,6 +31,9 @@ std::string local_hostname();
 // A listening TCP socket on addr:port (port 0: any), non-blocking, close-on-exec.  Throws
 // SystemError.  The port actually bound is returned in *bound_port.
 UniqueFd listen_tcp(const std::string& addr, int port, int* bound_port);
+// Whether a TCP socket of this network namespace listens on `port` (any address; IPv4 or 6), as
+// /proc/net/tcp{,6} say.
+bool port_has_listener(int port);
 // Raises this process's soft limit on open descriptors to its hard limit (at start: a listener
 // that runs out of descriptors cannot accept).
 void raise_fd_limit();

@@ -17,6 +17,7 @@ TRAPPER = script("""#!/bin/bash
 out=$1
 handle() { echo "$1" > "$out/got.$RANK"; [ "$IGNORE" = 1 ] || exit 7; }
 trap 'handle TERM' TERM; trap 'handle INT' INT; trap 'handle HUP' HUP; trap 'handle USR1' USR1
+trap 'handle QUIT' QUIT
 touch "$out/ready.$RANK"
 while true; do sleep 0.05; done
 """)
@@ -65,6 +66,12 @@ def test_sigint_reaches_every_worker():
 
 def test_sighup_reaches_every_worker():
     forwarded(signal.SIGHUP, "HUP", 129)
+
+
+def test_sigquit_reaches_every_worker():
+    """Ctrl-\\ (SIGQUIT, in torchrun's list of signals it handles): pytorch_exec died of it
+    (and dumped core), leaving its ranks to the guard's SIGKILL."""
+    forwarded(signal.SIGQUIT, "QUIT", 131)
 
 
 def test_sigusr1_is_forwarded_and_the_job_goes_on():
@@ -149,6 +156,7 @@ def test_second_ctrl_c_kills_at_once():
 
 if __name__ == "__main__":
     main([test_sigterm_reaches_every_worker, test_sigint_reaches_every_worker,
-          test_sighup_reaches_every_worker, test_sigusr1_is_forwarded_and_the_job_goes_on,
+          test_sighup_reaches_every_worker, test_sigquit_reaches_every_worker,
+          test_sigusr1_is_forwarded_and_the_job_goes_on,
           test_ctrl_z_stops_the_ranks_and_fg_continues_them, test_grace_then_sigkill,
           test_second_ctrl_c_kills_at_once])

@@ -2,6 +2,9 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -191,6 +194,24 @@ TEST(PortTest, MasterPortsAreOutsideTheEphemeralRangeAndFreeWithTheNext) {
     EXPECT_TRUE(p < lo - 1 || p > hi) << p;
     EXPECT_GE(p, 1024) << p;
   }
+}
+
+// Join mode's claim of the rendezvous port tells a listening socket from one only bound.
+TEST(PortTest, ListenersAreToldFromBoundSockets) {
+  int port = 0;
+  {
+    pe::UniqueFd l = pe::listen_tcp("0.0.0.0", 0, &port);
+    EXPECT_TRUE(pe::port_has_listener(port));
+  }
+  EXPECT_FALSE(pe::port_has_listener(port));
+  pe::UniqueFd bound(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  struct sockaddr_in sa {};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(::bind(bound.get(), reinterpret_cast<struct sockaddr*>(&sa), sizeof sa), 0);
+  EXPECT_FALSE(pe::port_has_listener(port));
+  ASSERT_EQ(::listen(bound.get(), 1), 0);
+  EXPECT_TRUE(pe::port_has_listener(port));
 }
 
 TEST(DirectLaunchTest, OnlyTasksOfNumberedStepsAreDirectLaunches) {

@@ -206,6 +206,17 @@ TEST(CliTest, ParsesTorchrunsLogOptions) {
   EXPECT_EQ(c.torch_logs.log_dir, "/tmp/l");
   EXPECT_DOUBLE_EQ(c.kill_grace, 7);
   EXPECT_FALSE(config({"prog"}).torch_logs.files());
+  // Empty values, as a wrapper's "$FILTER" gives them: no filter, an empty role (torchrun's).
+  auto empty = config({"--local-ranks-filter", "", "--role", "", "prog"});
+  EXPECT_TRUE(empty.torch_logs.console_ranks.empty());
+  EXPECT_EQ(empty.torch_logs.role, "");
+  // torchrun's TORCH_ELASTIC_SHUTDOWN_TIMEOUT: the default --kill-grace.
+  pe::ValidationContext sd;
+  sd.env = {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "12"}};
+  EXPECT_DOUBLE_EQ(config({"prog"}, sd).kill_grace, 12);
+  EXPECT_DOUBLE_EQ(config({"--kill-grace", "2", "prog"}, sd).kill_grace, 2);
+  sd.env = {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "x"}};
+  EXPECT_THROW(config({"prog"}, sd), pe::UsageError);
   pe::ValidationContext ctx;
   ctx.env = {{"PET_TEE", "1"}, {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${rank}|"}};
   auto e = config({"prog"}, ctx);
@@ -215,8 +226,6 @@ TEST(CliTest, ParsesTorchrunsLogOptions) {
            {{"--tee", "4", "prog"}, "--tee: expected 0, 1 (stdout), 2 (stderr), 3 (both)"},
            {{"-r", "x", "prog"}, "--redirects: expected"},
            {{"--local-ranks-filter", "0,a", "prog"}, "--local-ranks-filter: expected local ranks"},
-           {{"--local-ranks-filter", "", "prog"}, "--local-ranks-filter: expected local ranks"},
-           {{"--role", "", "prog"}, "--role: the name is empty"},
            {{"--log-dir", "", "prog"}, "--log-dir: the directory name is empty"},
            {{"--tee", "3", "--output-filename", "o", "prog"}, "give one"},
            {{"--monitor-interval", "0", "prog"}, "--monitor-interval"},

@@ -57,7 +57,7 @@ std::vector<std::string> sorted_lines(const std::string& s) {
 }  // namespace
 
 TEST(NodeRunnerTest, SpecsComeFromTheNodeJob) {
-  NodeJob j = job_of(3, {"-c", "true"});
+  NodeJob j = job_of(3, {"-c", "true", "--out=f_${local_rank}_${local_rank}.txt", "$$"});
   j.stdin_how = StdinHow::Forward;
   j.stdin_rank = 1;
   j.exports = {{"MINE", "x"}};
@@ -71,7 +71,10 @@ TEST(NodeRunnerTest, SpecsComeFromTheNodeJob) {
     const auto& w = specs[static_cast<size_t>(i)];
     EXPECT_EQ(w.rank, i);
     EXPECT_EQ(w.spawn.path, "/bin/sh");
-    EXPECT_EQ(w.spawn.argv, (std::vector<std::string>{"sh", "-c", "true"}));
+    // torchrun's ${local_rank} macro; "$$" stays (not torchrun's "$": mpirun's lines keep it).
+    std::string l = std::to_string(i);
+    EXPECT_EQ(w.spawn.argv, (std::vector<std::string>{"sh", "-c", "true",
+                                                      "--out=f_" + l + "_" + l + ".txt", "$$"}));
     EXPECT_EQ(w.spawn.wdir, "/");
     EXPECT_EQ(w.spawn.stdin_pipe, i == 1);
     auto has = [&w](const std::string& kv) {

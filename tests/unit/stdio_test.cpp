@@ -160,6 +160,7 @@ TEST(TorchLogsTest, ExpandsThePrefixTemplateAsTorchrun) {
             "[default2]:");
   EXPECT_EQ(pe::expand_prefix_template("$hostname:$rank: ${x} $rank_x $", "r", 0, 5, "n1"),
             "n1:5: ${x} $rank_x $");
+  EXPECT_EQ(pe::expand_prefix_template("<$${rank}>$$|", "r", 0, 5, "n1"), "<${rank}>$|");
 }
 
 std::string slurp(const std::string& path) {

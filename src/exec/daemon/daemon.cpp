@@ -222,7 +222,7 @@ int Daemon::run() {
   }
   // srun and the launch agents forward signals; the workers get them, the front end decides.
   // A node that joined by itself decides for itself: it leaves the job.
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2})
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2})
     signal_events_.push_back(loop_.watch_signal(sig, [this, sig, joins] {
       if (joins && sig != SIGUSR1 && sig != SIGUSR2) return on_leave(sig);
       logger("agent")->info("signal {}: forwarding to the workers", sig);
@@ -294,7 +294,7 @@ void Daemon::join_handshake() {
   }
 }
 
-// Join mode: SIGINT, SIGTERM or SIGHUP to this pytorch_exec.  The node leaves the job at once
+// Join mode: SIGINT, SIGTERM, SIGHUP or SIGQUIT to this pytorch_exec.  The node leaves the job at once
 // (the host is told why and sees the connection close: an elastic loss); its workers get the
 // signal and
 // --kill-grace seconds to exit before the rest is killed.  A second signal kills them now.

@@ -240,6 +240,10 @@ const OptionDef<RawOptions> kOptions[] = {
     {"start-method", 0, "Join mode", "spawn|fork|forkserver",
      "torchrun's: accepted; every worker is a new process running PROGRAM",
      &RawOptions::start_method},
+    {"signals-to-handle", 0, "Join mode", "SIG,...",
+     "torchrun's: accepted; SIGINT, SIGTERM, SIGHUP, SIGQUIT stop the job, SIGUSR1 and SIGUSR2 "
+     "are forwarded, whatever the list",
+     &RawOptions::signals_to_handle},
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
@@ -367,7 +371,7 @@ void validate_torch_logs(const RawOptions& raw, const ValidationContext& ctx, La
                        **given + "'");
     *field = *v;
   }
-  if (raw.local_ranks_filter) {
+  if (raw.local_ranks_filter && !raw.local_ranks_filter->empty()) {  // "": none, as torchrun
     for (const auto& l : split(*raw.local_ranks_filter, ',')) {
       auto n = parse_int(l, 0, INT_MAX);
       if (!n)
@@ -380,14 +384,18 @@ void validate_torch_logs(const RawOptions& raw, const ValidationContext& ctx, La
     t.prefix_template = *raw.log_line_prefix_template;
   else if (auto it = ctx.env.find("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"); it != ctx.env.end())
     t.prefix_template = it->second;
-  if (raw.role) {
-    if (raw.role->empty()) throw UsageError("--role: the name is empty");
-    t.role = *raw.role;
-  }
+  if (raw.role) t.role = *raw.role;  // may be empty, as torchrun's
   if (t.files() && raw.output_filename)
     throw UsageError("--output-filename and --redirects/--tee both put the ranks' output in "
                      "files: give one");
   if (raw.monitor_interval) positive_seconds("--monitor-interval", *raw.monitor_interval);
+  if (raw.signals_to_handle)
+    for (const auto& s : split(*raw.signals_to_handle, ','))
+      if (s.size() < 4 || s.compare(0, 3, "SIG") != 0 || !std::all_of(s.begin() + 3, s.end(), [](char ch) {
+            return (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+          }))
+        throw UsageError("--signals-to-handle: expected signal names separated by commas "
+                         "(SIGTERM,SIGUSR1), got '" + *raw.signals_to_handle + "'");
   if (raw.start_method && *raw.start_method != "spawn" && *raw.start_method != "fork" &&
       *raw.start_method != "forkserver")
     throw UsageError("--start-method: expected spawn, fork or forkserver, got '" +
@@ -430,11 +438,19 @@ void validate_stdin(const RawOptions& raw, LaunchConfig& c) {
   }
 }
 
-void validate_failure_handling(const RawOptions& raw, LaunchConfig& c) {
+void validate_failure_handling(const RawOptions& raw, const ValidationContext& ctx,
+                               LaunchConfig& c) {
   if (raw.kill_grace && raw.shutdown_timeout)
     throw UsageError("--kill-grace and --shutdown-timeout are one option: give one");
+  // torchrun's variable for its default, where neither option is given.
+  std::optional<std::string> from_env;
+  auto env = ctx.env.find("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+  if (!raw.kill_grace && !raw.shutdown_timeout && env != ctx.env.end() && !env->second.empty())
+    from_env = env->second;
   for (auto [given, name] : {std::pair{&raw.kill_grace, "--kill-grace"},
-                             std::pair{&raw.shutdown_timeout, "--shutdown-timeout"}}) {
+                             std::pair{&raw.shutdown_timeout, "--shutdown-timeout"},
+                             std::pair{static_cast<const std::optional<std::string>*>(&from_env),
+                                       "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"}}) {
     if (!*given) continue;
     auto g = parse_seconds(**given);
     if (!g)
@@ -664,7 +680,7 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   c.oversubscribe = raw.oversubscribe;
   validate_output(raw, c);
   validate_torch_logs(raw, ctx, c);
-  validate_failure_handling(raw, c);
+  validate_failure_handling(raw, ctx, c);
   validate_elastic(raw, c);
   if (raw.run_id) {
     if (raw.run_id->empty()) throw UsageError("--run-id: the id is empty");

@@ -56,6 +56,7 @@ struct RawOptions {
   std::optional<std::string> role;
   std::optional<std::string> monitor_interval;  // torchrun's, accepted
   std::optional<std::string> start_method;      // torchrun's, accepted
+  std::optional<std::string> signals_to_handle;  // torchrun's, accepted
   std::optional<std::string> shutdown_timeout;  // torchrun's --kill-grace
   std::optional<std::string> kill_grace;
   std::optional<std::string> failure_window;

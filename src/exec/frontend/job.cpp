@@ -90,7 +90,8 @@ int JobController::run() {
   if (cfg_.dry_run) return 0;
   sink_.open_files();
   signals_ = std::make_unique<SignalPipe>(
-      std::initializer_list<int>{SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT});
+      std::initializer_list<int>{SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGTSTP,
+                                 SIGCONT});
   // Ctrl-Z: the ranks (in process groups of their own, which the terminal does not stop) are
   // sent SIGTSTP, then pytorch_exec stops; a moment later on other nodes, so that the message
   // goes out first.  SIGCONT (fg, bg) goes on to them.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <random>
 
 #include <pytorch_exec/version.h>
 
@@ -107,15 +108,21 @@ int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std:
 
 // Join mode, the endpoint on this machine: the rendezvous port, claimed (a socket listening
 // there, kept for the front end's control plane, so that of two pytorch_exec started together
-// exactly one hosts), or nothing when it is taken (the rendezvous host's: this one joins).  An
-// invalid socket when it cannot be bound for another reason (the front end's own bind says
-// why).
+// exactly one hosts), or nothing when another listens there (the rendezvous host: this one
+// joins).  Two started in the same instant can both bind (SO_REUSEADDR) and then both fail to
+// listen: as long as nobody listens, each tries again after a random pause (up to ~2 s; then it
+// joins, a port held by some other program).  An invalid socket when the port cannot be bound
+// for another reason (the front end's own bind says why).
 std::optional<pe::UniqueFd> claim_port(int port) {
-  try {
-    return pe::listen_tcp("0.0.0.0", port, nullptr);
-  } catch (const pe::SystemError& e) {
-    if (e.code() == EADDRINUSE) return std::nullopt;
-    return pe::UniqueFd();
+  std::minstd_rand rng(static_cast<unsigned>(::getpid()) ^ static_cast<unsigned>(port));
+  for (int attempt = 0;; ++attempt) {
+    try {
+      return pe::listen_tcp("0.0.0.0", port, nullptr);
+    } catch (const pe::SystemError& e) {
+      if (e.code() != EADDRINUSE) return pe::UniqueFd();
+    }
+    if (attempt == 100 || pe::port_has_listener(port)) return std::nullopt;
+    ::usleep(static_cast<useconds_t>(2000 + rng() % 20000));
   }
 }
 

@@ -99,6 +99,11 @@ std::string expand_prefix_template(const std::string& tmpl, const std::string& r
   std::string out;
   for (size_t i = 0; i < tmpl.size();) {
     bool done = false;
+    if (tmpl.compare(i, 2, "$$") == 0) {  // an escaped '$', as in Python's string.Template
+      out += '$';
+      i += 2;
+      continue;
+    }
     if (tmpl[i] == '$')
       for (const auto& [name, value] : macros) {
         std::string braced = std::string("${") + name + "}", bare = std::string("$") + name;

@@ -36,7 +36,8 @@ struct OutputOptions {
 // torchrun's --redirects/--tee value ("3", "0:1,1:2"), or nothing when it is not one.
 std::optional<StdStreams> parse_std_streams(const std::string& v);
 // A tee'd line's prefix on the terminal: torchrun's template with ${role_name}, ${local_rank},
-// ${rank} and ${hostname} (also without braces) replaced; other '$' text stays as it is.
+// ${rank} and ${hostname} (also without braces) replaced and "$$" made "$"; other '$' text stays
+// as it is.
 std::string expand_prefix_template(const std::string& tmpl, const std::string& role,
                                    int local_rank, int rank, const std::string& host);
 
