@@ -4,8 +4,8 @@ import signal
 import subprocess
 import time
 
-from harness import (assert_no_leftovers, check, main, marker_env, processes_with_marker, start,
-                     script, tmpdir, wait_until)
+from harness import (EXEC, assert_no_leftovers, check, free_port, main, marker_env,
+                     processes_with_marker, start, script, tmpdir, wait_until)
 
 def agent_script():
     """A launch agent that runs the daemon here (simulated nodes)."""
@@ -142,6 +142,30 @@ def test_grace_then_sigkill():
     assert_no_leftovers(marker)
 
 
+def test_time_limit_stops_the_job():
+    """mpirun's --timeout (and MPIEXEC_TIMEOUT): the ranks get SIGTERM once the time is up, and
+    pytorch_exec exits 124 with one line.  Also while it still waits for join-mode nodes."""
+    for how in (["--timeout", "2"], []):
+        out, n = tmpdir(), 2
+        p, marker = launch(n, out, extra=how, env_extra=None if how else {"MPIEXEC_TIMEOUT": "2"})
+        rc = p.wait(timeout=60)
+        said = p.stderr.read().decode()
+        check(rc == 124 and "pytorch_exec: the job's time limit of 2 s was reached (--timeout): "
+              "stopping the job's 2 processes" in said, f"{how}: exit {rc}: {said!r}")
+        check(got(out, n) == {0: "TERM", 1: "TERM"}, f"{how}: got {got(out, n)}")
+        assert_no_leftovers(marker)
+    env = marker_env({"PYTORCH_EXEC_RDZV_SECRET": "limit"})
+    r = subprocess.run([EXEC, "--timeout", "1", "--nnodes", "2", "--rdzv-endpoint",
+                        f"127.0.0.1:{free_port()}", "true"], env=env, capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 124 and r.stderr.endswith("(--timeout): stopping the job\n"),
+          f"gathering: exit {r.returncode}: {r.stderr!r}")
+    for bad in (["--timeout", "x"], ["--timeout", "-1"]):
+        r = subprocess.run([EXEC] + bad + ["true"], capture_output=True, text=True, timeout=30)
+        check(r.returncode == 2 and "--timeout: expected a number of seconds" in r.stderr,
+              f"{bad}: {r.returncode} {r.stderr!r}")
+
+
 def test_second_ctrl_c_kills_at_once():
     out, n = tmpdir(), 2
     p, marker = launch(n, out, extra=["--kill-grace", "60"], env_extra={"IGNORE": "1"})
@@ -159,4 +183,5 @@ if __name__ == "__main__":
           test_sighup_reaches_every_worker, test_sigquit_reaches_every_worker,
           test_sigusr1_is_forwarded_and_the_job_goes_on,
           test_ctrl_z_stops_the_ranks_and_fg_continues_them, test_grace_then_sigkill,
+          test_time_limit_stops_the_job,
           test_second_ctrl_c_kills_at_once])

@@ -142,6 +142,10 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::kill_grace},
     {"shutdown-timeout", 0, "Failure handling", "SECONDS", "torchrun's name for --kill-grace",
      &RawOptions::shutdown_timeout},
+    {"timeout", 0, "Failure handling", "SECONDS",
+     "as mpirun's: the job's time limit; then its processes are stopped as on SIGTERM and "
+     "pytorch_exec exits 124 (also MPIEXEC_TIMEOUT)",
+     &RawOptions::timeout},
     {"failure-window", 0, "Failure handling", "SECONDS",
      "when a process fails, tell the others through a PMIx event (PMIX_ERR_PROC_ABORTED or "
      "PMIX_EVENT_PROC_TERMINATED) and give them SECONDS before stopping them (default 0)",
@@ -466,6 +470,21 @@ void validate_failure_handling(const RawOptions& raw, const ValidationContext& c
     c.failure_window = *w;
   }
   if (raw.max_restarts) c.max_restarts = parse_count("--max-restarts", *raw.max_restarts, 0);
+  // The job's time limit: --timeout, else mpirun's MPIEXEC_TIMEOUT (0: none).
+  auto env_limit = ctx.env.find("MPIEXEC_TIMEOUT");
+  std::optional<std::string> limit = raw.timeout;
+  const char* limit_name = "--timeout";
+  if (!limit && env_limit != ctx.env.end() && !env_limit->second.empty()) {
+    limit = env_limit->second;
+    limit_name = "MPIEXEC_TIMEOUT";
+  }
+  if (limit) {
+    auto t = parse_seconds(*limit);
+    if (!t || *t > 1e9)
+      throw UsageError(std::string(limit_name) + ": expected a number of seconds, got '" + *limit +
+                       "'");
+    c.timeout = *t;
+  }
 }
 
 // --host-discovery, --host-discovery-interval, --last-call, --host-cooldown, --join-timeout.

@@ -58,6 +58,7 @@ struct RawOptions {
   std::optional<std::string> start_method;      // torchrun's, accepted
   std::optional<std::string> signals_to_handle;  // torchrun's, accepted
   std::optional<std::string> shutdown_timeout;  // torchrun's --kill-grace
+  std::optional<std::string> timeout;           // mpirun's --timeout
   std::optional<std::string> kill_grace;
   std::optional<std::string> failure_window;
   std::optional<std::string> max_restarts;

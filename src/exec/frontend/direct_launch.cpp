@@ -278,6 +278,7 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
       {!cfg.output_dir.empty(), "--output-filename (srun --output)"},
       {cfg.torch_logs.files(), "--redirects/--tee (srun --output)"},
       {!cfg.torch_logs.console_ranks.empty(), "--local-ranks-filter"},
+      {cfg.timeout > 0, "--timeout (srun --time)"},
       {cfg.stdin_mode != StdinMode::OneRank || cfg.stdin_rank != 0, "--stdin (srun --input)"},
       {cfg.bind_to != topo::BindTo::Default, "--bind-to (srun --cpu-bind)"},
       {cfg.report_bindings, "--report-bindings (srun --cpu-bind=verbose)"},

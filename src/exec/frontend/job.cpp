@@ -96,6 +96,8 @@ int JobController::run() {
   // sent SIGTSTP, then pytorch_exec stops; a moment later on other nodes, so that the message
   // goes out first.  SIGCONT (fg, bg) goes on to them.
   suspend_timer_ = loop_.timer([] { ::raise(SIGSTOP); });
+  time_limit_ = loop_.timer([this] { on_time_limit(); });
+  if (cfg_.timeout > 0) time_limit_.arm(cfg_.timeout);
   signal_event_ = loop_.watch_readable(signals_->fd(), [this] {
     for (int sig : signals_->take()) on_signal(sig);
   });
@@ -767,11 +769,20 @@ void JobController::on_all_stopped() {
       }
       return;
     case State::Interrupted:
-      finish(128 + interrupt_signal_);
+      finish(interrupt_status_);
       return;
     default:
       return;
   }
+}
+
+// --timeout: the job's time is up, whatever it is doing (gathering nodes, running, restarting).
+void JobController::on_time_limit() {
+  if (state_ == State::Done || state_ == State::Interrupted || state_ == State::Failing) return;
+  size_t live = workers_->live();
+  say("the job's time limit of " + seconds_text(cfg_.timeout) + " s was reached (--timeout): " +
+      "stopping the job" + (live ? "'s " + std::to_string(live) + " processes" : ""));
+  interrupt(SIGTERM, SIGTERM, kTimeLimitStatus);
 }
 
 void JobController::on_signal(int sig) {
@@ -807,10 +818,12 @@ void JobController::enter_failing() {
   sink_.stop_waiting();
 }
 
-// The ranks are sent `send`; once they are gone, pytorch_exec exits with 128 + `sig`.
-void JobController::interrupt(int sig, int send) {
+// The ranks are sent `send`; once they are gone, pytorch_exec exits with `status` (-1: 128 +
+// `sig`).
+void JobController::interrupt(int sig, int send, int status) {
   sink_.stop_waiting();
   interrupt_signal_ = sig;
+  interrupt_status_ = status >= 0 ? status : 128 + sig;
   state_ = State::Interrupted;
   grace_timer_.disarm();
   stop_workers(send);

@@ -81,7 +81,9 @@ class JobController : public AgentListener {
   void fail_with_node(const std::string& host, const std::string& why);
   void on_stdin_drained() override;
   void on_signal(int sig);
-  void interrupt(int sig, int send);
+  void interrupt(int sig, int send, int status = -1);
+  void on_time_limit();
+  static constexpr int kTimeLimitStatus = 124;  // as timeout(1)
   void enter_failing();
   void on_output_closed(Stream s);
   void stop_workers(int sig);
@@ -112,6 +114,8 @@ class JobController : public AgentListener {
   int scale_events_ = 0;  // re-formings after lost nodes (--max-scale-events)
   int exited_ok_ = 0;
   int interrupt_signal_ = 0;
+  int interrupt_status_ = 0;  // pytorch_exec's exit status once interrupted (128 + signal, 124)
+  Event time_limit_;          // --timeout
   std::optional<Failure> failure_;
   int exit_status_ = 0;
 
