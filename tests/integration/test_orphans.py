@@ -66,6 +66,23 @@ def test_daemons_in_sessions_of_their_own_end_with_the_ranks():
             os.kill(p, signal.SIGKILL)
 
 
+def test_a_ranks_daemon_writes_on_after_the_rank_exits():
+    """A rank's daemon (setsid) lives on while the node has ranks, and so does its output: its
+    lines after the rank exited reach the terminal (as under mpirun).  They were dropped (the
+    pipe closed at the rank's exit), and it died of SIGPIPE at its next line."""
+    d = tmpdir()
+    daemon = (f'for i in 1 2 3 4 5; do echo "daemon $i"; sleep 0.1; done; touch {d}/done')
+    rank = (f'if [ $RANK = 0 ]; then setsid sh -c \'touch {d}/started; {daemon}\' & '
+            f'while [ ! -e {d}/started ]; do sleep 0.01; done; exit 0; fi; '
+            f'for i in $(seq 600); do [ -e {d}/done ] && break; sleep 0.05; done; echo rank 1 done')
+    env = marker_env()
+    r = subprocess.run([EXEC, "-n", "2", "sh", "-c", rank], env=env, capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0 and r.stdout == "".join(f"daemon {i}\n" for i in range(1, 6)) +
+          "rank 1 done\n", f"exit {r.returncode}: {r.stdout!r} {r.stderr!r}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 def test_a_daemon_whose_parent_is_slow_to_die_ends_with_the_job():
     """The rank's daemon (setsid) is the child of a process in the rank's group that takes a
     while to die (it frees a large memory): that process's environment reads empty before the
@@ -156,5 +173,6 @@ def test_a_later_job_removes_what_a_killed_one_left():
 if __name__ == "__main__":
     main([test_sigkill_of_pytorch_exec_leaves_nothing, test_normal_end_leaves_nothing,
           test_daemons_in_sessions_of_their_own_end_with_the_ranks,
+          test_a_ranks_daemon_writes_on_after_the_rank_exits,
           test_a_daemon_whose_parent_is_slow_to_die_ends_with_the_job,
           test_a_later_job_removes_what_a_killed_one_left])

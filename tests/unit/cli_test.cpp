@@ -83,6 +83,9 @@ TEST(CliTest, ReportsUnknownOptionsAndMissingValues) {
 TEST(CliTest, EmptyValuesAreNamedByTheirOption) {
   EXPECT_EQ(usage_error({"-H", "", "prog"}), "-H: the host list is empty");
   EXPECT_EQ(usage_error({"--host=", "prog"}), "-H: the host list is empty");
+  EXPECT_EQ(usage_error({"-H", "a", "-H", "", "prog"}), "-H: the host list is empty");
+  // Several -H add up, as mpirun's.
+  EXPECT_EQ(config({"-H", "a:2", "-H", "b,a", "prog"}).hosts, "a:2,b,a");
   EXPECT_EQ(usage_error({"--hostfile=", "prog"}), "--hostfile: the file name is empty");
   EXPECT_EQ(usage_error({"--launch-agent", "", "prog"}), "--launch-agent: the command is empty");
   EXPECT_EQ(usage_error({"--launch-agent", "\"\"", "prog"}),

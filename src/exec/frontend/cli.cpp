@@ -28,8 +28,9 @@ const OptionDef<RawOptions> kOptions[] = {
      "on one machine and in join mode the same as -n; auto: one per GPU, else per processor",
      &RawOptions::nproc_per_node},
     {"host", 'H', "Processes", "HOST[:SLOTS],...",
-     "run on these hosts (one slot per mention unless :SLOTS; duplicates add up)",
-     &RawOptions::hosts},
+     "run on these hosts (one slot per mention unless :SLOTS; duplicates add up, as do several "
+     "-H)",
+     &RawOptions::host_args},
     {"hostfile", 0, "Processes", "FILE",
      "run on the hosts of an Open MPI hostfile (\"host slots=N\" or \"host:N\" lines)",
      &RawOptions::hostfile},
@@ -622,6 +623,11 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   // "--" before the program: what follows is the program's, ':' included.
   auto at = static_cast<size_t>(argc) - command.size();
   r.after_dashdash = !command.empty() && at >= 2 && std::string(argv[at - 1]) == "--";
+  if (!r.host_args.empty()) {
+    bool empty = std::any_of(r.host_args.begin(), r.host_args.end(),
+                             [](const std::string& h) { return h.empty(); });
+    r.hosts = empty ? std::string() : join(r.host_args, ",");  // "": refused as empty
+  }
   r.command = std::move(command);
   return r;
 }

@@ -22,7 +22,8 @@ struct RawOptions {
   int verbosity = 0;
   std::optional<std::string> np;
   std::optional<std::string> nproc_per_node;
-  std::optional<std::string> hosts;  // -H
+  std::optional<std::string> hosts;  // -H, all of them joined with ','
+  std::vector<std::string> host_args;  // each -H (given more than once, they add up, as mpirun's)
   std::optional<std::string> hostfile;
   std::optional<std::string> npernode;  // -N
   std::optional<std::string> launch_agent;

@@ -254,6 +254,7 @@ void NodeAgent::pause_output(bool paused) {
   output_paused_ = paused;
   logger("agent")->debug("{} reading the ranks' output", paused ? "pausing" : "resuming");
   for (auto& [pid, w] : workers_) watch_output(*w);
+  for (auto& w : lingering_) watch_output(*w);
 }
 
 void NodeAgent::on_readable(Worker& w, Stream s) {
@@ -281,6 +282,12 @@ void NodeAgent::on_readable(Worker& w, Stream s) {
   // EOF (or an error): the stream is done even if the process is not.
   (s == Stream::Out ? w.out_open : w.err_open) = false;
   (s == Stream::Out ? w.out_ev : w.err_ev) = Event();
+  if (!w.out_open && !w.err_open)  // an exited rank's streams, at their end: forgotten
+    loop_.post([this, wp = &w] {
+      lingering_.erase(std::remove_if(lingering_.begin(), lingering_.end(),
+                                      [wp](const auto& l) { return l.get() == wp; }),
+                       lingering_.end());
+    });
 }
 
 void NodeAgent::flush_partial(Worker& w, Stream s) {
@@ -394,6 +401,11 @@ void NodeAgent::finish(pid_t pid, int status) {
       std::string_view lines = lb.append(buf, static_cast<size_t>(n));
       if (!lines.empty()) output(w, s, lines);
     }
+    // Not at its end (EAGAIN): a process the rank started in a session of its own, which lives
+    // on until the node has no rank left, still writes to it; it is read on (lingering_).
+    bool& open = s == Stream::Out ? w.out_open : w.err_open;
+    open = open && n < 0 && errno == EAGAIN;
+    if (!open) (s == Stream::Out ? w.out_ev : w.err_ev) = Event();
     flush_partial(w, s);
   }
   drop_stdin(w);
@@ -411,6 +423,7 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.abort_status = w.abort_status;
   e.abort_message = w.abort_message;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
+  if (w.out_open || w.err_open) lingering_.push_back(std::move(node.mapped()));
   end_strays();  // those of a generation that has no rank here any more
   listener_.on_exit(e);
 }

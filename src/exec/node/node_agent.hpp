@@ -168,6 +168,9 @@ class NodeAgent : public pmix::ServerListener {
   AgentListener& listener_;
   Event sigchld_;
   std::map<pid_t, std::unique_ptr<Worker>> workers_;
+  // Exited ranks whose stdout or stderr a process they started in a session of their own still
+  // holds: read on (their output is theirs) until its end.
+  std::vector<std::unique_ptr<Worker>> lingering_;
   size_t stdin_backlog_ = 0;
   bool stdin_ended_ = false;  // stdin_close_all() was called
   std::string job_marker_;    // "PYTORCH_EXEC_JOBID=..." of the workers (end_strays)
