@@ -5,7 +5,7 @@ import subprocess
 import time
 
 from harness import (EXEC, assert_no_leftovers, check, free_port, main, marker_env,
-                     processes_with_marker, start, script, tmpdir, wait_until)
+                     processes_with_marker, reaped, start, script, tmpdir, wait_until)
 
 def agent_script():
     """A launch agent that runs the daemon here (simulated nodes)."""
@@ -144,13 +144,14 @@ def test_grace_then_sigkill():
 
 def test_time_limit_stops_the_job():
     """mpirun's --timeout (and MPIEXEC_TIMEOUT): the ranks get SIGTERM once the time is up, and
-    pytorch_exec exits 124 with one line.  Also while it still waits for join-mode nodes."""
-    for how in (["--timeout", "2"], []):
+    pytorch_exec exits 124 with one line.  Also while it still waits for join-mode nodes, while
+    a join-mode node waits for its host, and while nobody reads the job's output."""
+    for how, source in ((["--timeout", "2"], "--timeout"), ([], "MPIEXEC_TIMEOUT")):
         out, n = tmpdir(), 2
         p, marker = launch(n, out, extra=how, env_extra=None if how else {"MPIEXEC_TIMEOUT": "2"})
         rc = p.wait(timeout=60)
         said = p.stderr.read().decode()
-        check(rc == 124 and "pytorch_exec: the job's time limit of 2 s was reached (--timeout): "
+        check(rc == 124 and f"pytorch_exec: the job's time limit of 2 s was reached ({source}): "
               "stopping the job's 2 processes" in said, f"{how}: exit {rc}: {said!r}")
         check(got(out, n) == {0: "TERM", 1: "TERM"}, f"{how}: got {got(out, n)}")
         assert_no_leftovers(marker)
@@ -160,6 +161,20 @@ def test_time_limit_stops_the_job():
                        text=True, timeout=60)
     check(r.returncode == 124 and r.stderr.endswith("(--timeout): stopping the job\n"),
           f"gathering: exit {r.returncode}: {r.stderr!r}")
+    r = subprocess.run([EXEC, "--timeout", "1", "--nnodes", "2", "--rdzv-endpoint",
+                        f"127.0.0.1:{free_port()}", "--rdzv-conf", "is_host=0", "true"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    check(r.returncode == 124 and r.stderr.startswith(
+        "pytorch_exec: the job's time limit of 1 s was reached (--timeout) before this node could "
+        "join the rendezvous host"), f"joining: exit {r.returncode}: {r.stderr!r}")
+    # Nobody reads the output: the limit still comes (the wait for the pipe gave way only to
+    # signals, and the job ended when the reader did, 141).
+    with reaped(start(["--timeout", "1", "-n", "1", "yes"], env=env, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE)) as p:
+        t0 = time.monotonic()
+        check(wait_until(lambda: p.poll() is not None, 30), "still running with its output unread")
+        check(p.returncode == 124 and time.monotonic() - t0 < 20,
+              f"unread output: exit {p.returncode} after {time.monotonic() - t0:.1f} s")
     for bad in (["--timeout", "x"], ["--timeout", "-1"]):
         r = subprocess.run([EXEC] + bad + ["true"], capture_output=True, text=True, timeout=30)
         check(r.returncode == 2 and "--timeout: expected a number of seconds" in r.stderr,

@@ -215,8 +215,12 @@ def test_srun_direct_launch():
         check(r.returncode == 0 and "collectives over 8 ranks: ok" in r.stdout, f"exit {r.returncode}: {r.stdout} {r.stderr}")
         r = sh(["srun", "--mpi=pmix", "-N", "2", "-n", "3", EXEC, os.path.join(WORK, "hello")], env)
         check(r.returncode == 0 and r.stdout.count("of 3 on") == 3 and "MISMATCH" not in r.stdout, r.stdout + r.stderr)
-    r = sh(["srun", "--mpi=none", "-N", "2", "-n", "3", EXEC, "sh", "-c", "echo $RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK"], env)
-    check(sorted(r.stdout.splitlines()) == ["0 0 2 0", "1 1 2 0", "2 0 1 1"], f"{r.stdout} {r.stderr}")
+    # torchrun's ${local_rank} in the arguments; MPIEXEC_TIMEOUT, exported for a script's mpirun
+    # steps, is no --timeout here (it was refused as one).
+    r = sh(["srun", "--mpi=none", "-N", "2", "-n", "3", EXEC, "sh", "-c",
+            "echo $RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK ${local_rank}", "${local_rank}"],
+           dict(env, MPIEXEC_TIMEOUT="100"))
+    check(sorted(r.stdout.splitlines()) == ["0 0 2 0 0", "1 1 2 0 1", "2 0 1 1 0"], f"{r.stdout} {r.stderr}")
     r = sh(["srun", "--mpi=pmix", "-N", "1", "-n", "2", EXEC, "-n", "3", "true"], env)
     check(r.returncode != 0 and "-n 3 does not match the SLURM step's 2 tasks" in r.stderr, r.stderr)
     r = sh(["srun", "-N", "1", "-n", "1", EXEC, "--max-restarts", "1", "true"], env)

@@ -170,7 +170,8 @@ std::string slurp(const std::string& path) {
 
 // torchrun's --log-dir with --redirects/--tee and --local-ranks-filter: files per attempt and
 // local rank; a redirected stream stays off the terminal, a tee'd one is prefixed there, a
-// filtered-out local rank is only in its files; output of an older generation goes to no file.
+// filtered-out local rank is only in its files; late output of the generation before goes to
+// that generation's file.
 TEST(TorchLogsTest, FilesPerAttemptAndTheTerminalAsTorchrun) {
   char base[] = "/tmp/stdio_test_XXXXXX";
   ASSERT_TRUE(mkdtemp(base));
@@ -210,10 +211,10 @@ TEST(TorchLogsTest, FilesPerAttemptAndTheTerminalAsTorchrun) {
   map.nodes = {{"b", 0, {0, 1, 2}, 3}};
   map.world_size = 3;
   sink.start_generation(1, 1, map, 0);
-  sink.write(0, 4, Stream::Out, "late\n");  // the old generation's last words: the terminal
+  sink.write(0, 4, Stream::Out, "late\n");  // the old generation's last words: its own file
   sink.write(1, 1, Stream::Out, "again\n");
   EXPECT_EQ(slurp(run + "/attempt_1/1/stdout.log"), "again\n");
-  EXPECT_EQ(slurp(run + "/attempt_0/1/stdout.log"), "r4 out\n");
+  EXPECT_EQ(slurp(run + "/attempt_0/1/stdout.log"), "r4 out\nlate\n");
   EXPECT_EQ(drain(out[0]), "[trainer1]:late\n[trainer1]:again\n");
   // The sink of every node's ranks (-H): directories by rank.
   pe::OutputSink all(o, 0, out[1], err[1]);

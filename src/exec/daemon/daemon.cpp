@@ -252,8 +252,11 @@ int Daemon::run() {
 // later (a cool-down).  Blocking: nothing else runs yet.
 void Daemon::join_handshake() {
   using Clock = std::chrono::steady_clock;
+  // --timeout, when it comes first, ends the wait as the job's time limit (exit 124).
+  const bool limited = opts_.join.time_limit > 0 && opts_.join.time_limit < opts_.join.timeout;
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                     std::chrono::duration<double>(opts_.join.timeout));
+                                     std::chrono::duration<double>(
+                                         limited ? opts_.join.time_limit : opts_.join.timeout));
   double pause = kJoinRetryFirst;
   const double per_attempt = opts_.connect_timeout;
   std::string last;
@@ -279,14 +282,20 @@ void Daemon::join_handshake() {
       last = e.what();
     }
     left = std::chrono::duration<double>(deadline - Clock::now()).count();
+    if (left <= 0 && limited)
+      throw ProgramError("the job's time limit of " + seconds_text(opts_.join.time_limit) +
+                             " s was reached (" + opts_.join.time_limit_from +
+                             ") before this node could join the rendezvous host " +
+                             opts_.join.endpoint + " (" + last + ")",
+                         124);
     if (left <= 0)
       throw TimeoutError("could not join the rendezvous host " + opts_.join.endpoint +
                          " within the join timeout (" + last + ")");
     logger("ctrl")->info("joining {}: {}; again in {:.1f} s", opts_.join.endpoint, last, pause);
     if (Clock::now() >= notice && left >= 1) {
       say_joined("waiting to join the rendezvous host " + opts_.join.endpoint + " (" + last +
-                 "); giving up in " + std::to_string(static_cast<long>(left + 0.5)) +
-                 " s (--join-timeout)");
+                 "); giving up in " + std::to_string(static_cast<long>(left + 0.5)) + " s (" +
+                 (limited ? opts_.join.time_limit_from : std::string("--join-timeout")) + ")");
       notice = Clock::now() + std::chrono::seconds(kJoinNoticeEvery);
     }
     ::usleep(static_cast<useconds_t>(std::min(pause, left) * 1e6));

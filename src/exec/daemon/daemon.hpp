@@ -41,6 +41,8 @@ struct DaemonOptions {
     std::string endpoint;  // HOST:PORT, for messages
     OutputOptions output;  // this node's --tag-output, --timestamp-output, --output-filename
     double kill_grace = 5;  // leaving: seconds the workers get after the signal (--kill-grace)
+    double time_limit = 0;    // --timeout: joining ends there (exit 124); 0: none
+    std::string time_limit_from;  // "--timeout" or "MPIEXEC_TIMEOUT"
     bool stdout_tty = false;  // this node's terminal shows its ranks' stdout (NodeJob's)
     int tty_rows = 0, tty_cols = 0;
   } join;

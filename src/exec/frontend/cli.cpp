@@ -485,6 +485,7 @@ void validate_failure_handling(const RawOptions& raw, const ValidationContext& c
       throw UsageError(std::string(limit_name) + ": expected a number of seconds, got '" + *limit +
                        "'");
     c.timeout = *t;
+    c.timeout_from = limit_name;
   }
 }
 

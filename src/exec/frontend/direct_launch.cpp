@@ -278,7 +278,8 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
       {!cfg.output_dir.empty(), "--output-filename (srun --output)"},
       {cfg.torch_logs.files(), "--redirects/--tee (srun --output)"},
       {!cfg.torch_logs.console_ranks.empty(), "--local-ranks-filter"},
-      {cfg.timeout > 0, "--timeout (srun --time)"},
+      // (MPIEXEC_TIMEOUT, exported for a script's mpirun steps, is not for srun's tasks)
+      {cfg.timeout > 0 && cfg.timeout_from == "--timeout", "--timeout (srun --time)"},
       {cfg.stdin_mode != StdinMode::OneRank || cfg.stdin_rank != 0, "--stdin (srun --input)"},
       {cfg.bind_to != topo::BindTo::Default, "--bind-to (srun --cpu-bind)"},
       {cfg.report_bindings, "--report-bindings (srun --cpu-bind=verbose)"},
@@ -338,6 +339,7 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
       gen.master_port);
   std::vector<std::string> argv{arg0};
   argv.insert(argv.end(), args.begin(), args.end());
+  argv = with_local_rank(std::move(argv), id.local_rank);
   std::vector<char*> cargv, cenv;
   for (auto& a : argv) cargv.push_back(a.data());
   cargv.push_back(nullptr);

@@ -97,7 +97,10 @@ int JobController::run() {
   // goes out first.  SIGCONT (fg, bg) goes on to them.
   suspend_timer_ = loop_.timer([] { ::raise(SIGSTOP); });
   time_limit_ = loop_.timer([this] { on_time_limit(); });
-  if (cfg_.timeout > 0) time_limit_.arm(cfg_.timeout);
+  if (cfg_.timeout > 0) {
+    time_limit_.arm(cfg_.timeout);
+    sink_.set_deadline(OutputSink::now() + cfg_.timeout);  // a blocked output waits no longer
+  }
   signal_event_ = loop_.watch_readable(signals_->fd(), [this] {
     for (int sig : signals_->take()) on_signal(sig);
   });
@@ -115,7 +118,7 @@ int JobController::run() {
   kill_timer_ = loop_.timer([this] {
     say("timed out waiting for " + std::to_string(workers_->live()) +
         " killed process(es) to exit; giving up");
-    finish(exit_status_ ? exit_status_ : 1);
+    finish(state_ == State::Interrupted ? interrupt_status_ : exit_status_ ? exit_status_ : 1);
   });
   last_call_ = loop_.timer([this] {
     last_call_.disarm();
@@ -776,12 +779,24 @@ void JobController::on_all_stopped() {
   }
 }
 
+namespace {
+
+// "'s 4 processes", "'s 1 process", "" (none): what a stop reaches, after "stopping the job".
+std::string job_processes(size_t live) {
+  if (!live) return "";
+  return "'s " + std::to_string(live) + (live == 1 ? " process" : " processes");
+}
+
+}  // namespace
+
 // --timeout: the job's time is up, whatever it is doing (gathering nodes, running, restarting).
 void JobController::on_time_limit() {
   if (state_ == State::Done || state_ == State::Interrupted || state_ == State::Failing) return;
   size_t live = workers_->live();
-  say("the job's time limit of " + seconds_text(cfg_.timeout) + " s was reached (--timeout): " +
-      "stopping the job" + (live ? "'s " + std::to_string(live) + " processes" : ""));
+  say("the job's time limit of " + seconds_text(cfg_.timeout) + " s was reached (" +
+      cfg_.timeout_from + "): stopping the job" +
+      job_processes(live));
+  sink_.set_deadline(0);
   interrupt(SIGTERM, SIGTERM, kTimeLimitStatus);
 }
 
@@ -808,7 +823,7 @@ void JobController::on_signal(int sig) {
   // One line, so that the job's end says why (other nodes of a join-mode job point here).
   size_t live = workers_->live();
   say("signal " + std::to_string(sig) + " (" + ::strsignal(sig) + "): stopping the job" +
-      (live ? "'s " + std::to_string(live) + " processes" : ""));
+      job_processes(live));
   interrupt(sig, sig);
 }
 

@@ -95,6 +95,7 @@ struct LaunchConfig {
   // Failure handling.
   double kill_grace = 5.0;      // seconds between SIGTERM and SIGKILL
   double timeout = 0;           // --timeout: seconds the job may run; 0: no limit
+  std::string timeout_from;     // "--timeout" or "MPIEXEC_TIMEOUT"
   double failure_window = 0.0;  // seconds between the failure event and stopping the others
   int max_restarts = 0;
 

@@ -187,6 +187,8 @@ int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string
       pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy,
                         cfg.torch_logs, cfg.run_id.empty() ? cfg.rdzv_id : cfg.run_id};
   o.join.kill_grace = cfg.kill_grace;
+  o.join.time_limit = cfg.timeout;
+  o.join.time_limit_from = cfg.timeout_from;
   o.join.stdout_tty = cfg.stdout_tty;
   o.join.tty_rows = cfg.tty_rows;
   o.join.tty_cols = cfg.tty_cols;

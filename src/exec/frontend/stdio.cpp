@@ -125,6 +125,12 @@ std::string expand_prefix_template(const std::string& tmpl, const std::string& r
   return out;
 }
 
+double OutputSink::now() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
     : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd), tails_(static_cast<size_t>(nranks)) {
   // stdout and stderr on one terminal or pipe (2>&1): one line, whichever stream writes it.
@@ -246,10 +252,13 @@ void OutputSink::start_generation(int generation, int restart_count, const JobMa
       labels[nm.ranks[l]] = RankLabel{static_cast<int>(l), nm.host};
   }
   if (run_dir_.empty()) return;
-  for (const auto& [rank, f] : torch_files_)
-    for (int fd : {f.out.get(), f.err.get()}) file_lines_.erase(fd);
-  torch_files_.clear();
-  torch_generation_ = generation;
+  while (!torch_files_.empty() && torch_files_.begin()->first < generation - 1) {
+    for (const auto& [rank, f] : torch_files_.begin()->second)
+      for (int fd : {f.out.get(), f.err.get()}) file_lines_.erase(fd);
+    torch_files_.erase(torch_files_.begin());
+  }
+  auto& files = torch_files_[generation];
+  files.clear();
   std::string ad = run_dir_ + "/attempt_" + std::to_string(restart_count);
   make_dir(ad, "--log-dir");
   for (const auto& [rank, label] : labels) {
@@ -258,7 +267,7 @@ void OutputSink::start_generation(int generation, int restart_count, const JobMa
     // ranks; by rank where it prints every node's (one directory for all).
     std::string rd = ad + "/" + std::to_string(node >= 0 ? label.local_rank : rank);
     make_dir(rd, "--log-dir");
-    ProcessFiles& f = torch_files_[rank];
+    ProcessFiles& f = files[rank];
     if (streams & 1) f.out = open_log(rd + "/stdout.log", "--log-dir");
     if (streams & 2) f.err = open_log(rd + "/stderr.log", "--log-dir");
   }
@@ -288,9 +297,11 @@ bool OutputSink::to_console(int generation, int rank, Stream s, std::string& tee
 
 // The --output-filename file (or torchrun's log file) of a process's stream s, else -1.
 int OutputSink::file_of(int generation, int spawn, int rank, Stream s) {
-  if (!spawn && generation == torch_generation_) {
-    auto it = torch_files_.find(rank);
-    if (it == torch_files_.end()) return -1;
+  if (!spawn && !run_dir_.empty()) {
+    auto g = torch_files_.find(generation);
+    if (g == torch_files_.end()) return -1;
+    auto it = g->second.find(rank);
+    if (it == g->second.end()) return -1;
     return (s == Stream::Out ? it->second.out : it->second.err).get();
   }
   if (opts_.dir.empty() || !files_open_) return -1;
@@ -379,8 +390,17 @@ void OutputSink::write(int generation, int rank, Stream s, std::string_view line
 // (errno EINTR: a signal came; EAGAIN: it took longer than every_ after stop_waiting()).
 bool OutputSink::write_out(int fd, std::string_view& data) {
   while (!data.empty()) {
+    double wait = every_;
+    if (deadline_ > 0) {
+      double left = deadline_ - now();
+      if (left <= 0) {  // the time limit: the loop is to run its timer (like a signal)
+        errno = EINTR;
+        return false;
+      }
+      wait = std::min(wait, left);
+    }
     struct pollfd p[2] = {{fd, POLLOUT, 0}, {interrupt_fd_, POLLIN, 0}};
-    int r = ::poll(p, interrupt_fd_ >= 0 ? 2 : 1, static_cast<int>(every_ * 1000));
+    int r = ::poll(p, interrupt_fd_ >= 0 ? 2 : 1, static_cast<int>(wait * 1000) + 1);
     if (r < 0 && errno != EINTR) return false;
     if (r > 0 && (p[1].revents & POLLIN)) {
       errno = EINTR;

@@ -83,6 +83,10 @@ class OutputSink {
     waiting_ = std::move(waiting);
     interrupt_fd_ = interrupt_fd;
   }
+  // --timeout: a wait for the terminal or pipe gives up at `when` (now()'s clock; 0: never), as
+  // for a signal, so that the loop gets to the time limit's timer.
+  void set_deadline(double when) { deadline_ = when; }
+  static double now();  // steady seconds
   // The job is being stopped: from now on, output that the terminal or pipe does not take
   // within `every` seconds is dropped, so that the timers of the stop still run.
   void stop_waiting() { stop_waiting_ = true; }
@@ -122,8 +126,8 @@ class OutputSink {
   // the new one started); a rank not here: its local rank is taken to be its rank.
   std::map<int, std::map<int, RankLabel>> labels_;
   std::string run_dir_;
-  int torch_generation_ = -1;  // whose files torch_files_ are
-  std::map<int, ProcessFiles> torch_files_;  // by rank
+  // By generation, then rank: the generation running's and the one before's (late output).
+  std::map<int, std::map<int, ProcessFiles>> torch_files_;
   OutputOptions opts_;
   int out_fd_, err_fd_;
   bool out_broken_ = false, err_broken_ = false;
@@ -142,6 +146,7 @@ class OutputSink {
   std::map<int, OpenLine> file_lines_;  // --output-filename files: the open line of each
   bool files_open_ = false;
   double every_ = 1.0;
+  double deadline_ = 0;
   int interrupt_fd_ = -1;
   bool stop_waiting_ = false;
   std::function<void()> waiting_;

@@ -24,8 +24,8 @@ namespace {
 
 // Signals whose disposition the launcher changes; the child puts them back to default before it
 // unblocks signals (a caught signal must never run the launcher's handler in the child).
-constexpr int kLauncherSignals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGUSR1, SIGUSR2,
-                                     SIGCHLD, SIGPIPE, SIGTSTP, SIGCONT};
+constexpr int kLauncherSignals[] = {SIGINT,  SIGTERM, SIGHUP,  SIGQUIT, SIGUSR1,
+                                     SIGUSR2, SIGCHLD, SIGPIPE, SIGTSTP, SIGCONT};
 
 std::vector<char*> c_strings(const std::vector<std::string>& v) {
   std::vector<char*> out;

@@ -74,19 +74,8 @@ void set_stdout(const NodeJob& job, SpawnSpec& s) {
   s.tty_cols = static_cast<unsigned short>(job.tty_cols);
 }
 
-// torchrun's macro: "${local_rank}" in the program's arguments is the rank's local rank.
-std::vector<std::string> with_local_rank(std::vector<std::string> argv, int local_rank) {
-  static const std::string kMacro = "${local_rank}";
-  for (size_t i = 1; i < argv.size(); ++i)
-    for (size_t at = 0; (at = argv[i].find(kMacro, at)) != std::string::npos;) {
-      std::string n = std::to_string(local_rank);
-      argv[i].replace(at, kMacro.size(), n);
-      at += n.size();
-    }
-  return argv;
-}
-
 }  // namespace
+
 
 std::vector<WorkerSpec> node_worker_specs(const NodeJob& job, const EnvMap& base,
                                           const NodePlan& plan, const GenerationInfo& gen) {

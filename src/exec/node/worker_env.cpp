@@ -136,4 +136,15 @@ std::vector<std::string> to_envp(const EnvMap& env) {
   return out;
 }
 
+std::vector<std::string> with_local_rank(std::vector<std::string> argv, int local_rank) {
+  static const std::string kMacro = "${local_rank}";
+  for (size_t i = 1; i < argv.size(); ++i)
+    for (size_t at = 0; (at = argv[i].find(kMacro, at)) != std::string::npos;) {
+      std::string n = std::to_string(local_rank);
+      argv[i].replace(at, kMacro.size(), n);
+      at += n.size();
+    }
+  return argv;
+}
+
 }  // namespace pe

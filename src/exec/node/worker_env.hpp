@@ -47,6 +47,10 @@ EnvMap worker_environment(const EnvMap& base,
                           const JobMap& map, int rank, const GenerationInfo& gen,
                           const RankLocality& where = RankLocality{});
 
+// torchrun's macro: "${local_rank}" in the program's arguments (argv[1...]) is the rank's local
+// rank ("$$" stays as it is).
+std::vector<std::string> with_local_rank(std::vector<std::string> argv, int local_rank);
+
 // "NAME=VALUE" strings for execve.
 std::vector<std::string> to_envp(const EnvMap& env);
 
