@@ -162,8 +162,12 @@ def test_torchruns_log_options():
     # --redirects: files only; per local rank; a restart writes attempt_1; the default base is a
     # new torchelastic_ directory in TMPDIR.
     tmp = tmpdir()
+    # Rank 1 fails in generation 0 once rank 0 has written both lines (else the stop may come
+    # first).
     flaky = ('echo "o$RANK g$TORCHELASTIC_RESTART_COUNT"; echo "e$RANK" >&2; '
-             '[ "$TORCHELASTIC_RESTART_COUNT$RANK" = 01 ] && exit 3; exit 0')
+             f'touch {tmp}/w$RANK.$TORCHELASTIC_RESTART_COUNT; '
+             '[ "$TORCHELASTIC_RESTART_COUNT$RANK" = 01 ] || exit 0; '
+             f'while [ ! -e {tmp}/w0.0 ]; do sleep 0.01; done; exit 3')
     r = run(["-n", "2", "--max-restarts", "1", "-r", "3", "--tee", "1:2", "sh", "-c", flaky],
             env=dict(os.environ, TMPDIR=tmp))
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
@@ -245,6 +249,18 @@ def test_ranks_stdout_is_a_terminal_where_ours_is():
                                                    "1 True False (99, 33)"], f"exit {rc}: {out!r}")
     r = run(["-n", "1", "sh", "-c", "[ -t 1 ] && echo tty || echo pipe"])
     check(r.returncode == 0 and r.stdout == "pipe\n", f"exit {r.returncode}: {r.stdout!r}")
+
+
+def test_merge_stderr_to_stdout():
+    """mpirun's --merge-stderr-to-stdout (an unknown option before): the ranks' stderr lines
+    come on stdout, pytorch_exec's own lines (the failure report) stay on stderr."""
+    r = run(["-n", "2", "--merge-stderr-to-stdout", "--tag-output", "sh", "-c",
+             'echo "out $RANK"; echo "err $RANK" >&2; exit $RANK'])
+    check(r.returncode == 1 and sorted(r.stdout.splitlines()) ==
+          ["[1,0]<stderr>:err 0", "[1,0]<stdout>:out 0", "[1,1]<stderr>:err 1",
+           "[1,1]<stdout>:out 1"], f"exit {r.returncode}: {r.stdout!r}")
+    check(r.stderr.startswith("pytorch_exec: rank 1 (pid ") and "err 1" in r.stderr and
+          "<stderr>" not in r.stderr, f"stderr {r.stderr!r}")
 
 
 def test_output_dir_that_cannot_be_created():
@@ -395,7 +411,8 @@ def test_a_prompt_shows_before_its_line_ends():
 if __name__ == "__main__":
     main([test_ten_megabytes_per_rank_intact, test_ten_megabytes_per_rank_tagged, test_timestamps,
           test_output_files, test_torchruns_log_options,
-          test_ranks_stdout_is_a_terminal_where_ours_is, test_output_dir_that_cannot_be_created,
+          test_ranks_stdout_is_a_terminal_where_ours_is, test_merge_stderr_to_stdout,
+          test_output_dir_that_cannot_be_created,
           test_output_files_refuse_links_and_others_directories, test_closed_output_stops_the_job,
           test_sigterm_while_the_output_is_not_read,
           test_sigusr1_while_the_output_is_not_read_loses_nothing, test_closed_stdout,

@@ -101,6 +101,10 @@ const OptionDef<RawOptions> kOptions[] = {
     {"tag-output", 0, "Output", nullptr,
      "prefix every line with [G,RANK]<stdout>: or [G,RANK]<stderr>: (G: generation, from 1)",
      &RawOptions::tag_output},
+    {"merge-stderr-to-stdout", 0, "Output", nullptr,
+     "as mpirun's: the ranks' stderr goes to pytorch_exec's stdout (its own messages stay on "
+     "stderr)",
+     &RawOptions::merge_stderr},
     {"timestamp-output", 0, "Output", nullptr,
      "prefix every line with the time it was read, [YYYY-MM-DDTHH:MM:SS.uuuuuu]",
      &RawOptions::timestamp_output},
@@ -409,6 +413,7 @@ void validate_torch_logs(const RawOptions& raw, const ValidationContext& ctx, La
 
 void validate_output(const RawOptions& raw, LaunchConfig& c) {
   c.tag_output = raw.tag_output;
+  c.merge_stderr = raw.merge_stderr;
   c.timestamp_output = raw.timestamp_output;
   if (raw.output_filename) {
     std::string dir = *raw.output_filename;

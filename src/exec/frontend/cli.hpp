@@ -46,6 +46,7 @@ struct RawOptions {
   std::optional<std::string> gpus_per_rank;
   std::optional<std::string> topology_file;
   bool tag_output = false;
+  bool merge_stderr = false;  // --merge-stderr-to-stdout
   bool timestamp_output = false;
   std::optional<std::string> output_filename;
   std::optional<std::string> stdin_target;

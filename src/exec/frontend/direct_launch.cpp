@@ -275,6 +275,7 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   const std::pair<bool, const char*> not_here[] = {
       {cfg.tag_output, "--tag-output (srun --label)"},
       {cfg.timestamp_output, "--timestamp-output"},
+      {cfg.merge_stderr, "--merge-stderr-to-stdout (srun --error)"},
       {!cfg.output_dir.empty(), "--output-filename (srun --output)"},
       {cfg.torch_logs.files(), "--redirects/--tee (srun --output)"},
       {!cfg.torch_logs.console_ranks.empty(), "--local-ranks-filter"},

@@ -62,10 +62,7 @@ JobController::JobController(LaunchConfig cfg, EnvMap env, JobMap map, WorkerSet
       env_(std::move(env)),
       source_(std::move(workers)),
       job_id_(random_job_id()),
-      sink_(
-          OutputOptions{cfg_.tag_output, cfg_.timestamp_output, cfg_.output_dir, cfg_.output_copy,
-                        cfg_.torch_logs, cfg_.run_id.empty() ? job_id_ : cfg_.run_id},
-          map.world_size),
+      sink_(output_options(cfg_, cfg_.run_id.empty() ? job_id_ : cfg_.run_id), map.world_size),
       base_map_(std::move(map)),
       map_(base_map_),
       membership_(first_members(cfg_, base_map_)),

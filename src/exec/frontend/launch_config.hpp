@@ -83,6 +83,7 @@ struct LaunchConfig {
   std::string output_dir;   // --output-filename DIR; empty: none
   bool output_copy = true;  // false with DIR:nocopy
   TorchLogs torch_logs;
+  bool merge_stderr = false;  // --merge-stderr-to-stdout
   // pytorch_exec's stdout is a terminal that shows the ranks' stdout: theirs is a
   // pseudo-terminal of its size (NodeJob::stdout_tty).
   bool stdout_tty = false;

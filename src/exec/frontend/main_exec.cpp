@@ -183,9 +183,7 @@ int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string
   o.join.node_rank = cfg.rdzv_static ? cfg.node_rank : -1;
   o.join.timeout = cfg.join_timeout;
   o.join.endpoint = cfg.rdzv_host + ":" + std::to_string(cfg.rdzv_port);
-  o.join.output =
-      pe::OutputOptions{cfg.tag_output, cfg.timestamp_output, cfg.output_dir, cfg.output_copy,
-                        cfg.torch_logs, cfg.run_id.empty() ? cfg.rdzv_id : cfg.run_id};
+  o.join.output = pe::output_options(cfg, cfg.run_id.empty() ? cfg.rdzv_id : cfg.run_id);
   o.join.kill_grace = cfg.kill_grace;
   o.join.time_limit = cfg.timeout;
   o.join.time_limit_from = cfg.timeout_from;

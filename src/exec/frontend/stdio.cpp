@@ -126,6 +126,18 @@ std::string expand_prefix_template(const std::string& tmpl, const std::string& r
   return out;
 }
 
+OutputOptions output_options(const LaunchConfig& cfg, const std::string& run_id) {
+  OutputOptions o;
+  o.tag = cfg.tag_output;
+  o.timestamp = cfg.timestamp_output;
+  o.dir = cfg.output_dir;
+  o.copy = cfg.output_copy;
+  o.torch = cfg.torch_logs;
+  o.run_id = run_id;
+  o.merge = cfg.merge_stderr;
+  return o;
+}
+
 double OutputSink::now() {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -133,7 +145,11 @@ double OutputSink::now() {
 }
 
 OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
-    : opts_(std::move(o)), out_fd_(out_fd), err_fd_(err_fd), tails_(static_cast<size_t>(nranks)) {
+    : opts_(std::move(o)),
+      out_fd_(out_fd),
+      err_fd_(opts_.merge ? out_fd : err_fd),
+      own_fd_(err_fd),
+      tails_(static_cast<size_t>(nranks)) {
   // stdout and stderr on one terminal or pipe (2>&1): one line, whichever stream writes it.
   struct stat a, b;
   same_file_ = ::fstat(out_fd, &a) == 0 && ::fstat(err_fd, &b) == 0 && a.st_dev == b.st_dev &&
@@ -324,7 +340,7 @@ int OutputSink::spawned_file(int generation, int spawn, int rank, Stream s) {
       open_process_files(gd, f.out, f.err);
     } catch (const Error& e) {
       std::string line = std::string("pytorch_exec: ") + e.what() + "\n";
-      write_all(err_fd_, line.data(), line.size());
+      write_all(own_fd_, line.data(), line.size());
     }
     it = spawned_files_.find(key);
   }
@@ -459,7 +475,7 @@ void OutputSink::message(const std::string& text) {
   OpenLine& open = line_of(Stream::Err);
   std::string line = open.mid ? "\n" + text : text;  // not after a rank's partial line
   open.mid = false;
-  write_all(err_fd_, line.data(), line.size());
+  write_all(own_fd_, line.data(), line.size());
 }
 
 std::vector<std::string> OutputSink::stderr_tail(int rank, size_t max_lines) const {

@@ -31,7 +31,11 @@ struct OutputOptions {
   bool copy = true;  // also to the terminal when dir is set
   TorchLogs torch;     // torchrun's logs (not with dir)
   std::string run_id;  // TORCHELASTIC_RUN_ID: the prefix of torchrun's run directory
+  bool merge = false;  // --merge-stderr-to-stdout: the ranks' stderr goes where their stdout does
 };
+
+// The launch's output options; `run_id`: its TORCHELASTIC_RUN_ID.
+OutputOptions output_options(const LaunchConfig& cfg, const std::string& run_id);
 
 // torchrun's --redirects/--tee value ("3", "0:1,1:2"), or nothing when it is not one.
 std::optional<StdStreams> parse_std_streams(const std::string& v);
@@ -129,7 +133,8 @@ class OutputSink {
   // By generation, then rank: the generation running's and the one before's (late output).
   std::map<int, std::map<int, ProcessFiles>> torch_files_;
   OutputOptions opts_;
-  int out_fd_, err_fd_;
+  int out_fd_, err_fd_;  // the ranks' (err_fd_ is out_fd_ with opts_.merge)
+  int own_fd_;           // pytorch_exec's own lines: its stderr
   bool out_broken_ = false, err_broken_ = false;
   std::string out_held_, err_held_;  // output that a signal interrupted (write)
   // Whether the last line of a terminal (or pipe, or file) is partial, and whose.
