@@ -96,7 +96,7 @@ int JobController::run() {
   time_limit_ = loop_.timer([this] { on_time_limit(); });
   if (cfg_.timeout > 0) {
     time_limit_.arm(cfg_.timeout);
-    sink_.set_deadline(OutputSink::now() + cfg_.timeout);  // a blocked output waits no longer
+    sink_.set_deadline(ctrl::Heartbeats::steady_seconds() + cfg_.timeout);  // a blocked output waits no longer
   }
   signal_event_ = loop_.watch_readable(signals_->fd(), [this] {
     for (int sig : signals_->take()) on_signal(sig);
@@ -834,7 +834,6 @@ void JobController::enter_failing() {
 // `sig`).
 void JobController::interrupt(int sig, int send, int status) {
   sink_.stop_waiting();
-  interrupt_signal_ = sig;
   interrupt_status_ = status >= 0 ? status : 128 + sig;
   state_ = State::Interrupted;
   grace_timer_.disarm();

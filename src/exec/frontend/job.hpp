@@ -113,7 +113,6 @@ class JobController : public AgentListener {
   int restarts_ = 0;
   int scale_events_ = 0;  // re-formings after lost nodes (--max-scale-events)
   int exited_ok_ = 0;
-  int interrupt_signal_ = 0;
   int interrupt_status_ = 0;  // pytorch_exec's exit status once interrupted (128 + signal, 124)
   Event time_limit_;          // --timeout
   std::optional<Failure> failure_;

@@ -16,6 +16,7 @@
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
+#include "exec/ctrl/heartbeat.hpp"
 
 namespace pe {
 
@@ -136,12 +137,6 @@ OutputOptions output_options(const LaunchConfig& cfg, const std::string& run_id)
   o.run_id = run_id;
   o.merge = cfg.merge_stderr;
   return o;
-}
-
-double OutputSink::now() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
 OutputSink::OutputSink(OutputOptions o, int nranks, int out_fd, int err_fd)
@@ -409,7 +404,7 @@ bool OutputSink::write_out(int fd, std::string_view& data) {
   while (!data.empty()) {
     double wait = every_;
     if (deadline_ > 0) {
-      double left = deadline_ - now();
+      double left = deadline_ - ctrl::Heartbeats::steady_seconds();
       if (left <= 0) {  // the time limit: the loop is to run its timer (like a signal)
         errno = EINTR;
         return false;

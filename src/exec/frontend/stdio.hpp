@@ -87,10 +87,10 @@ class OutputSink {
     waiting_ = std::move(waiting);
     interrupt_fd_ = interrupt_fd;
   }
-  // --timeout: a wait for the terminal or pipe gives up at `when` (now()'s clock; 0: never), as
-  // for a signal, so that the loop gets to the time limit's timer.
+  // --timeout: a wait for the terminal or pipe gives up at `when` (steady seconds,
+  // ctrl::Heartbeats::steady_seconds(); 0: never), as for a signal, so that the loop gets to the
+  // time limit's timer.
   void set_deadline(double when) { deadline_ = when; }
-  static double now();  // steady seconds
   // The job is being stopped: from now on, output that the terminal or pipe does not take
   // within `every` seconds is dropped, so that the timers of the stop still run.
   void stop_waiting() { stop_waiting_ = true; }
