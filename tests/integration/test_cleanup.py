@@ -46,6 +46,9 @@ def check_nothing_left(out, env, what):
     left = [p for p in paths + sorted(dirs) if os.path.exists(p)]
     left += [e for e in os.listdir("/dev/shm") if any(e.startswith(i) for i in ids)]
     check(ok and not left, f"{what}: left in /dev/shm: {left}")
+    # The guard removes its directories once it has killed what was left (a moment, after a
+    # SIGKILL of pytorch_exec).
+    wait_until(lambda: not os.listdir(env["TMPDIR"]), 5)
     tmp = os.listdir(env["TMPDIR"])
     check(not tmp, f"{what}: left in the temporary directory: {tmp}")
     assert_no_leftovers(env["PE_TEST_MARKER"], timeout=5)

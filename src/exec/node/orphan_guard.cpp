@@ -110,9 +110,15 @@ bool read_exact(int fd, void* buf, size_t len) {
     if (kill_marked_orphans(marker) == 0 && i >= 2) break;
     ::usleep(20000);
   }
+  // A process killed a moment ago may still finish a system call that made an entry in one
+  // (remove_all then fails, the directory not empty): tried again, for a second at most.
   for (const auto& d : dirs) {
     std::error_code ec;
-    std::filesystem::remove_all(d, ec);
+    for (int i = 0; i < 50; ++i) {
+      std::filesystem::remove_all(d, ec);
+      if (!std::filesystem::exists(d, ec)) break;
+      ::usleep(20000);
+    }
   }
   ::_exit(0);
 }
