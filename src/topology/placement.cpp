@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <optional>
 #include <sstream>
 
 namespace pe::topo {
@@ -17,6 +18,114 @@ std::string join_ints(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
   return s;
+}
+
+hwloc_obj_type_t hwloc_type(MapBy kind) {
+  switch (kind) {
+    case MapBy::Socket:
+      return HWLOC_OBJ_PACKAGE;
+    case MapBy::Numa:
+      return HWLOC_OBJ_NUMANODE;
+    case MapBy::L3Cache:
+      return HWLOC_OBJ_L3CACHE;
+    case MapBy::Core:
+      return HWLOC_OBJ_CORE;
+    case MapBy::HwThread:
+      return HWLOC_OBJ_PU;
+    default:
+      return HWLOC_OBJ_MACHINE;
+  }
+}
+
+MapBy kind_of(BindTo b) {
+  switch (b) {
+    case BindTo::Core:
+      return MapBy::Core;
+    case BindTo::HwThread:
+      return MapBy::HwThread;
+    case BindTo::L3Cache:
+      return MapBy::L3Cache;
+    case BindTo::Socket:
+      return MapBy::Socket;
+    case BindTo::Numa:
+      return MapBy::Numa;
+    default:
+      return MapBy::Node;
+  }
+}
+
+// The objects of a kind (node: the machine) with processors inside `within`, in logical order.
+// NUMA nodes without processors (a GPU's memory) are not places for ranks.
+std::vector<hwloc_obj_t> objects_inside(hwloc_topology_t topo, MapBy kind,
+                                        hwloc_const_bitmap_t within) {
+  std::vector<hwloc_obj_t> v;
+  hwloc_obj_type_t type = hwloc_type(kind);
+  int n = hwloc_get_nbobjs_by_type(topo, type);
+  for (int i = 0; i < n; ++i) {
+    hwloc_obj_t o = hwloc_get_obj_by_type(topo, type, static_cast<unsigned>(i));
+    if (o && o->cpuset && !hwloc_bitmap_iszero(o->cpuset) &&
+        hwloc_bitmap_isincluded(o->cpuset, within))
+      v.push_back(o);
+  }
+  return v;
+}
+
+// The object of a kind that holds processor `pu` (the machine when none does).
+hwloc_obj_t object_around(hwloc_topology_t topo, MapBy kind, int pu) {
+  hwloc_obj_type_t type = hwloc_type(kind);
+  int n = hwloc_get_nbobjs_by_type(topo, type);
+  for (int i = 0; i < n; ++i) {
+    hwloc_obj_t o = hwloc_get_obj_by_type(topo, type, static_cast<unsigned>(i));
+    if (o && o->cpuset && hwloc_bitmap_isset(o->cpuset, static_cast<unsigned>(pu))) return o;
+  }
+  return hwloc_get_root_obj(topo);
+}
+
+// "socket 1", "core 3", "this machine" (logical indexes, as lstopo shows them).
+std::string object_name(hwloc_obj_t o, MapBy kind) {
+  if (kind == MapBy::Node) return "the machine";
+  return std::string(to_string(kind)) + " " + std::to_string(o->logical_index);
+}
+
+// Binding to a level inside a place: `place` narrowed to the next free core or hwthread in it
+// (`used` counts those handed out per place; more ranks than there are: refused, unless
+// `overload`, then shared in turn), or widened to the socket, NUMA node or L3 cache around it (a
+// place wider than one of those: around the next core of it in turn).  `near`: how a refusal
+// names the place ("near them", "of socket 0").
+void narrow(const Topology& t, hwloc_bitmap_t place, BindTo level, bool overload,
+            std::map<std::string, int>& used, const std::string& near) {
+  hwloc_topology_t topo = t.raw();
+  const MapBy kind = kind_of(level);
+  if (hwloc_bitmap_iszero(place) || kind == MapBy::Node) return;
+  const std::string key = cpuset_list(place);
+  if (level == BindTo::Core || level == BindTo::HwThread) {
+    auto inside = objects_inside(topo, kind, place);
+    if (inside.empty()) {  // a place smaller than a core: the core around it
+      hwloc_bitmap_copy(place, object_around(topo, kind, hwloc_bitmap_first(place))->cpuset);
+      return;
+    }
+    size_t j = static_cast<size_t>(used[key]++);
+    if (j >= inside.size()) {
+      if (!overload)
+        throw TopologyError(std::string("--bind-to ") + to_string(level) +
+                            ": more ranks than the " + std::to_string(inside.size()) + " " +
+                            to_string(kind) + "(s) " + near + " (processors " + key + ") on " +
+                            t.source() + ": use --bind-to " + to_string(level) +
+                            ":overload-allowed, none or numa, or fewer ranks");
+      j %= inside.size();
+    }
+    hwloc_bitmap_copy(place, inside[j]->cpuset);
+    return;
+  }
+  hwloc_obj_t around = object_around(topo, kind, hwloc_bitmap_first(place));
+  if (!hwloc_bitmap_isincluded(place, around->cpuset)) {
+    auto cores = objects_inside(topo, MapBy::Core, place);
+    if (!cores.empty()) {
+      size_t j = static_cast<size_t>(used[key]++) % cores.size();
+      around = object_around(topo, kind, hwloc_bitmap_first(cores[j]->cpuset));
+    }
+  }
+  hwloc_bitmap_copy(place, around->cpuset);
 }
 
 // GPU blocks of k GPUs, in domain order (or GPU index order for --map-by gpu).
@@ -63,51 +172,205 @@ std::vector<size_t> block_order(const Analysis& a, const std::vector<Block>& blo
   return order;
 }
 
-void bind(const Topology& t, const Analysis& a, BindTo how, bool have_gpus,
+void bind(const Topology& t, const Analysis& a, BindTo how, bool overload, bool have_gpus,
           std::vector<RankPlacement>& ranks) {
-  if (how == BindTo::None || (how == BindTo::Default && !have_gpus)) return;
   hwloc_topology_t topo = t.raw();
   hwloc_bitmap_t set = hwloc_bitmap_alloc();
   hwloc_bitmap_t one = hwloc_bitmap_alloc();
   std::map<std::string, int> used;  // cores handed out per cpuset
-  for (auto& r : ranks) {
-    const Domain& d = a.domains[static_cast<size_t>(r.domain)];
-    // Near the rank's own GPUs (one NVLink island can span sockets); without GPUs, its domain.
-    hwloc_bitmap_zero(set);
-    for (int idx : r.gpus)
-      for (const auto& g : t.gpus())
-        if (g.index == idx) {
-          hwloc_bitmap_list_sscanf(one, g.cpuset.c_str());
-          hwloc_bitmap_or(set, set, one);
-        }
-    if (hwloc_bitmap_iszero(set)) hwloc_bitmap_list_sscanf(set, d.cpuset.c_str());
-    if (how == BindTo::Numa && d.numa >= 0) {
-      hwloc_obj_t node =
-          hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
-      if (node) hwloc_bitmap_copy(set, node->cpuset);
-    } else if (how == BindTo::Core) {
-      int ncores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE);
-      if (ncores > 0) {
+  try {
+    for (auto& r : ranks) {
+      const Domain& d = a.domains[static_cast<size_t>(r.domain)];
+      // Near the rank's own GPUs (one NVLink island can span sockets); without GPUs, its domain.
+      hwloc_bitmap_zero(set);
+      for (int idx : r.gpus)
+        for (const auto& g : t.gpus())
+          if (g.index == idx) {
+            hwloc_bitmap_list_sscanf(one, g.cpuset.c_str());
+            hwloc_bitmap_or(set, set, one);
+          }
+      if (hwloc_bitmap_iszero(set)) hwloc_bitmap_list_sscanf(set, d.cpuset.c_str());
+      r.pu = hwloc_bitmap_first(set);
+      if (how == BindTo::None || (how == BindTo::Default && !have_gpus)) continue;
+      if (how == BindTo::Numa && d.numa >= 0) {
+        hwloc_obj_t node =
+            hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
+        if (node) hwloc_bitmap_copy(set, node->cpuset);
+      } else if (how != BindTo::Gpu && how != BindTo::Default) {
         // As mpirun: two ranks bound to one core is refused, not done quietly.
-        int j = used[cpuset_list(set)]++;
-        if (j >= ncores) {
-          std::string cpus = cpuset_list(set);
-          hwloc_bitmap_free(one);
-          hwloc_bitmap_free(set);
-          throw TopologyError("--bind-to core: more ranks than the " + std::to_string(ncores) +
-                              " core(s) near them (processors " + cpus + ") on " + t.source() +
-                              ": use --bind-to none or numa, or fewer ranks");
-        }
-        hwloc_obj_t core = hwloc_get_obj_inside_cpuset_by_type(topo, set, HWLOC_OBJ_CORE,
-                                                               static_cast<unsigned>(j));
-        hwloc_bitmap_and(set, set, core->cpuset);
+        narrow(t, set, how, overload, used, "near them");
       }
+      r.cpuset = cpuset_list(set);
+      r.os_cpus = cpuset_os_cpus(set);
+      r.pu = hwloc_bitmap_first(set);
     }
-    r.cpuset = cpuset_list(set);
-    r.os_cpus = cpuset_os_cpus(set);
+  } catch (...) {
+    hwloc_bitmap_free(one);
+    hwloc_bitmap_free(set);
+    throw;
   }
   hwloc_bitmap_free(one);
   hwloc_bitmap_free(set);
+}
+
+// The union of the cpusets near these GPUs (Topology::gpus() indexes).
+void near_gpus(const Topology& t, const std::vector<int>& gpus, hwloc_bitmap_t out) {
+  hwloc_bitmap_t one = hwloc_bitmap_alloc();
+  hwloc_bitmap_zero(out);
+  for (int idx : gpus)
+    for (const auto& g : t.gpus())
+      if (g.index == idx) {
+        hwloc_bitmap_list_sscanf(one, g.cpuset.c_str());
+        hwloc_bitmap_or(out, out, one);
+      }
+  hwloc_bitmap_free(one);
+}
+
+// The second way (see placement.hpp): places among processor objects, then GPUs near them,
+// then binding.
+void place_on_processors(const Topology& t, const Analysis& a, const PlacementOptions& o,
+                         std::vector<RankPlacement>& ranks) {
+  hwloc_topology_t topo = t.raw();
+  const MapSpec spec{o.map_by, o.ppr, o.ppr_object, o.pe, std::nullopt};
+  const MapBy kind =
+      o.map_by == MapBy::Ppr ? o.ppr_object
+      : o.map_by == MapBy::Slot || o.map_by == MapBy::Node || o.map_by == MapBy::Default
+          ? MapBy::Node
+          : o.map_by;
+  auto objs = kind == MapBy::Node
+                  ? std::vector<hwloc_obj_t>{}
+                  : objects_inside(topo, kind, hwloc_topology_get_topology_cpuset(topo));
+  if (objs.empty()) objs.push_back(hwloc_get_root_obj(topo));  // (no such objects: the machine)
+  const size_t n = ranks.size(), m = objs.size();
+  // Each rank's object and its turn there.
+  std::vector<size_t> at(n), turn(n), on(m, 0);
+  for (size_t i = 0; i < n; ++i) {
+    if (o.map_by == MapBy::Ppr) {
+      at[i] = i / static_cast<size_t>(o.ppr);
+      turn[i] = i % static_cast<size_t>(o.ppr);
+      if (at[i] >= m)
+        throw TopologyError(
+            "--map-by " + to_string(spec) + ": " + std::to_string(n) + " ranks need " +
+            std::to_string((n + static_cast<size_t>(o.ppr) - 1) / static_cast<size_t>(o.ppr)) +
+            " " + to_string(kind) + "s; " + t.source() + " has " + std::to_string(m));
+    } else {
+      at[i] = i % m;
+      turn[i] = i / m;
+    }
+    ++on[at[i]];
+  }
+  std::vector<hwloc_bitmap_t> place(n);
+  for (auto& p : place) p = hwloc_bitmap_alloc();
+  auto free_places = [&place] {
+    for (auto& p : place) hwloc_bitmap_free(p);
+  };
+  try {
+    bool crowded = false;  // more ranks than core or hwthread objects: mpirun binds none then
+    for (size_t i = 0; i < n; ++i) {
+      hwloc_obj_t obj = objs[at[i]];
+      if (o.pe > 0) {
+        auto cores = objects_inside(topo, MapBy::Core, obj->cpuset);
+        if (cores.empty()) cores.push_back(obj);
+        size_t first = turn[i] * static_cast<size_t>(o.pe);
+        if (on[at[i]] * static_cast<size_t>(o.pe) > cores.size() && !o.overload)
+          throw TopologyError(
+              "--map-by " + to_string(spec) + ": " + std::to_string(on[at[i]]) +
+              (on[at[i]] == 1 ? " rank of " : " ranks of ") + std::to_string(o.pe) +
+              " cores need " + std::to_string(on[at[i]] * static_cast<size_t>(o.pe)) + " on " +
+              object_name(obj, kind) + ", which has " + std::to_string(cores.size()) +
+              " (processors " + cpuset_list(obj->cpuset) + ") on " + t.source() +
+              ": use fewer ranks or a smaller PE");
+        for (size_t c = first; c < first + static_cast<size_t>(o.pe); ++c)
+          hwloc_bitmap_or(place[i], place[i], cores[c % cores.size()]->cpuset);
+      } else {
+        hwloc_bitmap_copy(place[i], obj->cpuset);
+        crowded = crowded || ((kind == MapBy::Core || kind == MapBy::HwThread) && turn[i] > 0);
+      }
+      ranks[i].pu = hwloc_bitmap_first(place[i]);
+    }
+    // GPUs: among the blocks near the place's socket (all, when none is), the least used; of
+    // those, the nearest: near the place itself, then its NUMA node.  So that ranks share the
+    // GPUs of their socket evenly before any goes further.
+    const int ngpus = static_cast<int>(t.gpus().size());
+    auto blocks = ngpus > 0 ? gpu_blocks(t, a, o.gpus_per_rank, false) : std::vector<Block>{};
+    std::vector<int> use(blocks.size(), 0);
+    std::vector<hwloc_bitmap_t> block_near;
+    for (const auto& b : blocks) {
+      std::vector<int> idx;
+      for (int g : b.gpus) idx.push_back(t.gpus()[static_cast<size_t>(g)].index);
+      block_near.push_back(hwloc_bitmap_alloc());
+      near_gpus(t, idx, block_near.back());
+    }
+    hwloc_bitmap_t dom = hwloc_bitmap_alloc();
+    for (size_t i = 0; i < n; ++i) {
+      if (!blocks.empty()) {
+        const int pu = hwloc_bitmap_first(place[i]);
+        hwloc_const_bitmap_t socket = object_around(topo, MapBy::Socket, pu)->cpuset;
+        hwloc_const_bitmap_t numa = object_around(topo, MapBy::Numa, pu)->cpuset;
+        bool any = false;
+        for (auto* nb : block_near) any = any || hwloc_bitmap_intersects(nb, socket);
+        int best = -1;
+        std::pair<int, int> best_key;
+        for (size_t b = 0; b < blocks.size(); ++b) {
+          if (any && !hwloc_bitmap_intersects(block_near[b], socket)) continue;
+          int dist = hwloc_bitmap_intersects(block_near[b], place[i]) ? 0
+                     : hwloc_bitmap_intersects(block_near[b], numa)   ? 1
+                                                                      : 2;
+          std::pair<int, int> key{use[b], dist};
+          if (best < 0 || key < best_key) best = static_cast<int>(b), best_key = key;
+        }
+        ++use[static_cast<size_t>(best)];
+        const Block& blk = blocks[static_cast<size_t>(best)];
+        ranks[i].domain = blk.domain;
+        for (int g : blk.gpus) ranks[i].gpus.push_back(t.gpus()[static_cast<size_t>(g)].index);
+      } else {
+        ranks[i].domain = 0;
+        for (const auto& d : a.domains) {
+          hwloc_bitmap_list_sscanf(dom, d.cpuset.c_str());
+          if (hwloc_bitmap_intersects(dom, place[i])) {
+            ranks[i].domain = d.index;
+            break;
+          }
+        }
+      }
+    }
+    // Binding.
+    BindTo level = o.bind_to;
+    const bool chosen = level != BindTo::Default;
+    if (!chosen)
+      level = o.pe > 0                  ? BindTo::Default
+              : crowded                 ? BindTo::None
+              : kind == MapBy::Core     ? BindTo::Core
+              : kind == MapBy::HwThread ? BindTo::HwThread
+              : kind == MapBy::L3Cache  ? BindTo::L3Cache
+              : kind == MapBy::Socket   ? BindTo::Socket
+              : kind == MapBy::Numa     ? BindTo::Numa
+                                        : BindTo::None;
+    if (chosen && !o.overload && crowded && kind == kind_of(level))
+      throw TopologyError(std::string("--bind-to ") + to_string(level) + ": " + std::to_string(n) +
+                          " ranks on the " + std::to_string(m) + " " + to_string(kind) + "s of " +
+                          t.source() + ": use --bind-to " + to_string(level) +
+                          ":overload-allowed or none, or fewer ranks");
+    std::map<std::string, int> used;
+    for (size_t i = 0; i < n; ++i) {
+      if (level == BindTo::None) break;
+      if (level == BindTo::Gpu) {
+        near_gpus(t, ranks[i].gpus, place[i]);
+      } else if (level != BindTo::Default &&
+                 !(o.pe > 0 && (level == BindTo::Core || level == BindTo::HwThread))) {
+        narrow(t, place[i], level, o.overload || !chosen, used,
+               "of " + object_name(objs[at[i]], kind));
+      }
+      ranks[i].cpuset = cpuset_list(place[i]);
+      ranks[i].os_cpus = cpuset_os_cpus(place[i]);
+    }
+    hwloc_bitmap_free(dom);
+    for (auto* nb : block_near) hwloc_bitmap_free(nb);
+  } catch (...) {
+    free_places();
+    throw;
+  }
+  free_places();
 }
 
 // Rail alignment: a rank with GPUs gets the NICs nearest its own GPUs (nearest_nics).  The GPU
@@ -146,15 +409,6 @@ void assign_nics(const Topology& t, const Analysis& a, std::vector<RankPlacement
         ranks[i].nics.push_back(t.nics()[static_cast<size_t>(n)].name);
 }
 
-// "a, b or c".
-template <typename E, size_t N>
-std::string list_choices(const E (&choices)[N]) {
-  std::string s;
-  for (size_t i = 0; i < N; ++i)
-    s += std::string(i == 0 ? "" : i + 1 == N ? " or " : ", ") + to_string(choices[i]);
-  return s;
-}
-
 }  // namespace
 
 const char* to_string(MapBy m) {
@@ -171,6 +425,16 @@ const char* to_string(MapBy m) {
       return "gpu";
     case MapBy::Domain:
       return "domain";
+    case MapBy::Core:
+      return "core";
+    case MapBy::HwThread:
+      return "hwthread";
+    case MapBy::L3Cache:
+      return "l3cache";
+    case MapBy::Socket:
+      return "socket";
+    case MapBy::Ppr:
+      return "ppr";
   }
   return "?";
 }
@@ -187,6 +451,14 @@ const char* to_string(RankBy r) {
       return "gpu";
     case RankBy::Domain:
       return "domain";
+    case RankBy::Core:
+      return "core";
+    case RankBy::HwThread:
+      return "hwthread";
+    case RankBy::L3Cache:
+      return "l3cache";
+    case RankBy::Socket:
+      return "socket";
   }
   return "?";
 }
@@ -203,18 +475,132 @@ const char* to_string(BindTo b) {
       return "numa";
     case BindTo::Gpu:
       return "gpu";
+    case BindTo::HwThread:
+      return "hwthread";
+    case BindTo::L3Cache:
+      return "l3cache";
+    case BindTo::Socket:
+      return "socket";
   }
   return "?";
 }
 
-MapBy parse_map_by(const std::string& s) {
-  if (auto m = find_choice(kMapByChoices, s)) return *m;
-  throw TopologyError("--map-by: expected " + list_choices(kMapByChoices) + ", got '" + s + "'");
+namespace {
+
+std::string lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  return s;
 }
 
-BindTo parse_bind_to(const std::string& s) {
-  if (auto b = find_choice(kBindToChoices, s)) return *b;
-  throw TopologyError("--bind-to: expected " + list_choices(kBindToChoices) + ", got '" + s + "'");
+std::vector<std::string> split_colons(const std::string& s) {
+  std::vector<std::string> v(1);
+  for (char c : s)
+    if (c == ':')
+      v.emplace_back();
+    else
+      v.back() += c;
+  return v;
+}
+
+// A positive count (1 ... 4096) or nothing.
+std::optional<int> small_count(const std::string& s) {
+  if (s.empty() || s.size() > 4 || s.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  int v = std::stoi(s);
+  if (v < 1 || v > 4096) return std::nullopt;
+  return v;
+}
+
+}  // namespace
+
+MapSpec parse_map_spec(const std::string& s) {
+  auto parts = split_colons(s);
+  MapSpec m;
+  size_t mods = 1;
+  const std::string objects =
+      "slot, node, numa, gpu, domain, core, hwthread, l3cache, socket, "
+      "package or ppr:N:OBJECT";
+  if (lower(parts[0]) == "ppr") {
+    auto n = parts.size() > 1 ? small_count(parts[1]) : std::nullopt;
+    auto obj = parts.size() > 2 ? find_choice(kPprObjects, parts[2]) : std::nullopt;
+    if (!n || !obj)
+      throw TopologyError(
+          "--map-by: expected ppr:N:OBJECT, N ranks per node, socket, numa, "
+          "l3cache, core or hwthread, got '" +
+          s + "'");
+    m.by = MapBy::Ppr, m.ppr = *n, m.ppr_object = *obj;
+    mods = 3;
+  } else if (auto by = find_choice(kMapByChoices, parts[0])) {
+    m.by = *by;
+  } else {
+    throw TopologyError("--map-by: expected one of " + objects + ", got '" + s + "'");
+  }
+  for (size_t i = mods; i < parts.size(); ++i) {
+    std::string mod = lower(parts[i]);
+    if (mod.rfind("pe=", 0) == 0) {
+      auto pe = small_count(mod.substr(3));
+      if (!pe)
+        throw TopologyError("--map-by: PE= takes a positive number of cores, got '" + s + "'");
+      m.pe = *pe;
+    } else if (mod == "oversubscribe" || mod == "nooversubscribe") {
+      m.oversubscribe = mod == "oversubscribe";
+    } else {
+      throw TopologyError("--map-by: unknown modifier '" + parts[i] + "' in '" + s +
+                          "' (PE=n, oversubscribe and nooversubscribe are known)");
+    }
+  }
+  check_map_spec(m, "--map-by " + s);
+  return m;
+}
+
+void check_map_spec(const MapSpec& m, const std::string& what) {
+  if (m.pe == 0) return;
+  MapBy obj = m.by == MapBy::Ppr ? m.ppr_object : m.by;
+  if (obj == MapBy::Core || obj == MapBy::HwThread || obj == MapBy::Gpu || obj == MapBy::Domain)
+    throw TopologyError(what +
+                        ": PE=n gives each rank n cores of a wider object: slot, node, "
+                        "numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
+}
+
+BindSpec parse_bind_spec(const std::string& s) {
+  auto parts = split_colons(s);
+  BindSpec b;
+  auto to = find_choice(kBindToChoices, parts[0]);
+  if (!to) {
+    std::string list;
+    for (BindTo e : kBindToChoices) list += std::string(to_string(e)) + ", ";
+    throw TopologyError("--bind-to: expected one of " + list.substr(0, list.size() - 2) +
+                        " or package, got '" + s + "'");
+  }
+  b.to = *to;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    std::string q = lower(parts[i]);
+    if (q == "overload-allowed")
+      b.overload = true;
+    else if (q != "if-supported")
+      throw TopologyError("--bind-to: unknown qualifier '" + parts[i] + "' in '" + s +
+                          "' (overload-allowed and if-supported are known)");
+  }
+  return b;
+}
+
+std::string to_string(const MapSpec& m) {
+  std::string s = m.by == MapBy::Ppr
+                      ? "ppr:" + std::to_string(m.ppr) + ":" + to_string(m.ppr_object)
+                      : std::string(to_string(m.by));
+  if (m.pe > 0) s += ":PE=" + std::to_string(m.pe);
+  return s;
+}
+
+bool maps_on_processors(MapBy by, int pe) {
+  return pe > 0 || by == MapBy::Core || by == MapBy::HwThread || by == MapBy::L3Cache ||
+         by == MapBy::Socket || by == MapBy::Ppr;
+}
+
+int count_objects(const Topology& t, MapBy kind) {
+  if (kind == MapBy::Node) return 1;
+  auto v = objects_inside(t.raw(), kind, hwloc_topology_get_topology_cpuset(t.raw()));
+  return std::max<int>(1, static_cast<int>(v.size()));
 }
 
 std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
@@ -231,7 +617,15 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
   if (o.gpus_per_rank > 1 && ngpus == 0)
     throw TopologyError("--gpus-per-rank " + std::to_string(o.gpus_per_rank) + ": " + t.source() +
                         " has no GPUs");
+  if (o.map_by == MapBy::Ppr && o.ppr < 1)
+    throw TopologyError("--map-by ppr: N must be at least 1");
   std::vector<RankPlacement> ranks(static_cast<size_t>(std::max(o.nranks, 0)));
+  if (maps_on_processors(o.map_by, o.pe)) {
+    place_on_processors(t, a, o, ranks);
+    for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
+    assign_nics(t, a, ranks);
+    return ranks;
+  }
   if (ngpus > 0) {
     auto blocks = gpu_blocks(t, a, o.gpus_per_rank, o.map_by == MapBy::Gpu);
     auto order = block_order(a, blocks, o.map_by == MapBy::Numa);
@@ -267,7 +661,7 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
   }
   for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
   assign_nics(t, a, ranks);
-  bind(t, a, o.bind_to, ngpus > 0, ranks);
+  bind(t, a, o.bind_to, o.overload, ngpus > 0, ranks);
   return ranks;
 }
 

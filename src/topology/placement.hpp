@@ -1,6 +1,7 @@
 // Placing the ranks of one node: which GPU(s), domain, NIC(s) and processors each local rank
 // gets.  A pure function of the topology analysis and the options.
 //
+// First way (--map-by slot, node, numa, gpu, domain, without PE=n).
 // Order: ranks follow the locality domains (GPUs of one NVLink island / root complex get
 // consecutive ranks).  --map-by gpu takes GPUs in index order instead; --map-by numa deals ranks
 // round-robin over NUMA nodes.  With more ranks than GPU blocks (GPUs / --gpus-per-rank), GPUs
@@ -12,6 +13,17 @@
 // NICs (rail alignment): the NICs nearest the rank's own GPUs by PCIe path (PIX, PXB, PHB, NODE,
 // SYS; RDMA before Ethernet); GPU blocks with the same nearest NICs share them out, so that two
 // GPUs behind one switch pair with its two NICs one each.  Without GPUs: the domain's NICs.
+// Second way, Open MPI's (--map-by core, hwthread, l3cache, socket, ppr:N:OBJECT, or PE=n): each
+// rank gets a place among the machine's processor objects first: core, hwthread, l3cache and
+// socket deal ranks round-robin over those objects (numa too, with PE=n), ppr:N:OBJECT fills N
+// ranks into each object in turn, slot and node fill the machine in order; with PE=n, the k-th
+// rank on an object gets its cores k*n to k*n+n-1.  The default binding is the place itself (the
+// PE cores, the core, the socket; none for ppr:N:node, or where core or hwthread mapping has
+// more ranks than objects, as mpirun); --bind-to narrows a place to one of its cores or
+// hwthreads (the next one free; more ranks than those are refused unless :overload-allowed) or
+// widens it to the socket, NUMA node or L3 cache around it.  GPUs: the least used GPU block
+// near the place (any, when none is near); the domain is the block's, or without GPUs the first
+// domain overlapping the place.
 #pragma once
 
 #include <string>
@@ -22,16 +34,32 @@
 
 namespace pe::topo {
 
-// Parse "slot", "node", "numa", "gpu", "domain" / "none", "core", "numa", "gpu"; throw
-// TopologyError naming the option and the choices.
-MapBy parse_map_by(const std::string& s);
-BindTo parse_bind_to(const std::string& s);
+// Parse --map-by (MapSpec) and --bind-to (BindSpec) in Open MPI's syntax; throw TopologyError
+// naming the option, what was wrong and what may be written.
+MapSpec parse_map_spec(const std::string& s);
+BindSpec parse_bind_spec(const std::string& s);
+// PE=n only with an object wider than a core (what: how the message names the request).
+void check_map_spec(const MapSpec& m, const std::string& what);
+// "socket", "ppr:2:socket:PE=4": a MapSpec as a user would write it (for messages).
+std::string to_string(const MapSpec& m);
+
+// Open MPI's mapping on processor objects: --map-by core, hwthread, l3cache, socket, ppr:N:OBJECT
+// or any mapping with PE=n (placed by place_ranks's second way; see the man page).
+bool maps_on_processors(MapBy by, int pe);
+
+// How many objects of the kind ppr:N:OBJECT counts this topology has (those with processors;
+// node: 1).
+int count_objects(const Topology& t, MapBy kind);
 
 struct PlacementOptions {
   int nranks = 1;
   MapBy map_by = MapBy::Default;
   BindTo bind_to = BindTo::Default;
   int gpus_per_rank = 1;
+  int ppr = 0;                     // --map-by ppr:N:OBJECT
+  MapBy ppr_object = MapBy::Node;
+  int pe = 0;                      // --map-by ...:PE=n, -c n: cores per rank
+  bool overload = false;           // --bind-to LEVEL:overload-allowed
 };
 
 struct RankPlacement {
@@ -44,6 +72,7 @@ struct RankPlacement {
   std::string nic_path;           // path class from its GPUs to them ("PIX", ...), "" without GPUs
   std::vector<int> os_cpus;       // binding; empty: unbound
   std::string cpuset;             // the same in hwloc list syntax, "" when unbound
+  int pu = -1;  // OS index of the first processor of the rank's place (for --rank-by)
 };
 
 // Throws TopologyError for impossible requests (gpus-per-rank larger than the GPUs there are,

@@ -3,7 +3,10 @@ real binding (seen in /proc/<pid>/status), PYTORCH_EXEC_* locality variables, ba
 import os
 import re
 
-from harness import SRCDIR, check, main, run
+import shutil
+import subprocess
+
+from harness import SRCDIR, check, main, run, skip
 
 FIX = os.path.join(SRCDIR, "tests", "fixtures", "hwloc")
 DUMP = ["sh", "-c", 'echo "$RANK|$PYTORCH_EXEC_DOMAIN|${PYTORCH_EXEC_CPUS-unset}|'
@@ -106,10 +109,85 @@ def test_no_binding_by_default_without_gpus():
         check(cpus == "unset", f"bound without being asked: {row}")
 
 
+# Open MPI's mapping lines, run as they are under mpirun and under pytorch_exec on this machine:
+# each rank's processors, as the kernel has them, must be the same.  (Lines where the two differ
+# by design are in the man page: mpirun's default binding with 2 ranks or fewer is core, where
+# pytorch_exec binds as the --map-by object says.)
+MPIRUN_LINES = [
+    ["-n", "2", "--map-by", "core"],
+    ["-n", "2", "--map-by", "socket"],
+    ["-n", "2", "--map-by", "SOCKET"],
+    ["-n", "2", "--map-by", "l3cache"],
+    ["--map-by", "ppr:1:core"],
+    ["-n", "2", "--map-by", "ppr:2:socket", "--bind-to", "core"],
+    ["-n", "1", "--map-by", "slot:PE=2"],
+    ["-n", "1", "--map-by", "socket:PE=2"],
+    ["-n", "1", "--map-by", "numa:PE=2"],
+    ["-n", "1", "--map-by", "ppr:1:socket:PE=2"],
+    ["-n", "2", "--map-by", "slot:PE=1"],
+    ["-n", "2", "--bind-to", "hwthread"],
+    ["-n", "2", "--bind-to", "socket"],
+    ["-n", "2", "--bind-to", "core:overload-allowed"],
+    ["-n", "2", "--map-by", "core", "--rank-by", "socket"],
+    ["-n", "3", "--map-by", "core", "--oversubscribe"],
+    ["-n", "3", "--map-by", "core", "--bind-to", "core:overload-allowed", "--oversubscribe"],
+    ["-n", "3", "--map-by", "socket:oversubscribe"],
+]
+
+
+def test_mapping_lines_bind_as_under_mpirun():
+    """Each of MPIRUN_LINES under mpirun and under pytorch_exec: the same ranks on the same
+    processors (Cpus_allowed_list) on this machine."""
+    if not shutil.which("mpirun"):
+        skip("mpirun not found (openmpi-bin)")
+    cores = int(subprocess.run(["sh", "-c", "lscpu -p=core | grep -v '^#' | sort -u | wc -l"],
+                               capture_output=True, text=True).stdout or 0)
+    if cores != 2:
+        skip(f"the lines are chosen for a machine of 2 cores; this one has {cores}")
+    prog = ["sh", "-c", 'echo "${OMPI_COMM_WORLD_RANK}:$(grep Cpus_allowed_list /proc/self/status | cut -f2)"']
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    for line in MPIRUN_LINES:
+        want = subprocess.run(["mpirun"] + line + prog, capture_output=True, text=True, timeout=60, env=env)
+        check(want.returncode == 0, f"mpirun {line}: {want.stderr}")
+        got = run(line + prog)
+        check(got.returncode == 0, f"pytorch_exec {line}: {got.stderr}")
+        check(sorted(got.stdout.split()) == sorted(want.stdout.split()),
+              f"{' '.join(line)}: mpirun {sorted(want.stdout.split())}, pytorch_exec {sorted(got.stdout.split())}")
+    # -c (mpirun's deprecated --cpus-per-proc) is numa:PE=n.
+    got = run(["-n", "1", "-c", "2"] + prog)
+    check(got.stdout.split() == ["0:" + run(["-n", "1", "--map-by", "numa:PE=2"] + prog).stdout.split()[0][2:]],
+          got.stdout + got.stderr)
+
+
+def test_mpiruns_placement_on_real_servers():
+    """--dry-run on real GPU servers: ranks dealt over sockets, ppr with PE cores, each rank's GPU
+    near its socket."""
+    r = run(["--dry-run", "--map-by", "ppr:4:socket:PE=8", "--topology-file",
+             fixture("xe8640-4xH100-4xmlx5"), "./train"])
+    check(r.returncode == 0 and r.stdout.startswith("Job map: 8 ranks on 1 node(s)"), r.stdout + r.stderr)
+    for line in ["rank 0 (local 0): GPU 0, domain 0, NIC mlx5_0,mlx5_1 (PIX), cpus 0-7,112-119",
+                 "rank 4 (local 4): GPU 2, domain 0, NIC mlx5_3 (SYS), cpus 56-63,168-175"]:
+        check(line in r.stdout, r.stdout)
+    r = run(["--dry-run", "-n", "4", "--map-by", "socket", "--bind-to", "core", "--topology-file",
+             fixture("relion-x1904gt-2xP100-mlx5"), "./train"])
+    check("rank 1 (local 1): GPU 1, domain 0, NIC mlx5_0 (PIX), cpus 18,54" in r.stdout, r.stdout + r.stderr)
+    # On several nodes, ppr counts per node (the nodes taken to be like this one).
+    r = run(["--dry-run", "-H", "a:64,b:64", "--npersocket", "3", "--topology-file",
+             fixture("relion-x1904gt-2xP100-mlx5"), "./train"])
+    check(r.stdout.startswith("Job map: 12 ranks on 2 node(s)"), r.stdout + r.stderr)
+
+
 def test_bad_mapping_requests():
     cases = [
         (["--map-by", "diagonal", "true"], "--map-by: expected one of"),
-        (["--bind-to", "socket", "true"], "--bind-to: expected one of"),
+        (["--bind-to", "board", "true"], "--bind-to: expected one of"),
+        (["--map-by", "ppr:2", "true"], "--map-by: expected ppr:N:OBJECT"),
+        (["--map-by", "core:PE=2", "true"], "PE=n gives each rank n cores of a wider object"),
+        (["--map-by", "socket:span", "true"], "unknown modifier 'span'"),
+        (["-n", "9", "--map-by", "ppr:1:socket", "true"], "places at most"),
+        (["-n", "1", "--map-by", "slot:PE=64", "true"], "1 rank of 64 cores need 64"),
+        (["-n", "3", "--map-by", "core", "--bind-to", "core", "true"], "use --bind-to core:overload-allowed"),
+        (["-c", "2", "--map-by", "hwthread", "true"], "-c 2 with --map-by hwthread"),
         (["--rank-by", "x", "true"], "--rank-by"),
         (["--gpus-per-rank", "0", "true"], "--gpus-per-rank"),
         (["--topology-file", fixture("relion-x1904gt-2xP100-mlx5"), "true"], "describes another machine"),
@@ -127,4 +205,5 @@ if __name__ == "__main__":
     main([test_display_topology_of_another_machine, test_dry_run_maps_a_dgx2_and_starts_nothing,
           test_nproc_per_node_auto_and_gpu_count_gpus,
           test_binding_is_real_and_announced, test_no_binding_by_default_without_gpus,
+          test_mapping_lines_bind_as_under_mpirun, test_mpiruns_placement_on_real_servers,
           test_bad_mapping_requests])

@@ -38,6 +38,22 @@ std::string report(const std::string& fixture) {
       {"-n " + std::to_string(g) + " --map-by gpu --bind-to none",
        {g, MapBy::Gpu, BindTo::None, 1}},
   };
+  // Open MPI's mapping on processor objects.
+  auto mpi = [](int n, MapBy by, int ppr, MapBy object, int pe, BindTo bind) {
+    PlacementOptions o{n, by, bind, 1};
+    o.ppr = ppr, o.ppr_object = object, o.pe = pe;
+    return o;
+  };
+  cases.push_back(
+      {"-n 4 --map-by socket", mpi(4, MapBy::Socket, 0, MapBy::Node, 0, BindTo::Default)});
+  cases.push_back({"-n 4 --map-by socket --bind-to core",
+                   mpi(4, MapBy::Socket, 0, MapBy::Node, 0, BindTo::Core)});
+  cases.push_back({"-n 4 --map-by ppr:2:socket:PE=2",
+                   mpi(4, MapBy::Ppr, 2, MapBy::Socket, 2, BindTo::Default)});
+  cases.push_back(
+      {"-n 4 -c 2 (numa:PE=2)", mpi(4, MapBy::Numa, 0, MapBy::Node, 2, BindTo::Default)});
+  cases.push_back(
+      {"-n 4 --map-by hwthread", mpi(4, MapBy::HwThread, 0, MapBy::Node, 0, BindTo::Default)});
   if (g >= 2)
     cases.push_back({"-n " + std::to_string(g / 2) + " --gpus-per-rank 2",
                      {g / 2, MapBy::Default, BindTo::Default, 2}});

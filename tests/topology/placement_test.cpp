@@ -1,6 +1,9 @@
 // The facts behind the golden files, asserted one by one.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <map>
+#include <optional>
 #include <set>
 #include <string>
 
@@ -164,13 +167,192 @@ TEST(PlacementTest, ImpossibleRequestsAreClearErrors) {
   if (live->gpus().empty())
     EXPECT_THROW(place_ranks(*live, analyse(*live), {1, MapBy::Default, BindTo::Gpu, 1}),
                  TopologyError);
-  try {
-    parse_map_by("diagonal");
-    FAIL();
-  } catch (const TopologyError& e) {
-    EXPECT_STREQ(e.what(), "--map-by: expected slot, node, numa, gpu or domain, got 'diagonal'");
+  EXPECT_THROW(parse_map_spec("diagonal"), TopologyError);
+  EXPECT_THROW(parse_bind_spec("board"), TopologyError);
+  EXPECT_EQ(parse_bind_spec("core").to, BindTo::Core);
+  EXPECT_EQ(parse_map_spec("gpu").by, MapBy::Gpu);
+}
+
+// ---- Open MPI's mapping on processor objects ----
+
+namespace {
+
+// A synthetic machine as an XML file: its path.
+std::string synthetic(const std::string& description, const std::string& name) {
+  hwloc_topology_t t;
+  hwloc_topology_init(&t);
+  hwloc_topology_set_synthetic(t, description.c_str());
+  hwloc_topology_load(t);
+  std::string path = ::testing::TempDir() + name + ".xml";
+  hwloc_topology_export_xml(t, path.c_str(), 0);
+  hwloc_topology_destroy(t);
+  return path;
+}
+
+PlacementOptions opts(int n, const std::string& map, const std::string& bind = "") {
+  MapSpec m = parse_map_spec(map);
+  PlacementOptions o{n, m.by, BindTo::Default, 1};
+  o.ppr = m.ppr, o.ppr_object = m.ppr_object, o.pe = m.pe;
+  if (!bind.empty()) {
+    BindSpec b = parse_bind_spec(bind);
+    o.bind_to = b.to, o.overload = b.overload;
   }
-  EXPECT_THROW(parse_bind_to("socket"), TopologyError);
-  EXPECT_EQ(parse_bind_to("core"), BindTo::Core);
-  EXPECT_EQ(parse_map_by("gpu"), MapBy::Gpu);
+  return o;
+}
+
+std::vector<std::string> cpusets(const std::vector<RankPlacement>& p) {
+  std::vector<std::string> v;
+  for (const auto& r : p) v.push_back(r.cpuset);
+  return v;
+}
+
+std::string error_of(const Topology& t, const Analysis& a, const PlacementOptions& o) {
+  try {
+    place_ranks(t, a, o);
+  } catch (const TopologyError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// 2 sockets (a NUMA node each) of 4 cores of 2 hwthreads: PUs 0-7 in socket 0, 8-15 in socket 1, cores {0,1},
+// {2,3}, ...
+struct TwoSockets : ::testing::Test {
+  void SetUp() override {
+    t = load_topology(LoadOptions{synthetic("pack:2 numa:1 core:4 pu:2", "two-sockets")});
+    a = analyse(*t);
+  }
+  std::unique_ptr<Topology> t;
+  Analysis a;
+};
+
+}  // namespace
+
+TEST(MapSpecTest, ParsesOpenMpisSyntax) {
+  MapSpec m = parse_map_spec("ppr:4:Socket:PE=2:oversubscribe");
+  EXPECT_EQ(m.by, MapBy::Ppr);
+  EXPECT_EQ(m.ppr, 4);
+  EXPECT_EQ(m.ppr_object, MapBy::Socket);
+  EXPECT_EQ(m.pe, 2);
+  EXPECT_EQ(m.oversubscribe, std::optional<bool>(true));
+  EXPECT_EQ(to_string(m), "ppr:4:socket:PE=2");
+  EXPECT_EQ(parse_map_spec("package").by, MapBy::Socket);
+  EXPECT_EQ(parse_map_spec("NUMA:nooversubscribe").oversubscribe, std::optional<bool>(false));
+  EXPECT_EQ(parse_map_spec("ppr:1:node").ppr_object, MapBy::Node);
+  for (const char* bad : {"ppr", "ppr:2", "ppr:-1:core", "ppr:2:board", "ppr:99999:core",
+                          "core:PE=2", "hwthread:PE=1", "gpu:PE=2", "socket:PE=", "socket:PE=x",
+                          "socket:span", "socket:", ":socket", "l2cache"})
+    EXPECT_THROW(parse_map_spec(bad), TopologyError) << bad;
+  BindSpec b = parse_bind_spec("socket:overload-allowed");
+  EXPECT_EQ(b.to, BindTo::Socket);
+  EXPECT_TRUE(b.overload);
+  EXPECT_FALSE(parse_bind_spec("hwthread:if-supported").overload);
+  EXPECT_THROW(parse_bind_spec("core:often"), TopologyError);
+}
+
+TEST_F(TwoSockets, CountsItsObjects) {
+  EXPECT_EQ(count_objects(*t, MapBy::Node), 1);
+  EXPECT_EQ(count_objects(*t, MapBy::Socket), 2);
+  EXPECT_EQ(count_objects(*t, MapBy::Core), 8);
+  EXPECT_EQ(count_objects(*t, MapBy::HwThread), 16);
+}
+
+TEST_F(TwoSockets, MapByCoreTakesCoresInOrderAndBindsToThem) {
+  auto p = place_ranks(*t, a, opts(3, "core"));
+  EXPECT_EQ(cpusets(p), (std::vector<std::string>{"0-1", "2-3", "4-5"}));
+  EXPECT_EQ(p[2].pu, 4);
+  // More ranks than cores: mapped in turn and unbound, as mpirun; binding them is refused
+  // unless overload is allowed.
+  auto q = place_ranks(*t, a, opts(9, "core"));
+  EXPECT_EQ(q[8].cpuset, "");
+  EXPECT_EQ(error_of(*t, a, opts(9, "core", "core")),
+            "--bind-to core: 9 ranks on the 8 cores of " + t->source() +
+                ": use --bind-to core:overload-allowed or none, or fewer ranks");
+  auto r = place_ranks(*t, a, opts(9, "core", "core:overload-allowed"));
+  EXPECT_EQ(r[8].cpuset, "0-1");
+  // hwthreads, and widening a core to its socket.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "hwthread"))),
+            (std::vector<std::string>{"0", "1", "2"}));
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "core", "socket"))),
+            (std::vector<std::string>{"0-7", "0-7"}));
+}
+
+TEST_F(TwoSockets, MapBySocketDealsRanksRoundRobin) {
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "socket"))),
+            (std::vector<std::string>{"0-7", "8-15", "0-7"}));
+  // --bind-to core: the next free core of the rank's socket.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(4, "socket", "core"))),
+            (std::vector<std::string>{"0-1", "8-9", "2-3", "10-11"}));
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "socket", "hwthread"))),
+            (std::vector<std::string>{"0", "8", "1"}));
+  EXPECT_EQ(error_of(*t, a, opts(10, "socket", "core")).substr(0, 56),
+            "--bind-to core: more ranks than the 4 core(s) of socket ");
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "socket", "none"))),
+            (std::vector<std::string>{"", "", ""}));
+}
+
+TEST_F(TwoSockets, PprFillsEachObjectWithItsRanksCores) {
+  // ppr:2:socket:PE=2: ranks 0, 1 on socket 0 with cores 0-1 and 2-3, ranks 2, 3 on socket 1.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(4, "ppr:2:socket:PE=2"))),
+            (std::vector<std::string>{"0-3", "4-7", "8-11", "12-15"}));
+  // Without PE: bound to the object.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "ppr:2:socket"))),
+            (std::vector<std::string>{"0-7", "0-7", "8-15"}));
+  EXPECT_EQ(place_ranks(*t, a, opts(2, "ppr:2:node"))[1].cpuset, "");  // node: no binding
+  EXPECT_EQ(error_of(*t, a, opts(2, "ppr:1:node")),
+            "--map-by ppr:1:node: 2 ranks need 2 nodes; " + t->source() + " has 1");
+  EXPECT_EQ(error_of(*t, a, opts(5, "ppr:2:socket")),
+            "--map-by ppr:2:socket: 5 ranks need 3 sockets; " + t->source() + " has 2");
+  // PE beyond the object's cores.
+  EXPECT_EQ(error_of(*t, a, opts(4, "ppr:2:socket:PE=3")),
+            "--map-by ppr:2:socket:PE=3: 2 ranks of 3 cores need 6 on socket 0, which has 4 "
+            "(processors 0-7) on " + t->source() + ": use fewer ranks or a smaller PE");
+  // --bind-to widens the PE cores; none leaves them unbound.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "slot:PE=2", "socket"))),
+            (std::vector<std::string>{"0-7", "0-7"}));
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "slot:PE=3"))),
+            (std::vector<std::string>{"0-5", "6-11"}));  // across the sockets, as slots go
+  EXPECT_NE(error_of(*t, a, opts(3, "slot:PE=3")).find("3 ranks of 3 cores need 9 on the machine"),
+            std::string::npos);
+}
+
+TEST_F(TwoSockets, PeOnNumaAndSocketsDealsAndStacks) {
+  // numa:PE=2 (mpirun's -c 2): NUMA nodes in turn, the next two cores of each.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(4, "numa:PE=2"))),
+            (std::vector<std::string>{"0-3", "8-11", "4-7", "12-15"}));
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "socket:PE=1", "hwthread"))),
+            (std::vector<std::string>{"0-1", "8-9"}));
+}
+
+TEST(ProcessorMappingTest, RanksShareTheGpusOfTheirSocketEvenly) {
+  // xe8640: 2 sockets of 4 NUMA nodes (SNC), GPUs 0, 1 near socket 0 and 2, 3 near socket 1.
+  auto l = load("xe8640-4xH100-4xmlx5");
+  auto p = place_ranks(*l.t, l.a, opts(8, "ppr:4:socket:PE=8"));
+  std::map<int, int> per_gpu;
+  hwloc_obj_t s0 = hwloc_get_obj_by_type(l.t->raw(), HWLOC_OBJ_PACKAGE, 0);
+  for (const auto& r : p) {
+    ASSERT_EQ(r.gpus.size(), 1u);
+    ++per_gpu[r.gpus[0]];
+    // Each rank's GPU is near its own socket.
+    const auto& g = *std::find_if(l.t->gpus().begin(), l.t->gpus().end(),
+                                  [&r](const Gpu& x) { return x.index == r.gpus[0]; });
+    hwloc_bitmap_t near = hwloc_bitmap_alloc();
+    hwloc_bitmap_list_sscanf(near, g.cpuset.c_str());
+    EXPECT_EQ(hwloc_bitmap_isset(s0->cpuset, static_cast<unsigned>(r.pu)),
+              hwloc_bitmap_intersects(near, s0->cpuset))
+        << "rank " << r.local_rank;
+    hwloc_bitmap_free(near);
+    EXPECT_EQ(r.os_cpus.size(), 16u);  // 8 cores of 2 hwthreads
+  }
+  EXPECT_EQ(per_gpu, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}}));
+  // NUMA nodes without processors are no places: ppr:1:numa counts the 8 with cores.
+  EXPECT_EQ(count_objects(*l.t, MapBy::Numa), 8);
+}
+
+TEST(ProcessorMappingTest, RankByObjectsRenumbersByThePlace) {
+  auto l = load("relion-x1904gt-2xP100-mlx5");
+  auto p = place_ranks(*l.t, l.a, opts(4, "core"));
+  for (size_t i = 1; i < p.size(); ++i) EXPECT_LT(p[i - 1].pu, p[i].pu);
+  EXPECT_EQ(count_objects(*l.t, MapBy::Socket), 2);
+  EXPECT_EQ(count_objects(*l.t, MapBy::Core), 36);
 }

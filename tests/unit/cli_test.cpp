@@ -259,15 +259,92 @@ TEST(CliTest, MappingChoicesBecomeEnums) {
 
 TEST(CliTest, RejectsBadMappingChoices) {
   EXPECT_EQ(usage_error({"--map-by", "diagonal", "prog"}),
-            "--map-by: expected one of slot, node, numa, gpu, domain, got 'diagonal'");
+            "--map-by: expected one of slot, node, numa, gpu, domain, core, hwthread, l3cache, "
+            "socket, package or ppr:N:OBJECT, got 'diagonal'");
   EXPECT_EQ(usage_error({"--rank-by", "x", "prog"}),
-            "--rank-by: expected one of slot, node, numa, gpu, domain, got 'x'");
-  EXPECT_EQ(usage_error({"--bind-to", "socket", "prog"}),
-            "--bind-to: expected one of none, core, numa, gpu, got 'socket'");
+            "--rank-by: expected one of slot, node, numa, gpu, domain, core, hwthread, l3cache, "
+            "socket, got 'x'");
+  EXPECT_EQ(usage_error({"--bind-to", "board", "prog"}),
+            "--bind-to: expected one of none, core, numa, gpu, hwthread, l3cache, socket or "
+            "package, got 'board'");
   EXPECT_EQ(usage_error({"--map-by", "default", "prog"}),
-            "--map-by: expected one of slot, node, numa, gpu, domain, got 'default'");
+            "--map-by: expected one of slot, node, numa, gpu, domain, core, hwthread, l3cache, "
+            "socket, package or ppr:N:OBJECT, got 'default'");
   EXPECT_EQ(usage_error({"--bind-to=", "prog"}),
-            "--bind-to: expected one of none, core, numa, gpu, got ''");
+            "--bind-to: expected one of none, core, numa, gpu, hwthread, l3cache, socket or "
+            "package, got ''");
+  EXPECT_EQ(usage_error({"--map-by", "ppr:0:socket", "prog"}),
+            "--map-by: expected ppr:N:OBJECT, N ranks per node, socket, numa, l3cache, core or "
+            "hwthread, got 'ppr:0:socket'");
+  EXPECT_EQ(usage_error({"--map-by", "ppr:2:gpu", "prog"}),
+            "--map-by: expected ppr:N:OBJECT, N ranks per node, socket, numa, l3cache, core or "
+            "hwthread, got 'ppr:2:gpu'");
+  EXPECT_EQ(usage_error({"--map-by", "socket:span", "prog"}),
+            "--map-by: unknown modifier 'span' in 'socket:span' (PE=n, oversubscribe and "
+            "nooversubscribe are known)");
+  EXPECT_EQ(usage_error({"--map-by", "socket:PE=0", "prog"}),
+            "--map-by: PE= takes a positive number of cores, got 'socket:PE=0'");
+  EXPECT_EQ(usage_error({"--map-by", "core:PE=2", "prog"}),
+            "--map-by core:PE=2: PE=n gives each rank n cores of a wider object: slot, node, "
+            "numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
+  EXPECT_EQ(usage_error({"-c", "2", "--map-by", "hwthread", "prog"}),
+            "-c 2 with --map-by hwthread: PE=n gives each rank n cores of a wider object: slot, "
+            "node, numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
+  EXPECT_EQ(usage_error({"--bind-to", "core:sometimes", "prog"}),
+            "--bind-to: unknown qualifier 'sometimes' in 'core:sometimes' (overload-allowed and "
+            "if-supported are known)");
+  EXPECT_EQ(usage_error({"-c", "2", "--map-by", "socket:PE=3", "prog"}),
+            "-c and --map-by ...:PE= disagree");
+  EXPECT_EQ(usage_error({"-c", "0", "prog"}).substr(0, 3), "-c:");
+  EXPECT_EQ(usage_error({"--npersocket", "2", "--map-by", "core", "prog"}),
+            "give either --npersocket or --map-by, not both");
+  EXPECT_EQ(usage_error({"--oversubscribe", "--nooversubscribe", "prog"}),
+            "--oversubscribe and nooversubscribe contradict each other");
+  EXPECT_EQ(usage_error({"--oversubscribe", "--map-by", "core:nooversubscribe", "prog"}),
+            "--oversubscribe and nooversubscribe contradict each other");
+  EXPECT_EQ(usage_error({"--pernode", "-N", "2", "prog"}), "--pernode and -N disagree");
+}
+
+// Open MPI's forms: ppr:N:OBJECT counts the objects of this machine, -c is numa:PE=n,
+// --npersocket is ppr:N:socket, --pernode is -N 1, modifiers and qualifiers in any case.
+TEST(CliTest, MpirunsMappingForms) {
+  using pe::topo::BindTo;
+  using pe::topo::MapBy;
+  pe::ValidationContext ctx;
+  ctx.default_np = 8;
+  ctx.count_objects = [](MapBy kind) {
+    return kind == MapBy::Socket ? 2 : kind == MapBy::Core ? 16 : 4;
+  };
+  auto cfg = [&ctx](std::vector<const char*> args) { return config(std::move(args), ctx); };
+  auto c = cfg({"--map-by", "ppr:4:SOCKET:pe=2", "--bind-to", "Core:Overload-Allowed:if-supported",
+                "prog"});
+  EXPECT_EQ(c.map_by, MapBy::Ppr);
+  EXPECT_EQ(c.ppr, 4);
+  EXPECT_EQ(c.ppr_object, MapBy::Socket);
+  EXPECT_EQ(c.pe, 2);
+  EXPECT_EQ(c.bind_to, BindTo::Core);
+  EXPECT_TRUE(c.bind_overload);
+  EXPECT_EQ(c.np, 8);  // 4 per socket, 2 sockets
+  EXPECT_TRUE(c.np_given);
+  EXPECT_EQ(cfg({"-n", "3", "--map-by", "ppr:4:socket", "prog"}).np, 3);
+  EXPECT_THROW(cfg({"-n", "9", "--map-by", "ppr:4:socket", "prog"}), pe::UsageError);
+  EXPECT_THROW(cfg({"-N", "2", "--map-by", "ppr:4:socket", "prog"}), pe::UsageError);
+  // On several nodes: ranks per node.
+  auto h = cfg({"-H", "a:16,b:16", "--map-by", "ppr:1:core", "prog"});
+  EXPECT_EQ(h.npernode, 16);
+  EXPECT_EQ(cfg({"-H", "a:16,b:16", "--npersocket", "3", "prog"}).npernode, 6);
+  auto p = cfg({"-H", "a:4,b:4", "--pernode", "prog"});
+  EXPECT_EQ(p.npernode, 1);
+  EXPECT_EQ(p.map_by, MapBy::Default);
+  EXPECT_EQ(cfg({"--pernode", "prog"}).np, 1);
+  auto m = cfg({"-c", "4", "prog"});
+  EXPECT_EQ(m.map_by, MapBy::Numa);
+  EXPECT_EQ(m.pe, 4);
+  EXPECT_EQ(cfg({"--cpus-per-proc", "2", "--map-by", "socket", "prog"}).pe, 2);
+  EXPECT_EQ(cfg({"--map-by", "package", "prog"}).map_by, MapBy::Socket);
+  EXPECT_EQ(cfg({"--bind-to", "package", "prog"}).bind_to, BindTo::Socket);
+  EXPECT_TRUE(cfg({"--map-by", "slot:OVERSUBSCRIBE", "prog"}).oversubscribe);
+  EXPECT_FALSE(cfg({"--nooversubscribe", "prog"}).oversubscribe);
 }
 
 TEST(CliTest, WorkingDirectoriesHereAndOnOtherNodes) {

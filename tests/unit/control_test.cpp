@@ -104,7 +104,27 @@ TEST(ControlTest, MappingChoicesTravelAsCheckedBytes) {
   j.placement.bind_to = static_cast<topo::BindTo>(9);
   EXPECT_THROW(decode_job(encode_job(j)), wire::WireError);
   j = sample();
-  j.placement.rank_by = static_cast<topo::RankBy>(5);
+  j.placement.rank_by = static_cast<topo::RankBy>(9);
+  EXPECT_THROW(decode_job(encode_job(j)), wire::WireError);
+  // Open MPI's mapping: ppr:N:OBJECT, PE=n, overload-allowed.
+  j = sample();
+  j.placement.map_by = topo::MapBy::Ppr;
+  j.placement.ppr = 4;
+  j.placement.ppr_object = topo::MapBy::Socket;
+  j.placement.pe = 8;
+  j.placement.bind_to = topo::BindTo::HwThread;
+  j.placement.bind_overload = true;
+  k = decode_job(encode_job(j));
+  EXPECT_EQ(k.placement.map_by, topo::MapBy::Ppr);
+  EXPECT_EQ(k.placement.ppr, 4);
+  EXPECT_EQ(k.placement.ppr_object, topo::MapBy::Socket);
+  EXPECT_EQ(k.placement.pe, 8);
+  EXPECT_EQ(k.placement.bind_to, topo::BindTo::HwThread);
+  EXPECT_TRUE(k.placement.bind_overload);
+  j.placement.ppr_object = topo::MapBy::Gpu;  // not an object ppr counts
+  EXPECT_THROW(decode_job(encode_job(j)), wire::WireError);
+  j.placement.ppr_object = topo::MapBy::Core;
+  j.placement.ppr = 0;
   EXPECT_THROW(decode_job(encode_job(j)), wire::WireError);
 }
 

@@ -121,6 +121,11 @@ void validate(const Job& m) {
   if (j.tree_radix < 1) throw wire::WireError("bad tree radix");
   if (j.stdin_mode == StdinMode::OneRank && (j.stdin_rank < 0 || j.stdin_rank >= j.map.world_size))
     throw wire::WireError("bad stdin rank");
+  const PlacementRequest& pr = j.placement;
+  bool object = false;
+  for (topo::MapBy o : topo::kPprObjects) object = object || pr.ppr_object == o;
+  if (!object || (pr.map_by == topo::MapBy::Ppr && pr.ppr < 1))
+    throw wire::WireError("bad ppr mapping");
 }
 
 void validate(const Routed& m) {

@@ -598,10 +598,12 @@ void Job::io(IO& f) {
   f(job.job_id, 64), f(job.node), f.count(job.tree_radix, 1 << 20), f(job.verbosity);
   f(job.program), f(job.program_arg0), f(job.args, 1u << 20), f(job.wdir), f(job.exports);
   f(job.env), f(job.replace_env);
-  f.choice(job.placement.map_by, topo::MapBy::Domain);
-  f.choice(job.placement.rank_by, topo::RankBy::Domain);
-  f.choice(job.placement.bind_to, topo::BindTo::Gpu);
+  f.choice(job.placement.map_by, topo::MapBy::Ppr);
+  f.choice(job.placement.rank_by, topo::RankBy::Socket);
+  f.choice(job.placement.bind_to, topo::BindTo::Socket);
   f.count(job.placement.gpus_per_rank, 4096), f(job.placement.topology_file);
+  f.count(job.placement.ppr, 4096), f.choice(job.placement.ppr_object, topo::MapBy::Ppr);
+  f.count(job.placement.pe, 4096), f(job.placement.bind_overload);
   f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
   f.choice(job.stdin_how, StdinHow::Direct), f(job.map), f(job.oversubscribe);
   f(job.stdout_tty), f.count(job.tty_rows, 65535), f.count(job.tty_cols, 65535);

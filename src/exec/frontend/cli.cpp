@@ -14,6 +14,7 @@
 #include "exec/frontend/option_table.hpp"
 #include "exec/frontend/rdzv_options.hpp"
 #include "exec/frontend/stdio.hpp"
+#include "topology/placement.hpp"
 
 namespace pe {
 namespace {
@@ -56,18 +57,34 @@ const OptionDef<RawOptions> kOptions[] = {
      "allow more ranks than slots in an allocation or hostfile (on one machine without either, "
      "-n is never limited)",
      &RawOptions::oversubscribe},
-    {"map-by", 0, "Mapping and binding", "slot|node|numa|gpu|domain",
-     "where ranks go: locality domains in order (default with GPUs), GPUs in index order, NUMA "
-     "nodes round-robin, or slots in order",
+    {"nooversubscribe", 0, "Processes", nullptr,
+     "as mpirun's: no more ranks than slots (the default)", &RawOptions::nooversubscribe},
+    {"pernode", 0, "Processes", nullptr, "as mpirun's: one rank per node (-N 1)",
+     &RawOptions::pernode},
+    {"npersocket", 0, "Processes", "N",
+     "as mpirun's: N ranks per socket of each node (--map-by ppr:N:socket)",
+     &RawOptions::npersocket},
+    {"map-by", 0, "Mapping and binding", "OBJECT[:PE=n]",
+     "where ranks go: domain (default with GPUs: locality domains in order), gpu (GPUs in index "
+     "order), numa (NUMA nodes round-robin), slot or node (slots in order); as mpirun, core, "
+     "hwthread, l3cache, socket (round-robin over those) or ppr:N:OBJECT (N per node, socket, "
+     "numa, l3cache, core or hwthread); :PE=n gives each rank n cores, "
+     ":oversubscribe/:nooversubscribe as the options",
      &RawOptions::map_by},
-    {"rank-by", 0, "Mapping and binding", "slot|node|numa|gpu|domain",
-     "how placed ranks are numbered: in placement order (slot, default) or grouped by NUMA node, "
-     "GPU or domain",
+    {"rank-by", 0, "Mapping and binding", "OBJECT",
+     "how placed ranks are numbered: in placement order (slot, default) or grouped by node, "
+     "numa, gpu, domain, core, hwthread, l3cache or socket",
      &RawOptions::rank_by},
-    {"bind-to", 0, "Mapping and binding", "none|core|numa|gpu",
-     "bind each rank's processors; default: the cores near its GPU when there are GPUs, none "
-     "otherwise",
+    {"bind-to", 0, "Mapping and binding", "LEVEL[:overload-allowed]",
+     "bind each rank to none, core, hwthread, l3cache, socket, numa or gpu (the cores near its "
+     "GPUs); default: as the --map-by object (the PE cores with PE=n), else the cores near its "
+     "GPU when there are GPUs, none otherwise; :overload-allowed lets ranks share a core",
      &RawOptions::bind_to},
+    {"cpus-per-rank", 'c', "Mapping and binding", "N",
+     "as mpirun's -c: N cores per rank, --map-by numa:PE=N (or the --map-by object's PE=N)",
+     &RawOptions::cpus_per_rank},
+    {"cpus-per-proc", 0, "Mapping and binding", "N", "the same as --cpus-per-rank",
+     &RawOptions::cpus_per_proc},
     {"gpus-per-rank", 0, "Mapping and binding", "N", "GPUs given to each rank (default 1)",
      &RawOptions::gpus_per_rank},
     {"topology-file", 0, "Mapping and binding", "FILE",
@@ -287,6 +304,14 @@ void validate_heartbeat(const RawOptions& raw, LaunchConfig& c) {
 }
 
 // -n, --nproc-per-node, -H, --hostfile, -N.
+// Ranks are counted per node (-N, --nproc-per-node, ppr): -H, --hostfile, a SLURM allocation
+// (not in join mode, where each node's pytorch_exec runs its own).
+bool several_nodes(const RawOptions& raw, const ValidationContext& ctx) {
+  bool allocation = !raw.rdzv_endpoint && !raw.master_addr &&
+                    (ctx.env.count("SLURM_JOB_NODELIST") || ctx.env.count("SLURM_NODELIST"));
+  return raw.hosts || raw.hostfile || allocation;
+}
+
 void validate_counts(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
   c.np = ctx.default_np;
   c.np_given = raw.np.has_value();
@@ -319,9 +344,7 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
     c.nproc_per_node = per_node;
     // Per node wherever there are nodes: -H, --hostfile, a SLURM allocation (not in join mode,
     // where each node's pytorch_exec runs its own).
-    bool allocation = !raw.rdzv_endpoint && !raw.master_addr &&
-                      (ctx.env.count("SLURM_JOB_NODELIST") || ctx.env.count("SLURM_NODELIST"));
-    if (raw.hosts || raw.hostfile || raw.npernode || allocation) {
+    if (several_nodes(raw, ctx) || raw.npernode) {
       if (raw.npernode && c.npernode != per_node)
         throw UsageError("-N and --nproc-per-node disagree");
       c.npernode = per_node;  // ranks per node of the allocation
@@ -577,10 +600,78 @@ E one_of(const std::string& opt, const std::string& v, const E (&choices)[N]) {
   throw UsageError(opt + ": expected one of " + list + ", got '" + v + "'");
 }
 
+// Open MPI's spellings: --map-by OBJECT:MODIFIERS, ppr:N:OBJECT, -c, --npersocket, --pernode,
+// --bind-to LEVEL:QUALIFIERS, --oversubscribe and --nooversubscribe.  ppr sets the ranks per
+// node: N times the objects of this machine (or the --topology-file), the nodes taken to be alike.
+void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx,
+                             LaunchConfig& c) {
+  topo::MapSpec spec;
+  try {
+    if (raw.map_by) spec = topo::parse_map_spec(*raw.map_by);
+    if (raw.bind_to) {
+      topo::BindSpec b = topo::parse_bind_spec(*raw.bind_to);
+      c.bind_to = b.to, c.bind_overload = b.overload;
+    }
+  } catch (const topo::TopologyError& e) {
+    throw UsageError(e.what());
+  }
+  if (raw.npersocket) {
+    if (raw.map_by) throw UsageError("give either --npersocket or --map-by, not both");
+    spec.by = topo::MapBy::Ppr, spec.ppr_object = topo::MapBy::Socket;
+    spec.ppr = parse_count("--npersocket", *raw.npersocket, 1);
+  }
+  if (raw.cpus_per_rank && raw.cpus_per_proc)
+    throw UsageError("give either --cpus-per-rank (-c) or --cpus-per-proc, not both");
+  if (auto cpr = raw.cpus_per_rank ? raw.cpus_per_rank : raw.cpus_per_proc) {
+    int n = parse_count(raw.cpus_per_rank ? "-c" : "--cpus-per-proc", *cpr, 1);
+    if (spec.pe > 0 && spec.pe != n) throw UsageError("-c and --map-by ...:PE= disagree");
+    spec.pe = n;
+    if (spec.by == topo::MapBy::Default) spec.by = topo::MapBy::Numa;  // mpirun's default object
+    try {
+      topo::check_map_spec(spec, "-c " + std::to_string(n) + " with --map-by " +
+                                     std::string(topo::to_string(spec.by)));
+    } catch (const topo::TopologyError& e) {
+      throw UsageError(e.what());
+    }
+  }
+  c.map_by = spec.by, c.ppr = spec.ppr, c.ppr_object = spec.ppr_object, c.pe = spec.pe;
+  if (raw.oversubscribe && (raw.nooversubscribe || spec.oversubscribe == false))
+    throw UsageError("--oversubscribe and nooversubscribe contradict each other");
+  if (raw.nooversubscribe && spec.oversubscribe == true)
+    throw UsageError("--nooversubscribe and --map-by ...:oversubscribe contradict each other");
+  c.oversubscribe = raw.oversubscribe || spec.oversubscribe.value_or(false);
+  if (raw.pernode) {
+    if (raw.npernode && c.npernode != 1) throw UsageError("--pernode and -N disagree");
+    if (raw.nproc_per_node) throw UsageError("give either --pernode or --nproc-per-node, not both");
+    spec.by = topo::MapBy::Ppr, spec.ppr = 1, spec.ppr_object = topo::MapBy::Node;
+    if (raw.map_by || raw.npersocket) throw UsageError("give either --pernode or --map-by, not both");
+  }
+  if (spec.by != topo::MapBy::Ppr) return;
+  if (raw.npernode && !raw.pernode)
+    throw UsageError("--map-by " + topo::to_string(spec) +
+                     " sets the ranks per node: leave out -N");
+  if (raw.nproc_per_node)
+    throw UsageError("--map-by " + topo::to_string(spec) +
+                     " sets the ranks per node: leave out --nproc-per-node");
+  if (raw.pernode) c.map_by = topo::MapBy::Default;  // one rank per node, placed as usual
+  const int objects =
+      spec.ppr_object == topo::MapBy::Node || !ctx.count_objects ? 1 : ctx.count_objects(spec.ppr_object);
+  const int per_node = spec.ppr * objects;
+  if (several_nodes(raw, ctx)) {
+    c.npernode = per_node;
+  } else {
+    if (c.np_given && c.np > per_node)
+      throw UsageError("-n " + std::to_string(c.np) + ": --map-by " + topo::to_string(spec) +
+                       " places at most " + std::to_string(per_node) + " ranks on this machine (" +
+                       std::to_string(objects) + " " + topo::to_string(spec.ppr_object) +
+                       (objects == 1 ? "" : "s") + ")");
+    if (!c.np_given) c.np = per_node, c.np_given = true;
+  }
+}
+
 void validate_mapping(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
-  if (raw.map_by) c.map_by = one_of("--map-by", *raw.map_by, topo::kMapByChoices);
+  validate_mpirun_mapping(raw, ctx, c);
   if (raw.rank_by) c.rank_by = one_of("--rank-by", *raw.rank_by, topo::kRankByChoices);
-  if (raw.bind_to) c.bind_to = one_of("--bind-to", *raw.bind_to, topo::kBindToChoices);
   if (raw.gpus_per_rank) c.gpus_per_rank = parse_count("--gpus-per-rank", *raw.gpus_per_rank, 1);
   c.display_topology = raw.display_topology;
   c.display_map = raw.display_map || raw.dry_run;
@@ -708,7 +799,6 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
     c.remote_wdir = ctx.cwd;
   else
     c.remote_wdir = c.wdir[0] == '/' || ctx.cwd.empty() ? c.wdir : ctx.cwd + "/" + c.wdir;
-  c.oversubscribe = raw.oversubscribe;
   validate_output(raw, c);
   validate_torch_logs(raw, ctx, c);
   validate_failure_handling(raw, ctx, c);

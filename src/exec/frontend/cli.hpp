@@ -44,6 +44,11 @@ struct RawOptions {
   std::optional<std::string> rank_by;
   std::optional<std::string> bind_to;
   std::optional<std::string> gpus_per_rank;
+  std::optional<std::string> cpus_per_rank;  // -c
+  std::optional<std::string> cpus_per_proc;
+  std::optional<std::string> npersocket;
+  bool pernode = false;
+  bool nooversubscribe = false;
   std::optional<std::string> topology_file;
   bool tag_output = false;
   bool merge_stderr = false;  // --merge-stderr-to-stdout
@@ -128,6 +133,9 @@ struct ValidationContext {
   bool step_task = false;
   // This machine's GPUs, for --nproc-per-node auto and gpu (counted only then); none if unset.
   std::function<int()> gpu_count;
+  // How many objects of a kind (socket, numa, l3cache, core, hwthread) this machine (or a dry
+  // run's --topology-file) has, for --map-by ppr:N:OBJECT; unset: 1.
+  std::function<int(topo::MapBy)> count_objects;
   // Whether a host name or address is this machine (a rendezvous endpoint); unset: only
   // localhost and 127.x are.
   std::function<bool(const std::string&)> is_here;

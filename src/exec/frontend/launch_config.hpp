@@ -64,6 +64,10 @@ struct LaunchConfig {
   topo::RankBy rank_by = topo::RankBy::Slot;
   topo::BindTo bind_to = topo::BindTo::Default;
   int gpus_per_rank = 1;
+  int ppr = 0;                                 // --map-by ppr:N:OBJECT (npernode follows)
+  topo::MapBy ppr_object = topo::MapBy::Node;
+  int pe = 0;                                  // --map-by ...:PE=n, -c: cores per rank
+  bool bind_overload = false;                  // --bind-to LEVEL:overload-allowed
   std::string topology_file;  // "" = this machine
   bool display_topology = false;
   bool display_map = false;  // also implied by dry_run

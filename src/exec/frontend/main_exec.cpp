@@ -238,6 +238,13 @@ int real_main(int argc, char** argv) {
       else break;
     return std::min(n, listed);
   };
+  ctx.count_objects = [file = raw.topology_file.value_or("")](pe::topo::MapBy kind) {
+    try {
+      return pe::topo::count_objects(*pe::topo::load_topology(pe::topo::LoadOptions{file}), kind);
+    } catch (const std::exception&) {
+      return 1;
+    }
+  };
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
   g_usage_note = pe::environment_note(cfg.from_environment);
   // The ranks' standard output is a pipe to pytorch_exec, so Python would hold their prints back

@@ -25,6 +25,10 @@ struct PlacementRequest {
   topo::BindTo bind_to = topo::BindTo::Default;
   int gpus_per_rank = 1;
   std::string topology_file;  // "" = this machine
+  int ppr = 0;                // --map-by ppr:N:OBJECT
+  topo::MapBy ppr_object = topo::MapBy::Node;
+  int pe = 0;                  // --map-by ...:PE=n, -c n
+  bool bind_overload = false;  // --bind-to LEVEL:overload-allowed
 };
 
 struct NodeJob {

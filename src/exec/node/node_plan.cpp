@@ -8,10 +8,26 @@
 
 namespace pe {
 
-void apply_rank_by(topo::RankBy rank_by, const topo::Analysis& a,
+void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t, const topo::Analysis& a,
                    std::vector<topo::RankPlacement>& ranks) {
-  auto key = [rank_by, &a](const topo::RankPlacement& r) {
+  // The logical index of the object of a type around the rank's place.
+  auto around = [&t](const topo::RankPlacement& r, hwloc_obj_type_t type) {
+    if (r.pu < 0) return -1;
+    hwloc_obj_t pu = hwloc_get_pu_obj_by_os_index(t.raw(), static_cast<unsigned>(r.pu));
+    hwloc_obj_t o = pu ? hwloc_get_ancestor_obj_by_type(t.raw(), type, pu) : nullptr;
+    if (type == HWLOC_OBJ_PU) o = pu;
+    return o ? static_cast<int>(o->logical_index) : -1;
+  };
+  auto key = [rank_by, &a, &around](const topo::RankPlacement& r) {
     switch (rank_by) {
+      case topo::RankBy::Core:
+        return around(r, HWLOC_OBJ_CORE);
+      case topo::RankBy::HwThread:
+        return around(r, HWLOC_OBJ_PU);
+      case topo::RankBy::L3Cache:
+        return around(r, HWLOC_OBJ_L3CACHE);
+      case topo::RankBy::Socket:
+        return around(r, HWLOC_OBJ_PACKAGE);
       case topo::RankBy::Gpu:
         return r.gpus.empty() ? -1 : r.gpus.front();
       case topo::RankBy::Domain:
@@ -30,8 +46,9 @@ void apply_rank_by(topo::RankBy rank_by, const topo::Analysis& a,
 }
 
 PlacementRequest placement_of(const LaunchConfig& cfg) {
-  return PlacementRequest{cfg.map_by, cfg.rank_by, cfg.bind_to, cfg.gpus_per_rank,
-                          cfg.topology_file};
+  return PlacementRequest{cfg.map_by,        cfg.rank_by, cfg.bind_to,    cfg.gpus_per_rank,
+                          cfg.topology_file, cfg.ppr,     cfg.ppr_object, cfg.pe,
+                          cfg.bind_overload};
 }
 
 NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
@@ -53,13 +70,17 @@ void place_again(NodePlan& p, const PlacementRequest& cfg, int nlocal) {
     o.map_by = cfg.map_by;
     o.bind_to = cfg.bind_to;
     o.gpus_per_rank = cfg.gpus_per_rank;
+    o.ppr = cfg.ppr;
+    o.ppr_object = cfg.ppr_object;
+    o.pe = cfg.pe;
+    o.overload = cfg.bind_overload;
     p.ranks = topo::place_ranks(*p.topology, p.analysis, o);
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());
   }
   if (cfg.rank_by == topo::RankBy::Gpu && p.topology->gpus().empty())
     throw UsageError("--rank-by gpu: " + p.topology->source() + " has no GPUs");
-  apply_rank_by(cfg.rank_by, p.analysis, p.ranks);
+  apply_rank_by(cfg.rank_by, *p.topology, p.analysis, p.ranks);
 }
 
 RankLocality locality_of(const topo::RankPlacement& p) {

@@ -29,8 +29,9 @@ NodePlan plan_node(const PlacementRequest& req, int nlocal);
 // UsageError for an impossible request.
 void place_again(NodePlan& p, const PlacementRequest& req, int nlocal);
 
-// Stable renumbering of placed ranks for --rank-by (slot/node: placement order).
-void apply_rank_by(topo::RankBy rank_by, const topo::Analysis& a,
+// Stable renumbering of placed ranks for --rank-by (slot/node: placement order; core, hwthread,
+// l3cache, socket: by the object around each rank's place).
+void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t, const topo::Analysis& a,
                    std::vector<topo::RankPlacement>& ranks);
 
 RankLocality locality_of(const topo::RankPlacement& p);
