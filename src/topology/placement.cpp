@@ -100,8 +100,16 @@ void narrow(const Topology& t, hwloc_bitmap_t place, BindTo level, bool overload
   const std::string key = cpuset_list(place);
   if (level == BindTo::Core || level == BindTo::HwThread) {
     auto inside = objects_inside(topo, kind, place);
-    if (inside.empty()) {  // a place smaller than a core: the core around it
-      hwloc_bitmap_copy(place, object_around(topo, kind, hwloc_bitmap_first(place))->cpuset);
+    if (inside.empty()) {  // a place smaller than a core: the core around it, one rank each
+      hwloc_obj_t around = object_around(topo, kind, hwloc_bitmap_first(place));
+      std::string cpus = cpuset_list(around->cpuset);
+      if (used[cpus]++ > 0 && !overload)
+        throw TopologyError(std::string("--bind-to ") + to_string(level) + ": two ranks on " +
+                            object_name(around, kind) + " (processors " + cpus + ") of " +
+                            t.source() + ": use --bind-to " + to_string(level) +
+                            ":overload-allowed, or a mapping with a " + to_string(kind) +
+                            " per rank");
+      hwloc_bitmap_copy(place, around->cpuset);
       return;
     }
     size_t j = static_cast<size_t>(used[key]++);
@@ -172,58 +180,56 @@ std::vector<size_t> block_order(const Analysis& a, const std::vector<Block>& blo
   return order;
 }
 
-void bind(const Topology& t, const Analysis& a, BindTo how, bool overload, bool have_gpus,
-          std::vector<RankPlacement>& ranks) {
-  hwloc_topology_t topo = t.raw();
-  hwloc_bitmap_t set = hwloc_bitmap_alloc();
-  hwloc_bitmap_t one = hwloc_bitmap_alloc();
-  std::map<std::string, int> used;  // cores handed out per cpuset
-  try {
-    for (auto& r : ranks) {
-      const Domain& d = a.domains[static_cast<size_t>(r.domain)];
-      // Near the rank's own GPUs (one NVLink island can span sockets); without GPUs, its domain.
-      hwloc_bitmap_zero(set);
-      for (int idx : r.gpus)
-        for (const auto& g : t.gpus())
-          if (g.index == idx) {
-            hwloc_bitmap_list_sscanf(one, g.cpuset.c_str());
-            hwloc_bitmap_or(set, set, one);
-          }
-      if (hwloc_bitmap_iszero(set)) hwloc_bitmap_list_sscanf(set, d.cpuset.c_str());
-      r.pu = hwloc_bitmap_first(set);
-      if (how == BindTo::None || (how == BindTo::Default && !have_gpus)) continue;
-      if (how == BindTo::Numa && d.numa >= 0) {
-        hwloc_obj_t node =
-            hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
-        if (node) hwloc_bitmap_copy(set, node->cpuset);
-      } else if (how != BindTo::Gpu && how != BindTo::Default) {
-        // As mpirun: two ranks bound to one core is refused, not done quietly.
-        narrow(t, set, how, overload, used, "near them");
-      }
-      r.cpuset = cpuset_list(set);
-      r.os_cpus = cpuset_os_cpus(set);
-      r.pu = hwloc_bitmap_first(set);
-    }
-  } catch (...) {
-    hwloc_bitmap_free(one);
-    hwloc_bitmap_free(set);
-    throw;
-  }
-  hwloc_bitmap_free(one);
-  hwloc_bitmap_free(set);
-}
+// An hwloc bitmap owned here (freed on every path, errors included).
+class Bitmap {
+ public:
+  Bitmap() : b_(hwloc_bitmap_alloc()) {}
+  ~Bitmap() { hwloc_bitmap_free(b_); }
+  Bitmap(const Bitmap&) = delete;
+  Bitmap& operator=(const Bitmap&) = delete;
+  Bitmap(Bitmap&& o) noexcept : b_(o.b_) { o.b_ = nullptr; }
+  hwloc_bitmap_t get() const { return b_; }
+
+ private:
+  hwloc_bitmap_t b_;
+};
 
 // The union of the cpusets near these GPUs (Topology::gpus() indexes).
 void near_gpus(const Topology& t, const std::vector<int>& gpus, hwloc_bitmap_t out) {
-  hwloc_bitmap_t one = hwloc_bitmap_alloc();
+  Bitmap one;
   hwloc_bitmap_zero(out);
   for (int idx : gpus)
     for (const auto& g : t.gpus())
       if (g.index == idx) {
-        hwloc_bitmap_list_sscanf(one, g.cpuset.c_str());
-        hwloc_bitmap_or(out, out, one);
+        hwloc_bitmap_list_sscanf(one.get(), g.cpuset.c_str());
+        hwloc_bitmap_or(out, out, one.get());
       }
-  hwloc_bitmap_free(one);
+}
+
+void bind(const Topology& t, const Analysis& a, BindTo how, bool overload, bool have_gpus,
+          std::vector<RankPlacement>& ranks) {
+  hwloc_topology_t topo = t.raw();
+  Bitmap set;
+  std::map<std::string, int> used;  // cores handed out per cpuset
+  for (auto& r : ranks) {
+    const Domain& d = a.domains[static_cast<size_t>(r.domain)];
+    // Near the rank's own GPUs (one NVLink island can span sockets); without GPUs, its domain.
+    near_gpus(t, r.gpus, set.get());
+    if (hwloc_bitmap_iszero(set.get())) hwloc_bitmap_list_sscanf(set.get(), d.cpuset.c_str());
+    r.pu = hwloc_bitmap_first(set.get());
+    if (how == BindTo::None || (how == BindTo::Default && !have_gpus)) continue;
+    if (how == BindTo::Numa && d.numa >= 0) {
+      hwloc_obj_t node =
+          hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
+      if (node) hwloc_bitmap_copy(set.get(), node->cpuset);
+    } else if (how != BindTo::Gpu && how != BindTo::Default) {
+      // As mpirun: two ranks bound to one core is refused, not done quietly.
+      narrow(t, set.get(), how, overload, used, "near them");
+    }
+    r.cpuset = cpuset_list(set.get());
+    r.os_cpus = cpuset_os_cpus(set.get());
+    r.pu = hwloc_bitmap_first(set.get());
+  }
 }
 
 // The second way (see placement.hpp): places among processor objects, then GPUs near them,
@@ -259,118 +265,113 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
     }
     ++on[at[i]];
   }
-  std::vector<hwloc_bitmap_t> place(n);
-  for (auto& p : place) p = hwloc_bitmap_alloc();
-  auto free_places = [&place] {
-    for (auto& p : place) hwloc_bitmap_free(p);
-  };
-  try {
-    bool crowded = false;  // more ranks than core or hwthread objects: mpirun binds none then
-    for (size_t i = 0; i < n; ++i) {
-      hwloc_obj_t obj = objs[at[i]];
-      if (o.pe > 0) {
-        auto cores = objects_inside(topo, MapBy::Core, obj->cpuset);
-        if (cores.empty()) cores.push_back(obj);
-        size_t first = turn[i] * static_cast<size_t>(o.pe);
-        if (on[at[i]] * static_cast<size_t>(o.pe) > cores.size() && !o.overload)
-          throw TopologyError(
-              "--map-by " + to_string(spec) + ": " + std::to_string(on[at[i]]) +
-              (on[at[i]] == 1 ? " rank of " : " ranks of ") + std::to_string(o.pe) +
-              " cores need " + std::to_string(on[at[i]] * static_cast<size_t>(o.pe)) + " on " +
-              object_name(obj, kind) + ", which has " + std::to_string(cores.size()) +
-              " (processors " + cpuset_list(obj->cpuset) + ") on " + t.source() +
-              ": use fewer ranks or a smaller PE");
-        for (size_t c = first; c < first + static_cast<size_t>(o.pe); ++c)
-          hwloc_bitmap_or(place[i], place[i], cores[c % cores.size()]->cpuset);
-      } else {
-        hwloc_bitmap_copy(place[i], obj->cpuset);
-        crowded = crowded || ((kind == MapBy::Core || kind == MapBy::HwThread) && turn[i] > 0);
-      }
-      ranks[i].pu = hwloc_bitmap_first(place[i]);
+  std::vector<Bitmap> place(n);
+  bool crowded = false;  // more than one rank on a core or hwthread object: mpirun binds none
+  for (size_t i = 0; i < n; ++i) {
+    hwloc_obj_t obj = objs[at[i]];
+    hwloc_bitmap_t p = place[i].get();
+    if (o.pe > 0) {
+      auto cores = objects_inside(topo, MapBy::Core, obj->cpuset);
+      if (cores.empty()) cores.push_back(obj);
+      size_t first = turn[i] * static_cast<size_t>(o.pe);
+      // (:overload-allowed: the ranks share the cores in turn)
+      if (on[at[i]] * static_cast<size_t>(o.pe) > cores.size() && !o.overload)
+        throw TopologyError(
+            "--map-by " + to_string(spec) + ": " + std::to_string(on[at[i]]) +
+            (on[at[i]] == 1 ? " rank of " : " ranks of ") + std::to_string(o.pe) +
+            " cores need " + std::to_string(on[at[i]] * static_cast<size_t>(o.pe)) + " on " +
+            object_name(obj, kind) + ", which has " + std::to_string(cores.size()) +
+            " (processors " + cpuset_list(obj->cpuset) + ") on " + t.source() +
+            ": use fewer ranks or a smaller PE");
+      for (size_t c = first; c < first + static_cast<size_t>(o.pe); ++c)
+        hwloc_bitmap_or(p, p, cores[c % cores.size()]->cpuset);
+    } else {
+      hwloc_bitmap_copy(p, obj->cpuset);
+      crowded = crowded || ((kind == MapBy::Core || kind == MapBy::HwThread) && turn[i] > 0);
     }
-    // GPUs: among the blocks near the place's socket (all, when none is), the least used; of
-    // those, the nearest: near the place itself, then its NUMA node.  So that ranks share the
-    // GPUs of their socket evenly before any goes further.
-    const int ngpus = static_cast<int>(t.gpus().size());
-    auto blocks = ngpus > 0 ? gpu_blocks(t, a, o.gpus_per_rank, false) : std::vector<Block>{};
-    std::vector<int> use(blocks.size(), 0);
-    std::vector<hwloc_bitmap_t> block_near;
-    for (const auto& b : blocks) {
-      std::vector<int> idx;
-      for (int g : b.gpus) idx.push_back(t.gpus()[static_cast<size_t>(g)].index);
-      block_near.push_back(hwloc_bitmap_alloc());
-      near_gpus(t, idx, block_near.back());
-    }
-    hwloc_bitmap_t dom = hwloc_bitmap_alloc();
-    for (size_t i = 0; i < n; ++i) {
-      if (!blocks.empty()) {
-        const int pu = hwloc_bitmap_first(place[i]);
-        hwloc_const_bitmap_t socket = object_around(topo, MapBy::Socket, pu)->cpuset;
-        hwloc_const_bitmap_t numa = object_around(topo, MapBy::Numa, pu)->cpuset;
-        bool any = false;
-        for (auto* nb : block_near) any = any || hwloc_bitmap_intersects(nb, socket);
-        int best = -1;
-        std::pair<int, int> best_key;
-        for (size_t b = 0; b < blocks.size(); ++b) {
-          if (any && !hwloc_bitmap_intersects(block_near[b], socket)) continue;
-          int dist = hwloc_bitmap_intersects(block_near[b], place[i]) ? 0
-                     : hwloc_bitmap_intersects(block_near[b], numa)   ? 1
-                                                                      : 2;
-          std::pair<int, int> key{use[b], dist};
-          if (best < 0 || key < best_key) best = static_cast<int>(b), best_key = key;
-        }
-        ++use[static_cast<size_t>(best)];
-        const Block& blk = blocks[static_cast<size_t>(best)];
-        ranks[i].domain = blk.domain;
-        for (int g : blk.gpus) ranks[i].gpus.push_back(t.gpus()[static_cast<size_t>(g)].index);
-      } else {
-        ranks[i].domain = 0;
-        for (const auto& d : a.domains) {
-          hwloc_bitmap_list_sscanf(dom, d.cpuset.c_str());
-          if (hwloc_bitmap_intersects(dom, place[i])) {
-            ranks[i].domain = d.index;
-            break;
-          }
-        }
-      }
-    }
-    // Binding.
-    BindTo level = o.bind_to;
-    const bool chosen = level != BindTo::Default;
-    if (!chosen)
-      level = o.pe > 0                  ? BindTo::Default
-              : crowded                 ? BindTo::None
-              : kind == MapBy::Core     ? BindTo::Core
-              : kind == MapBy::HwThread ? BindTo::HwThread
-              : kind == MapBy::L3Cache  ? BindTo::L3Cache
-              : kind == MapBy::Socket   ? BindTo::Socket
-              : kind == MapBy::Numa     ? BindTo::Numa
-                                        : BindTo::None;
-    if (chosen && !o.overload && crowded && kind == kind_of(level))
-      throw TopologyError(std::string("--bind-to ") + to_string(level) + ": " + std::to_string(n) +
-                          " ranks on the " + std::to_string(m) + " " + to_string(kind) + "s of " +
-                          t.source() + ": use --bind-to " + to_string(level) +
-                          ":overload-allowed or none, or fewer ranks");
-    std::map<std::string, int> used;
-    for (size_t i = 0; i < n; ++i) {
-      if (level == BindTo::None) break;
-      if (level == BindTo::Gpu) {
-        near_gpus(t, ranks[i].gpus, place[i]);
-      } else if (level != BindTo::Default &&
-                 !(o.pe > 0 && (level == BindTo::Core || level == BindTo::HwThread))) {
-        narrow(t, place[i], level, o.overload || !chosen, used,
-               "of " + object_name(objs[at[i]], kind));
-      }
-      ranks[i].cpuset = cpuset_list(place[i]);
-      ranks[i].os_cpus = cpuset_os_cpus(place[i]);
-    }
-    hwloc_bitmap_free(dom);
-    for (auto* nb : block_near) hwloc_bitmap_free(nb);
-  } catch (...) {
-    free_places();
-    throw;
+    ranks[i].pu = hwloc_bitmap_first(p);
   }
-  free_places();
+  // GPUs: among the blocks near the place's socket (all, when none is, or when the place spans
+  // sockets), the least used; of those, the nearest: near the place itself, then its NUMA node.
+  // So that ranks share the GPUs of their socket evenly before any goes further.
+  const int ngpus = static_cast<int>(t.gpus().size());
+  auto blocks = ngpus > 0 ? gpu_blocks(t, a, o.gpus_per_rank, false) : std::vector<Block>{};
+  std::vector<int> use(blocks.size(), 0);
+  std::vector<Bitmap> block_near(blocks.size());
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    std::vector<int> idx;
+    for (int g : blocks[b].gpus) idx.push_back(t.gpus()[static_cast<size_t>(g)].index);
+    near_gpus(t, idx, block_near[b].get());
+  }
+  Bitmap dom;
+  for (size_t i = 0; i < n; ++i) {
+    hwloc_bitmap_t p = place[i].get();
+    if (!blocks.empty()) {
+      const int pu = hwloc_bitmap_first(p);
+      hwloc_const_bitmap_t socket = object_around(topo, MapBy::Socket, pu)->cpuset;
+      hwloc_const_bitmap_t numa = object_around(topo, MapBy::Numa, pu)->cpuset;
+      bool any = false;
+      if (hwloc_bitmap_isincluded(p, socket))
+        for (const auto& nb : block_near) any = any || hwloc_bitmap_intersects(nb.get(), socket);
+      int best = -1;
+      std::pair<int, int> best_key;
+      for (size_t b = 0; b < blocks.size(); ++b) {
+        hwloc_const_bitmap_t nb = block_near[b].get();
+        if (any && !hwloc_bitmap_intersects(nb, socket)) continue;
+        int dist = hwloc_bitmap_intersects(nb, p)      ? 0
+                   : hwloc_bitmap_intersects(nb, numa) ? 1
+                                                       : 2;
+        std::pair<int, int> key{use[b], dist};
+        if (best < 0 || key < best_key) best = static_cast<int>(b), best_key = key;
+      }
+      ++use[static_cast<size_t>(best)];
+      const Block& blk = blocks[static_cast<size_t>(best)];
+      ranks[i].domain = blk.domain;
+      for (int g : blk.gpus) ranks[i].gpus.push_back(t.gpus()[static_cast<size_t>(g)].index);
+    } else {
+      ranks[i].domain = 0;
+      for (const auto& d : a.domains) {
+        hwloc_bitmap_list_sscanf(dom.get(), d.cpuset.c_str());
+        if (hwloc_bitmap_intersects(dom.get(), p)) {
+          ranks[i].domain = d.index;
+          break;
+        }
+      }
+    }
+  }
+  // Binding.  With PE=n, core and hwthread keep the rank's PE cores (mpirun's PE binds them).
+  BindTo level = o.bind_to;
+  const bool chosen = level != BindTo::Default;
+  if (!chosen)
+    level = o.pe > 0                  ? BindTo::Default
+            : crowded                 ? BindTo::None
+            : kind == MapBy::Core     ? BindTo::Core
+            : kind == MapBy::HwThread ? BindTo::HwThread
+            : kind == MapBy::L3Cache  ? BindTo::L3Cache
+            : kind == MapBy::Socket   ? BindTo::Socket
+            : kind == MapBy::Numa     ? BindTo::Numa
+                                      : BindTo::None;
+  if (chosen && !o.overload && crowded && kind == kind_of(level)) {
+    size_t holding = 0;  // objects that got a rank
+    for (size_t c : on) holding += c > 0;
+    throw TopologyError(std::string("--bind-to ") + to_string(level) + ": " + std::to_string(n) +
+                        " ranks on " + std::to_string(holding) + " " + to_string(kind) + "s of " +
+                        t.source() + " (" + to_string(spec) + "): use --bind-to " +
+                        to_string(level) + ":overload-allowed or none, or fewer ranks");
+  }
+  std::map<std::string, int> used;
+  for (size_t i = 0; i < n && level != BindTo::None; ++i) {
+    hwloc_bitmap_t p = place[i].get();
+    if (level == BindTo::Gpu) {
+      near_gpus(t, ranks[i].gpus, p);
+    } else if (level != BindTo::Default &&
+               !(o.pe > 0 && (level == BindTo::Core || level == BindTo::HwThread))) {
+      narrow(t, p, level, o.overload || !chosen, used, "of " + object_name(objs[at[i]], kind));
+    }
+    ranks[i].cpuset = cpuset_list(p);
+    ranks[i].os_cpus = cpuset_os_cpus(p);
+    ranks[i].pu = hwloc_bitmap_first(p);
+  }
 }
 
 // Rail alignment: a rank with GPUs gets the NICs nearest its own GPUs (nearest_nics).  The GPU
@@ -543,6 +544,9 @@ MapSpec parse_map_spec(const std::string& s) {
         throw TopologyError("--map-by: PE= takes a positive number of cores, got '" + s + "'");
       m.pe = *pe;
     } else if (mod == "oversubscribe" || mod == "nooversubscribe") {
+      if (m.oversubscribe && *m.oversubscribe != (mod == "oversubscribe"))
+        throw TopologyError("--map-by: oversubscribe and nooversubscribe contradict each other "
+                            "in '" + s + "'");
       m.oversubscribe = mod == "oversubscribe";
     } else {
       throw TopologyError("--map-by: unknown modifier '" + parts[i] + "' in '" + s +

@@ -188,6 +188,8 @@ def test_bad_mapping_requests():
         (["-n", "1", "--map-by", "slot:PE=64", "true"], "1 rank of 64 cores need 64"),
         (["-n", "3", "--map-by", "core", "--bind-to", "core", "true"], "use --bind-to core:overload-allowed"),
         (["-c", "2", "--map-by", "hwthread", "true"], "-c 2 with --map-by hwthread"),
+        (["--dry-run", "--map-by", "ppr:1:socket", "--topology-file", "/no/such.xml", "true"],
+         "topology file '/no/such.xml'"),
         (["--rank-by", "x", "true"], "--rank-by"),
         (["--gpus-per-rank", "0", "true"], "--gpus-per-rank"),
         (["--topology-file", fixture("relion-x1904gt-2xP100-mlx5"), "true"], "describes another machine"),

@@ -164,9 +164,10 @@ TEST(PlacementTest, ImpossibleRequestsAreClearErrors) {
   EXPECT_THROW(place_ranks(*l.t, l.a, {2, MapBy::Default, BindTo::Default, 3}), TopologyError);
   EXPECT_THROW(place_ranks(*l.t, l.a, {2, MapBy::Default, BindTo::Default, 0}), TopologyError);
   auto live = load_topology(LoadOptions{});
-  if (live->gpus().empty())
+  if (live->gpus().empty()) {
     EXPECT_THROW(place_ranks(*live, analyse(*live), {1, MapBy::Default, BindTo::Gpu, 1}),
                  TopologyError);
+  }
   EXPECT_THROW(parse_map_spec("diagonal"), TopologyError);
   EXPECT_THROW(parse_bind_spec("board"), TopologyError);
   EXPECT_EQ(parse_bind_spec("core").to, BindTo::Core);
@@ -239,7 +240,7 @@ TEST(MapSpecTest, ParsesOpenMpisSyntax) {
   EXPECT_EQ(parse_map_spec("package").by, MapBy::Socket);
   EXPECT_EQ(parse_map_spec("NUMA:nooversubscribe").oversubscribe, std::optional<bool>(false));
   EXPECT_EQ(parse_map_spec("ppr:1:node").ppr_object, MapBy::Node);
-  for (const char* bad : {"ppr", "ppr:2", "ppr:-1:core", "ppr:2:board", "ppr:99999:core",
+  for (const char* bad : {"ppr", "ppr:2", "ppr:-1:core", "core:oversubscribe:nooversubscribe", "ppr:2:board", "ppr:99999:core",
                           "core:PE=2", "hwthread:PE=1", "gpu:PE=2", "socket:PE=", "socket:PE=x",
                           "socket:span", "socket:", ":socket", "l2cache"})
     EXPECT_THROW(parse_map_spec(bad), TopologyError) << bad;
@@ -266,8 +267,8 @@ TEST_F(TwoSockets, MapByCoreTakesCoresInOrderAndBindsToThem) {
   auto q = place_ranks(*t, a, opts(9, "core"));
   EXPECT_EQ(q[8].cpuset, "");
   EXPECT_EQ(error_of(*t, a, opts(9, "core", "core")),
-            "--bind-to core: 9 ranks on the 8 cores of " + t->source() +
-                ": use --bind-to core:overload-allowed or none, or fewer ranks");
+            "--bind-to core: 9 ranks on 8 cores of " + t->source() +
+                " (core): use --bind-to core:overload-allowed or none, or fewer ranks");
   auto r = place_ranks(*t, a, opts(9, "core", "core:overload-allowed"));
   EXPECT_EQ(r[8].cpuset, "0-1");
   // hwthreads, and widening a core to its socket.
@@ -347,6 +348,35 @@ TEST(ProcessorMappingTest, RanksShareTheGpusOfTheirSocketEvenly) {
   EXPECT_EQ(per_gpu, (std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}}));
   // NUMA nodes without processors are no places: ppr:1:numa counts the 8 with cores.
   EXPECT_EQ(count_objects(*l.t, MapBy::Numa), 8);
+}
+
+TEST(ProcessorMappingTest, RanksOfTheWholeMachineShareAllItsGpus) {
+  // ppr:4:node: each place is the machine, so no socket is nearer: the 4 GPUs one each.
+  auto l = load("xe8640-4xH100-4xmlx5");
+  std::set<int> gpus;
+  for (const auto& r : place_ranks(*l.t, l.a, opts(4, "ppr:4:node"))) gpus.insert(r.gpus.at(0));
+  EXPECT_EQ(gpus.size(), 4u);
+}
+
+TEST_F(TwoSockets, BindingToCoresOfSmallerPlacesCountsThem) {
+  // hwthreads 0 and 1 are one core: binding both to cores would put two ranks on core 0.
+  EXPECT_EQ(error_of(*t, a, opts(2, "hwthread", "core")),
+            "--bind-to core: two ranks on core 0 (processors 0-1) of " + t->source() +
+                ": use --bind-to core:overload-allowed, or a mapping with a core per rank");
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "hwthread", "core:overload-allowed"))),
+            (std::vector<std::string>{"0-1", "0-1"}));
+  // ppr:2:core: 4 ranks on 2 cores, whatever the machine has.
+  EXPECT_EQ(error_of(*t, a, opts(4, "ppr:2:core", "core")),
+            "--bind-to core: 4 ranks on 2 cores of " + t->source() +
+                " (ppr:2:core): use --bind-to core:overload-allowed or none, or fewer ranks");
+  EXPECT_EQ(place_ranks(*t, a, opts(4, "ppr:2:core"))[0].cpuset, "");  // unbound, as mpirun
+  // PE cores shared in turn when overload is allowed.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "ppr:3:socket:PE=2", "core:overload-allowed"))),
+            (std::vector<std::string>{"0-3", "4-7", "0-3"}));
+  // --rank-by core follows the bound core.
+  auto p = place_ranks(*t, a, opts(4, "socket", "core"));
+  EXPECT_EQ(p[1].pu, 8);
+  EXPECT_EQ(p[2].pu, 2);
 }
 
 TEST(ProcessorMappingTest, RankByObjectsRenumbersByThePlace) {

@@ -294,15 +294,21 @@ TEST(CliTest, RejectsBadMappingChoices) {
             "--bind-to: unknown qualifier 'sometimes' in 'core:sometimes' (overload-allowed and "
             "if-supported are known)");
   EXPECT_EQ(usage_error({"-c", "2", "--map-by", "socket:PE=3", "prog"}),
-            "-c and --map-by ...:PE= disagree");
+            "-c 2 and --map-by socket:PE=3 disagree");
   EXPECT_EQ(usage_error({"-c", "0", "prog"}).substr(0, 3), "-c:");
   EXPECT_EQ(usage_error({"--npersocket", "2", "--map-by", "core", "prog"}),
             "give either --npersocket or --map-by, not both");
   EXPECT_EQ(usage_error({"--oversubscribe", "--nooversubscribe", "prog"}),
-            "--oversubscribe and nooversubscribe contradict each other");
+            "--oversubscribe and --nooversubscribe contradict each other");
   EXPECT_EQ(usage_error({"--oversubscribe", "--map-by", "core:nooversubscribe", "prog"}),
-            "--oversubscribe and nooversubscribe contradict each other");
+            "--oversubscribe and --map-by core:nooversubscribe contradict each other");
   EXPECT_EQ(usage_error({"--pernode", "-N", "2", "prog"}), "--pernode and -N disagree");
+  EXPECT_EQ(usage_error({"--npersocket", "2", "--pernode", "prog"}),
+            "give one of --npersocket and --pernode, not both");
+  EXPECT_EQ(usage_error({"--npersocket", "2", "-N", "4", "prog"}),
+            "--npersocket sets the ranks per node: leave out -N");
+  EXPECT_EQ(usage_error({"--cpus-per-proc", "2", "--map-by", "numa:PE=4", "prog"}),
+            "--cpus-per-proc 2 and --map-by numa:PE=4 disagree");
 }
 
 // Open MPI's forms: ppr:N:OBJECT counts the objects of this machine, -c is numa:PE=n,

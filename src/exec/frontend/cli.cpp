@@ -603,6 +603,7 @@ E one_of(const std::string& opt, const std::string& v, const E (&choices)[N]) {
 // Open MPI's spellings: --map-by OBJECT:MODIFIERS, ppr:N:OBJECT, -c, --npersocket, --pernode,
 // --bind-to LEVEL:QUALIFIERS, --oversubscribe and --nooversubscribe.  ppr sets the ranks per
 // node: N times the objects of this machine (or the --topology-file), the nodes taken to be alike.
+// Messages name the options as the user gave them (c.mapping_option, c.per_node_option).
 void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx,
                              LaunchConfig& c) {
   topo::MapSpec spec;
@@ -615,57 +616,69 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());
   }
+  // The ranks per node: one of --map-by ppr, --npersocket, --pernode.
+  std::vector<std::string> per_node;
+  if (spec.by == topo::MapBy::Ppr) per_node.push_back("--map-by " + *raw.map_by);
+  if (raw.npersocket) per_node.push_back("--npersocket");
+  if (raw.pernode) per_node.push_back("--pernode");
+  if (per_node.size() > 1)
+    throw UsageError("give one of " + per_node[0] + " and " + per_node[1] + ", not both");
   if (raw.npersocket) {
     if (raw.map_by) throw UsageError("give either --npersocket or --map-by, not both");
     spec.by = topo::MapBy::Ppr, spec.ppr_object = topo::MapBy::Socket;
     spec.ppr = parse_count("--npersocket", *raw.npersocket, 1);
   }
+  if (raw.pernode && raw.map_by) throw UsageError("give either --pernode or --map-by, not both");
   if (raw.cpus_per_rank && raw.cpus_per_proc)
     throw UsageError("give either --cpus-per-rank (-c) or --cpus-per-proc, not both");
+  c.mapping_option = raw.map_by ? "--map-by" : raw.npersocket ? "--npersocket" : "";
   if (auto cpr = raw.cpus_per_rank ? raw.cpus_per_rank : raw.cpus_per_proc) {
-    int n = parse_count(raw.cpus_per_rank ? "-c" : "--cpus-per-proc", *cpr, 1);
-    if (spec.pe > 0 && spec.pe != n) throw UsageError("-c and --map-by ...:PE= disagree");
+    const std::string opt = raw.cpus_per_rank ? "-c" : "--cpus-per-proc";
+    int n = parse_count(opt, *cpr, 1);
+    if (spec.pe > 0 && spec.pe != n)
+      throw UsageError(opt + " " + std::to_string(n) + " and --map-by " + *raw.map_by +
+                       " disagree");
     spec.pe = n;
     if (spec.by == topo::MapBy::Default) spec.by = topo::MapBy::Numa;  // mpirun's default object
+    if (c.mapping_option.empty()) c.mapping_option = opt;
     try {
-      topo::check_map_spec(spec, "-c " + std::to_string(n) + " with --map-by " +
+      topo::check_map_spec(spec, opt + " " + std::to_string(n) + " with --map-by " +
                                      std::string(topo::to_string(spec.by)));
     } catch (const topo::TopologyError& e) {
       throw UsageError(e.what());
     }
   }
   c.map_by = spec.by, c.ppr = spec.ppr, c.ppr_object = spec.ppr_object, c.pe = spec.pe;
-  if (raw.oversubscribe && (raw.nooversubscribe || spec.oversubscribe == false))
-    throw UsageError("--oversubscribe and nooversubscribe contradict each other");
-  if (raw.nooversubscribe && spec.oversubscribe == true)
-    throw UsageError("--nooversubscribe and --map-by ...:oversubscribe contradict each other");
+  if (raw.oversubscribe && raw.nooversubscribe)
+    throw UsageError("--oversubscribe and --nooversubscribe contradict each other");
+  if (spec.oversubscribe && (raw.oversubscribe || raw.nooversubscribe) &&
+      *spec.oversubscribe != raw.oversubscribe)
+    throw UsageError(std::string(raw.oversubscribe ? "--oversubscribe" : "--nooversubscribe") +
+                     " and --map-by " + *raw.map_by + " contradict each other");
   c.oversubscribe = raw.oversubscribe || spec.oversubscribe.value_or(false);
+  if (per_node.empty()) return;
+  const std::string& how = per_node[0];
   if (raw.pernode) {
+    spec.ppr = 1, spec.ppr_object = topo::MapBy::Node;  // one rank per node, placed as usual
     if (raw.npernode && c.npernode != 1) throw UsageError("--pernode and -N disagree");
-    if (raw.nproc_per_node) throw UsageError("give either --pernode or --nproc-per-node, not both");
-    spec.by = topo::MapBy::Ppr, spec.ppr = 1, spec.ppr_object = topo::MapBy::Node;
-    if (raw.map_by || raw.npersocket) throw UsageError("give either --pernode or --map-by, not both");
+  } else if (raw.npernode) {
+    throw UsageError(how + " sets the ranks per node: leave out -N");
   }
-  if (spec.by != topo::MapBy::Ppr) return;
-  if (raw.npernode && !raw.pernode)
-    throw UsageError("--map-by " + topo::to_string(spec) +
-                     " sets the ranks per node: leave out -N");
-  if (raw.nproc_per_node)
-    throw UsageError("--map-by " + topo::to_string(spec) +
-                     " sets the ranks per node: leave out --nproc-per-node");
-  if (raw.pernode) c.map_by = topo::MapBy::Default;  // one rank per node, placed as usual
-  const int objects =
-      spec.ppr_object == topo::MapBy::Node || !ctx.count_objects ? 1 : ctx.count_objects(spec.ppr_object);
-  const int per_node = spec.ppr * objects;
+  if (raw.nproc_per_node) throw UsageError(how + " sets the ranks per node: leave out --nproc-per-node");
+  int objects = 1;
+  if (spec.ppr_object != topo::MapBy::Node && ctx.count_objects)
+    objects = ctx.count_objects(spec.ppr_object);
+  const int per = spec.ppr * objects;
   if (several_nodes(raw, ctx)) {
-    c.npernode = per_node;
+    c.npernode = per;
+    c.per_node_option = how + (raw.pernode ? "" : " (" + std::to_string(per) + " per node)");
   } else {
-    if (c.np_given && c.np > per_node)
-      throw UsageError("-n " + std::to_string(c.np) + ": --map-by " + topo::to_string(spec) +
-                       " places at most " + std::to_string(per_node) + " ranks on this machine (" +
-                       std::to_string(objects) + " " + topo::to_string(spec.ppr_object) +
-                       (objects == 1 ? "" : "s") + ")");
-    if (!c.np_given) c.np = per_node, c.np_given = true;
+    if (c.np_given && c.np > per)
+      throw UsageError("-n " + std::to_string(c.np) + ": " + how + " places at most " +
+                       std::to_string(per) + " rank" + (per == 1 ? "" : "s") +
+                       " on this machine (" + std::to_string(objects) + " " +
+                       topo::to_string(spec.ppr_object) + (objects == 1 ? "" : "s") + ")");
+    if (!c.np_given) c.np = per, c.np_given = true;
   }
 }
 

@@ -249,6 +249,10 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   if (cfg.np_given && cfg.np != id.size)
     throw UsageError("-n " + std::to_string(cfg.np) + " does not match the SLURM step's " +
                      std::to_string(id.size) + " tasks (under srun, srun decides the ranks)");
+  if (!cfg.per_node_option.empty())
+    throw UsageError(cfg.per_node_option +
+                     " does not apply under srun (srun decides the ranks: --ntasks-per-node, "
+                     "--ntasks-per-socket)");
   if (!cfg.hosts.empty() || !cfg.hostfile.empty() || !cfg.launch_agent.empty() ||
       (cfg.npernode && !cfg.nproc_per_node))
     throw UsageError(
@@ -284,10 +288,10 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
       {cfg.stdin_mode != StdinMode::OneRank || cfg.stdin_rank != 0, "--stdin (srun --input)"},
       {cfg.bind_to != topo::BindTo::Default, "--bind-to (srun --cpu-bind)"},
       {cfg.report_bindings, "--report-bindings (srun --cpu-bind=verbose)"},
-      {cfg.map_by != topo::MapBy::Default, "--map-by (srun --distribution)"}};
+      {cfg.map_by != topo::MapBy::Default, "(srun --distribution, --cpus-per-task)"}};
   for (const auto& [given, option] : not_here)
     if (given)
-      throw UsageError(std::string(option) +
+      throw UsageError((option[0] == '(' ? cfg.mapping_option + " " : "") + option +
                        " does not apply under srun: each task runs the program itself");
   GenerationInfo gen;
   gen.job_id = "slurm." + id.job_id + "." + id.step_id;

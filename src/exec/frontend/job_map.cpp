@@ -35,13 +35,16 @@ JobMap map_single_node(const std::string& host, int np) {
 
 JobMap map_job(const Allocation& alloc, const MapRequest& req) {
   const size_t n = alloc.nodes.size();
+  const std::string per_node = req.npernode_option.empty()
+                                   ? "-N " + std::to_string(req.npernode)
+                                   : req.npernode_option;
   std::vector<int> cap(n), count(n, 0);
   for (size_t i = 0; i < n; ++i) {
     cap[i] = alloc.nodes[i].slots;
     if (req.npernode > 0) {
       if (alloc.limited && !req.oversubscribe && req.npernode > cap[i])
-        throw UsageError("-N " + std::to_string(req.npernode) + ": node " + alloc.nodes[i].host +
-                         " has " + std::to_string(cap[i]) + " slot(s) in " + alloc.source +
+        throw UsageError(per_node + ": node " + alloc.nodes[i].host + " has " +
+                         std::to_string(cap[i]) + " slot(s) in " + alloc.source +
                          " (add --oversubscribe to place more ranks than slots)");
       cap[i] = req.npernode;
     }
@@ -56,7 +59,7 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
                      std::to_string(max_processes(false)) + " on one)");
   if (np > total) {
     if (req.npernode > 0)
-      throw UsageError("-n " + std::to_string(np) + " with -N " + std::to_string(req.npernode) +
+      throw UsageError("-n " + std::to_string(np) + " with " + per_node +
                        " needs " + std::to_string((np + req.npernode - 1) / req.npernode) +
                        " nodes; " + alloc.source + " has " + std::to_string(n));
     if (!req.oversubscribe)

@@ -53,6 +53,7 @@ struct MapRequest {
   int np = 0;            // 0: one rank per slot (or npernode per node)
   bool by_node = false;  // --map-by node: round-robin over nodes; else fill each node in turn
   int npernode = 0;      // -N: ranks per node (0: as slots allow)
+  std::string npernode_option;  // how npernode was given, for messages ("": "-N N")
   bool oversubscribe = false;
 };
 

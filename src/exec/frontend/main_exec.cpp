@@ -85,6 +85,7 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
   req.np = cfg.np_given ? cfg.np : 0;
   req.by_node = cfg.map_by == pe::topo::MapBy::Node;
   req.npernode = cfg.npernode;
+  req.npernode_option = cfg.per_node_option;
   req.oversubscribe = cfg.oversubscribe;
   pe::JobMap map = pe::map_job(alloc, req);
   map.spawn_hosts = pe::hosts_without_ranks(listed, map);
@@ -241,8 +242,8 @@ int real_main(int argc, char** argv) {
   ctx.count_objects = [file = raw.topology_file.value_or("")](pe::topo::MapBy kind) {
     try {
       return pe::topo::count_objects(*pe::topo::load_topology(pe::topo::LoadOptions{file}), kind);
-    } catch (const std::exception&) {
-      return 1;
+    } catch (const pe::topo::TopologyError& e) {
+      throw pe::UsageError(e.what());  // (the topology is needed to count the objects)
     }
   };
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
