@@ -60,6 +60,13 @@ def need_torch():
         skip(reason)
 
 
+def control_protocol():
+    """ctrl::kProtocol, the first field of a control-plane challenge or hello: its version as
+    pytorch_exec --version says it."""
+    out = subprocess.run([EXEC, "--version"], capture_output=True, text=True).stdout
+    return 0x50430000 | int(re.search(r"control protocol (\d+)", out).group(1))
+
+
 def free_port(span=1):
     """A port P such that nothing listens on P..P+span-1 (the DataChannel's env:// store takes
     MASTER_PORT+1: span=2), chosen below the kernel's ephemeral range.  Binding port 0 would give

@@ -1,5 +1,6 @@
 """Every user mistake: one line naming the problem, a non-zero status, no crash, no hang."""
 import os
+import re
 
 from harness import check, main, run, script, tmpdir
 
@@ -112,7 +113,8 @@ def test_help_and_version():
     check(r.returncode == 0 and "Usage: pytorch_exec" in r.stdout and "--max-restarts" in r.stdout,
           "help")
     r = run(["--version"])
-    check(r.returncode == 0 and r.stdout.startswith("pytorch_exec "), r.stdout)
+    check(r.returncode == 0 and re.fullmatch(r"pytorch_exec \S+ \(control protocol \d+\)\n", r.stdout),
+          r.stdout)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import struct
 import subprocess
 import time
 
-from harness import (DC_CHECK, check, comm, control_port, finish, free_port, main, marker_env, processes_with_marker, run, script, skip,
+from harness import (DC_CHECK, EXEC, check, comm, control_port, control_protocol, finish, free_port, main, marker_env, processes_with_marker, run, script, skip,
                      start, tmpdir, wait_until)
 
 FIGURES = {"connections": 0, "bytes": 0, "peak_rss_kb": 0, "peak_fds": 0}
@@ -307,6 +307,9 @@ def test_control_plane_backs_off_when_out_of_descriptors():
     job.run(attack)
 
 
+CONTROL_PROTOCOL = control_protocol()
+
+
 def test_node_names_are_escaped_and_warnings_limited():
     # Item 7: a hello's node name reached the terminal raw, one warning per dropped connection.
     name = b"evil\x1b[2J\nforged line"
@@ -315,7 +318,8 @@ def test_node_names_are_escaped_and_warnings_limited():
         for _ in range(50):
             s = connect(port)
             s.recv(4096)
-            payload = struct.pack("<I", len(name)) + name + struct.pack("<I", 32) + os.urandom(32) \
+            payload = struct.pack("<I", CONTROL_PROTOCOL) + struct.pack("<I", len(name)) + name \
+                + struct.pack("<I", 32) + os.urandom(32) \
                 + struct.pack("<I", 32) + os.urandom(32) + struct.pack("<ii", -1, -1)
             send(s, b"PEX1" + struct.pack("<HHI", 2, 0, len(payload)) + payload)
             closed_soon(s)
@@ -521,6 +525,73 @@ def test_torch_store_on_master_port():
     check(0 < warnings <= 12, f"{warnings} warnings about dropped clients: {err[-2000:]}")
 
 
+def frame(kind, payload):
+    return b"PEX1" + struct.pack("<HHI", kind, 0, len(payload)) + payload
+
+
+def read_frame(s):
+    kind, _, n = struct.unpack("<HHI", recv_exact(s, 12)[4:])
+    return kind, recv_exact(s, n)
+
+
+def test_other_control_protocols_are_named():
+    """A node and a front end of builds whose control messages differ: each says which protocol
+    the other speaks, in one line, rather than failing to decode.  Both sides against a peer
+    made here: a front end that speaks another protocol, and a node (another protocol, then one
+    from before the version field) that knocks on a real join-mode host."""
+    other = (CONTROL_PROTOCOL & 0xffff) + 7
+    # A join-mode node whose rendezvous host speaks another protocol.
+    port = free_port()
+    srv = socket.socket()
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", port))
+    srv.listen(4)
+    env = dict(os.environ, PYTORCH_EXEC_RDZV_SECRET="protocols")
+    node = subprocess.Popen([EXEC, "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "2",
+                             "--nproc-per-node", "1", "--join-timeout", "30", "true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    srv.settimeout(20)
+    conn, _ = srv.accept()
+    send(conn, frame(1, struct.pack("<II", 0x50430000 | other, 32) + os.urandom(32)))
+    (rc, out, err), = finish([node], 30)
+    conn.close()
+    srv.close()
+    check(rc != 0 and len(err.splitlines()) == 1 and
+          f"the front end at 127.0.0.1 speaks control protocol {other} and this pytorch_exec "
+          f"control protocol {CONTROL_PROTOCOL & 0xffff}" in err and
+          "use the same pytorch_exec version on every node" in err, f"exit {rc}: {err!r}")
+    # A real host, and nodes that speak another protocol or none.
+    port = free_port()
+    host = subprocess.Popen([EXEC, "--rdzv-endpoint", f"127.0.0.1:{port}", "--nnodes", "2",
+                             "--nproc-per-node", "1", "--join-timeout", "30", "true"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        for hello, theirs in [(struct.pack("<II", 0x50430000 | other, 1) + b"n", f"control protocol {other}"),
+                              (struct.pack("<I", 1) + b"n" + struct.pack("<I", 32) + os.urandom(32),
+                               "an older control protocol, without a version (control protocol 1)")]:
+            s = None
+            deadline = time.monotonic() + 20
+            while s is None:
+                try:
+                    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+                except OSError:
+                    check(time.monotonic() < deadline, "the host does not listen")
+                    time.sleep(0.1)
+            kind, payload = read_frame(s)
+            check(kind == 1 and struct.unpack("<I", payload[:4])[0] == CONTROL_PROTOCOL,
+                  f"challenge {kind} {payload[:4]!r}")
+            send(s, frame(2, hello))
+            kind, payload = read_frame(s)
+            why = payload[4:4 + struct.unpack("<I", payload[:4])[0]].decode()
+            check(kind == 70 and f"the node speaks {theirs} and this host control protocol" in why
+                  and "use the same pytorch_exec version on every node" in why, f"{kind} {why!r}")
+            s.close()
+    finally:
+        host.terminate()
+        (rc, out, err), = finish([host], 30)
+    check(f"speaks control protocol {other}" in err, err[-2000:])
+
+
 def test_figures():
     print(f"hostile suite: {FIGURES['connections']} connections, {FIGURES['bytes']} bytes sent, "
           f"peak RSS {FIGURES['peak_rss_kb']} kB, peak descriptors {FIGURES['peak_fds']}", flush=True)
@@ -536,4 +607,4 @@ if __name__ == "__main__":
           test_node_names_are_escaped_and_warnings_limited,
           test_daemon_output_is_bounded_while_the_front_end_is_not_read,
           test_relay_output_is_bounded_while_the_front_end_is_not_read,
-          test_torch_store_on_master_port, test_figures])
+          test_torch_store_on_master_port, test_other_control_protocols_are_named, test_figures])

@@ -12,7 +12,7 @@ import struct
 import subprocess
 import time
 
-from harness import (SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, control_port, main,
+from harness import (SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, control_port, control_protocol, main,
                      marker_env, processes_with_marker, run, script, start, tmpdir, torch_missing,
                      wait_until)
 
@@ -271,7 +271,7 @@ def test_strangers_are_dropped_and_the_job_goes_on():
         challenge = s.recv(4096)
         check(challenge[:4] == b"PEX1", f"no challenge: {challenge!r}")
         name = b"a"
-        payload = struct.pack("<I", len(name)) + name + struct.pack("<I", 32) + os.urandom(32) \
+        payload = struct.pack("<II", control_protocol(), len(name)) + name + struct.pack("<I", 32) + os.urandom(32) \
             + struct.pack("<I", 32) + os.urandom(32) + struct.pack("<ii", -1, -1)
         s.sendall(frame(2, payload))
         # The only answer is a refused frame (type 70, saying why), then the connection closes.

@@ -196,9 +196,13 @@ TEST(ControlTest, RoutedEnvelope) {
 
 // Every message type: encode, decode, encode again gives the same bytes; every truncation and a
 // trailing byte are errors; the type's name is known.
+// Every encoding round_trip saw, for the protocol pin (EveryMessageRoundTrips).
+std::string g_encodings;
+
 template <class M>
 void round_trip(const M& m) {
   std::string bytes = ctrl::encode(m);
+  g_encodings += std::to_string(static_cast<int>(M::kType)) + ":" + bytes;
   M back = ctrl::decode<M>(bytes);
   EXPECT_EQ(ctrl::encode(back), bytes) << M::kName;
   for (size_t cut = 0; cut < bytes.size(); ++cut)
@@ -211,8 +215,13 @@ void round_trip(const M& m) {
 TEST(ControlTest, EveryMessageRoundTrips) {
   using namespace ctrl;
   std::string n32(32, 'n');
-  round_trip(Challenge{n32});
-  round_trip(Hello{"node-a", n32, std::string(32, 'p')});
+  g_encodings.clear();
+  Challenge challenge;
+  challenge.nonce = n32;
+  round_trip(challenge);
+  Hello hello;
+  hello.node = "node-a", hello.nonce = n32, hello.proof = std::string(32, 'p');
+  round_trip(hello);
   round_trip(Welcome{std::string(32, 'q')});
   round_trip(Redirect{{"10.0.0.2", "192.168.1.4"}, 4711});
   round_trip(Job{sample()});
@@ -263,6 +272,15 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   round_trip(Unpublish{{"port:accept"}});
   round_trip(JobEnd{3});
   round_trip(Leave{"no longer listed by its node source"});
+  // The protocol pin: these encodings change when a message's fields change, and then two
+  // builds cannot talk; the handshake says so only if the version changed too.
+  uint64_t h = 1469598103934665603ull;  // FNV-1a
+  for (char c : g_encodings) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+  const std::pair<uint32_t, uint64_t> pinned = {2, 0x6f230572535f0b2ull};
+  EXPECT_EQ(std::make_pair(kProtocolVersion, h), pinned)
+      << "the control messages changed: add 1 to ctrl::kProtocolVersion (messages.hpp) and pin "
+         "the new version with this digest, 0x"
+      << std::hex << h;
   EXPECT_STREQ(msg_name(999), "unknown");
   EXPECT_THROW(decode_any(999, ""), wire::WireError);
 }
@@ -290,8 +308,12 @@ TEST(ControlTest, MessagesCheckTheirValues) {
   using namespace ctrl;
   EXPECT_THROW(decode<Signal>(encode(Signal{0})), wire::WireError);
   EXPECT_THROW(decode<Signal>(encode(Signal{NSIG})), wire::WireError);
-  EXPECT_THROW(decode<Challenge>(encode(Challenge{std::string(33, 'n')})), wire::WireError);
-  EXPECT_THROW(encode(Hello{std::string(2000, 'h'), "", ""}), wire::WireError);
+  Challenge c;
+  c.nonce = std::string(33, 'n');
+  EXPECT_THROW(decode<Challenge>(encode(c)), wire::WireError);
+  Hello h;
+  h.node = std::string(2000, 'h');
+  EXPECT_THROW(encode(h), wire::WireError);
   std::vector<std::string> many(300, "a");
   EXPECT_THROW(decode<Redirect>(encode(Redirect{many, 1})), wire::WireError);
   NodeJob j = sample();
@@ -405,4 +427,21 @@ TEST(ConnectFirstTest, TheAddressThatAnswersWinsAndOneThatComesLaterIsTriedAgain
               std::string::npos)
         << e.what();
   }
+}
+
+TEST(ControlTest, HandshakesSayWhichProtocolThePeerSpeaks) {
+  using namespace ctrl;
+  Hello h;
+  h.node = "n";
+  EXPECT_EQ(protocol_mismatch(encode(h)), "");
+  EXPECT_EQ(protocol_mismatch(encode(Challenge{})), "");
+  h.protocol = kProtocolMagic | 9;
+  EXPECT_EQ(protocol_mismatch(encode(h)), "control protocol 9");
+  // A build before the field: its hello starts with the node name's length.
+  std::string old = encode(Hello{}).substr(4);
+  EXPECT_EQ(protocol_mismatch(old),
+            "an older control protocol, without a version (control protocol 1)");
+  EXPECT_EQ(protocol_mismatch("ab"), "no control protocol (not a pytorch_exec)");
+  EXPECT_NE(protocol_here().find("control protocol " + std::to_string(kProtocolVersion)),
+            std::string::npos);
 }

@@ -187,7 +187,9 @@ void Acceptor::on_accept(UniqueFd fd, const std::string& peer) {
   p->conn->on_closed([this, pp](const std::string& why) { drop(pp, why); });
   p->timer = loop_.timer([this, pp] { drop(pp, "no handshake within 10 s"); });
   p->timer.arm(kHandshakeTimeout);
-  p->conn->send(Challenge{p->nonce_f});
+  Challenge challenge;
+  challenge.nonce = p->nonce_f;
+  p->conn->send(challenge);
   pending_.push_back(std::move(p));
 }
 
@@ -238,6 +240,12 @@ void Acceptor::on_frame(Pending* p, wire::Frame& f) {
   if (f.type != static_cast<uint16_t>(Msg::Hello))
     throw wire::WireError(std::string("out-of-order ") + msg_name(f.type) +
                           " frame before authentication");
+  if (std::string theirs = protocol_mismatch(f.payload); !theirs.empty())
+    return refuse(p,
+                  Verdict("the node speaks " + theirs + " and this host control protocol " +
+                          std::to_string(kProtocolVersion) +
+                          ": use the same pytorch_exec version on every node"),
+                  "?");
   Hello h = decode<Hello>(f.payload);
   const std::string& name = h.node;
   if (!auth::proof_matches(auth::daemon_proof(secret_, p->nonce_f, h.nonce, name), h.proof))

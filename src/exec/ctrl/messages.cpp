@@ -1,3 +1,5 @@
+#include <pytorch_exec/version.h>
+
 #include "exec/ctrl/messages.hpp"
 
 #include <signal.h>
@@ -112,6 +114,22 @@ void Decoder::count(int& v, int max) {
 void Decoder::port(int& v) {
   v = r_.i32();
   if (v <= 0 || v > 65535) throw wire::WireError("bad port " + std::to_string(v));
+}
+
+std::string protocol_mismatch(const std::string& payload) {
+  if (payload.size() < 4) return "no control protocol (not a pytorch_exec)";
+  uint32_t v = 0;
+  for (int i = 3; i >= 0; --i)
+    v = (v << 8) | static_cast<unsigned char>(payload[static_cast<size_t>(i)]);
+  if ((v & 0xffff0000u) != kProtocolMagic)
+    return "an older control protocol, without a version (control protocol 1)";
+  if (v != kProtocol) return "control protocol " + std::to_string(v & 0xffffu);
+  return "";
+}
+
+std::string protocol_here() {
+  return "control protocol " + std::to_string(kProtocolVersion) + " (pytorch_exec " +
+         PYTORCH_EXEC_VERSION_STRING + ")";
 }
 
 void validate(const Job& m) {

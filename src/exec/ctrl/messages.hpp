@@ -102,18 +102,36 @@ inline constexpr uint32_t kMaxName = 1024;  // host and node names
 
 // Handshake.  The front end (or a relaying daemon) challenges, the daemon proves it knows the
 // job's secret, the front end proves it too (auth.hpp).
+// The control protocol: the first field of Challenge and Hello, read before anything else
+// (protocol_mismatch), so that a node and a front end from builds whose messages differ say so
+// in one line instead of failing to decode.  kProtocolMagic marks the field (the first field of
+// an older build's, a string's length, is small); kProtocolVersion changes with every change to
+// a message's fields (control_test pins the messages' encodings to it).  1: the builds before
+// the field.
+inline constexpr uint32_t kProtocolMagic = 0x50430000u;  // "CP" in the high half
+inline constexpr uint32_t kProtocolVersion = 2;
+inline constexpr uint32_t kProtocol = kProtocolMagic | kProtocolVersion;
+
+// Of a Challenge or Hello payload: "" when it speaks this protocol, else what it speaks
+// ("control protocol 3", "an older control protocol, without a version").
+std::string protocol_mismatch(const std::string& payload);
+// "control protocol 2 (pytorch_exec VERSION)": this build's, for messages.
+std::string protocol_here();
+
 struct Challenge {
   static constexpr Msg kType = Msg::Challenge;
   static constexpr const char* kName = "challenge";
+  uint32_t protocol = kProtocol;
   std::string nonce;
   template <class IO>
   void io(IO& f) {
-    f(nonce, auth::kNonceBytes);
+    f(protocol), f(nonce, auth::kNonceBytes);
   }
 };
 struct Hello {
   static constexpr Msg kType = Msg::Hello;
   static constexpr const char* kName = "hello";
+  uint32_t protocol = kProtocol;
   std::string node, nonce, proof;
   // Join mode (a node that started by itself, pytorch_exec --rdzv-endpoint): the ranks it
   // brings (its --nproc-per-node) and its fixed node rank (static rendezvous), else -1.  A
@@ -122,7 +140,7 @@ struct Hello {
   int32_t node_rank = -1;
   template <class IO>
   void io(IO& f) {
-    f(node, kMaxName), f(nonce, auth::kNonceBytes), f(proof, auth::kProofBytes);
+    f(protocol), f(node, kMaxName), f(nonce, auth::kNonceBytes), f(proof, auth::kProofBytes);
     f(join_slots), f(node_rank);
   }
 };

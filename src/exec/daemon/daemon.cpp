@@ -169,8 +169,15 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
   wire::Frame ch = read_frame(fd.get(), deadline);
   if (ch.type != static_cast<uint16_t>(ctrl::Msg::Challenge))
     throw wire::WireError("expected a challenge");
+  if (std::string theirs = ctrl::protocol_mismatch(ch.payload); !theirs.empty())
+    throw wire::WireError(std::string(redirected_ ? "the parent daemon" : "the front end") +
+                          " at " + peer + " speaks " + theirs + " and this pytorch_exec " +
+                          ctrl::protocol_here() +
+                          ": use the same pytorch_exec version on every node");
   std::string nonce_f = ctrl::decode<ctrl::Challenge>(ch.payload).nonce;
-  ctrl::Hello hello{opts_.node, auth::random_bytes(auth::kNonceBytes), ""};
+  ctrl::Hello hello;
+  hello.node = opts_.node;
+  hello.nonce = auth::random_bytes(auth::kNonceBytes);
   if (opts_.join.slots > 0) {
     hello.join_slots = opts_.join.slots;
     hello.node_rank = opts_.join.node_rank;

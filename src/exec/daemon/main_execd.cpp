@@ -15,6 +15,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/net.hpp"
+#include "exec/ctrl/messages.hpp"
 #include "exec/daemon/daemon.hpp"
 #include "exec/daemon/execd_options.hpp"
 #include "pytorch_exec/version.h"
@@ -50,7 +51,8 @@ std::optional<pe::DaemonOptions> parse(int argc, char** argv) {
     return std::nullopt;
   }
   if (raw.version) {
-    std::cout << "pytorch_execd " << PYTORCH_EXEC_VERSION_STRING << "\n";
+    std::cout << "pytorch_execd " << PYTORCH_EXEC_VERSION_STRING << " (control protocol "
+              << pe::ctrl::kProtocolVersion << ")\n";
     return std::nullopt;
   }
   const char* slurmd_node = std::getenv("SLURMD_NODENAME");

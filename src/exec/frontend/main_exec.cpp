@@ -21,6 +21,7 @@
 #include "common/log.hpp"
 #include "common/net.hpp"
 #include "common/strings.hpp"
+#include "exec/ctrl/messages.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/cli.hpp"
 #include "exec/daemon/daemon.hpp"
@@ -208,7 +209,8 @@ int real_main(int argc, char** argv) {
     return 0;
   }
   if (raw.version) {
-    std::cout << "pytorch_exec " << PYTORCH_EXEC_VERSION_STRING << "\n";
+    std::cout << "pytorch_exec " << PYTORCH_EXEC_VERSION_STRING << " (control protocol "
+              << pe::ctrl::kProtocolVersion << ")\n";
     return 0;
   }
   pe::ValidationContext ctx;
