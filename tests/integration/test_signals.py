@@ -175,6 +175,16 @@ def test_time_limit_stops_the_job():
         check(wait_until(lambda: p.poll() is not None, 30), "still running with its output unread")
         check(p.returncode == 124 and time.monotonic() - t0 < 20,
               f"unread output: exit {p.returncode} after {time.monotonic() - t0:.1f} s")
+    # A rank failed and the others have a --failure-window longer than the limit: the limit cuts
+    # the window short, and the job ends with the failure's status and report.
+    t0 = time.monotonic()
+    r = subprocess.run([EXEC, "--timeout", "2", "--failure-window", "60", "-n", "2", "sh", "-c",
+                        "if [ $RANK = 1 ]; then exit 3; fi; exec sleep 60"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    check(r.returncode == 3 and took < 20 and "reached (--timeout) during the --failure-window: "
+          "stopping the job's 1 process" in r.stderr and "exited with status 3" in r.stderr,
+          f"failure window: exit {r.returncode} after {took:.1f} s: {r.stderr!r}")
     for bad in (["--timeout", "x"], ["--timeout", "-1"]):
         r = subprocess.run([EXEC] + bad + ["true"], capture_output=True, text=True, timeout=30)
         check(r.returncode == 2 and "--timeout: expected a number of seconds" in r.stderr,

@@ -787,7 +787,17 @@ std::string job_processes(size_t live) {
 }  // namespace
 
 // --timeout: the job's time is up, whatever it is doing (gathering nodes, running, restarting).
+// A job that is already failing ends as it would have; only a --failure-window still running
+// is cut short.
 void JobController::on_time_limit() {
+  if (state_ == State::Failing && window_timer_.pending()) {
+    say("the job's time limit of " + seconds_text(cfg_.timeout) + " s was reached (" +
+        cfg_.timeout_from + ") during the --failure-window: stopping the job" +
+        job_processes(workers_->live()));
+    sink_.set_deadline(0);
+    stop_workers(SIGTERM);
+    return;
+  }
   if (state_ == State::Done || state_ == State::Interrupted || state_ == State::Failing) return;
   size_t live = workers_->live();
   say("the job's time limit of " + seconds_text(cfg_.timeout) + " s was reached (" +
