@@ -266,23 +266,25 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
     ++on[at[i]];
   }
   std::vector<Bitmap> place(n);
+  const std::string unit = o.hwthread_cpus ? "hwthread" : "core";  // of PE=n
   bool crowded = false;  // more than one rank on a core or hwthread object: mpirun binds none
   for (size_t i = 0; i < n; ++i) {
     hwloc_obj_t obj = objs[at[i]];
     hwloc_bitmap_t p = place[i].get();
     if (o.pe > 0) {
-      auto cores = objects_inside(topo, MapBy::Core, obj->cpuset);
+      auto cores =
+          objects_inside(topo, o.hwthread_cpus ? MapBy::HwThread : MapBy::Core, obj->cpuset);
       if (cores.empty()) cores.push_back(obj);
       size_t first = turn[i] * static_cast<size_t>(o.pe);
       // (:overload-allowed: the ranks share the cores in turn)
       if (on[at[i]] * static_cast<size_t>(o.pe) > cores.size() && !o.overload)
-        throw TopologyError(
-            "--map-by " + to_string(spec) + ": " + std::to_string(on[at[i]]) +
-            (on[at[i]] == 1 ? " rank of " : " ranks of ") + std::to_string(o.pe) +
-            " cores need " + std::to_string(on[at[i]] * static_cast<size_t>(o.pe)) + " on " +
-            object_name(obj, kind) + ", which has " + std::to_string(cores.size()) +
-            " (processors " + cpuset_list(obj->cpuset) + ") on " + t.source() +
-            ": use fewer ranks or a smaller PE");
+        throw TopologyError("--map-by " + to_string(spec) + ": " + std::to_string(on[at[i]]) +
+                            (on[at[i]] == 1 ? " rank of " : " ranks of ") + std::to_string(o.pe) +
+                            " " + unit + "s need " +
+                            std::to_string(on[at[i]] * static_cast<size_t>(o.pe)) + " on " +
+                            object_name(obj, kind) + ", which has " + std::to_string(cores.size()) +
+                            " (processors " + cpuset_list(obj->cpuset) + ") on " + t.source() +
+                            ": use fewer ranks or a smaller PE");
       for (size_t c = first; c < first + static_cast<size_t>(o.pe); ++c)
         hwloc_bitmap_or(p, p, cores[c % cores.size()]->cpuset);
     } else {
@@ -318,9 +320,7 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
       for (size_t b = 0; b < blocks.size(); ++b) {
         hwloc_const_bitmap_t nb = block_near[b].get();
         if (any && !hwloc_bitmap_intersects(nb, socket)) continue;
-        int dist = hwloc_bitmap_intersects(nb, p)      ? 0
-                   : hwloc_bitmap_intersects(nb, numa) ? 1
-                                                       : 2;
+        int dist = hwloc_bitmap_intersects(nb, p) ? 0 : hwloc_bitmap_intersects(nb, numa) ? 1 : 2;
         std::pair<int, int> key{use[b], dist};
         if (best < 0 || key < best_key) best = static_cast<int>(b), best_key = key;
       }
@@ -545,8 +545,10 @@ MapSpec parse_map_spec(const std::string& s) {
       m.pe = *pe;
     } else if (mod == "oversubscribe" || mod == "nooversubscribe") {
       if (m.oversubscribe && *m.oversubscribe != (mod == "oversubscribe"))
-        throw TopologyError("--map-by: oversubscribe and nooversubscribe contradict each other "
-                            "in '" + s + "'");
+        throw TopologyError(
+            "--map-by: oversubscribe and nooversubscribe contradict each other "
+            "in '" +
+            s + "'");
       m.oversubscribe = mod == "oversubscribe";
     } else {
       throw TopologyError("--map-by: unknown modifier '" + parts[i] + "' in '" + s +

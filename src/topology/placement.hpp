@@ -60,6 +60,7 @@ struct PlacementOptions {
   MapBy ppr_object = MapBy::Node;
   int pe = 0;                      // --map-by ...:PE=n, -c n: cores per rank
   bool overload = false;           // --bind-to LEVEL:overload-allowed
+  bool hwthread_cpus = false;      // --use-hwthread-cpus: PE=n counts hardware threads
 };
 
 struct RankPlacement {

@@ -132,6 +132,7 @@ MPIRUN_LINES = [
     ["-n", "3", "--map-by", "core", "--oversubscribe"],
     ["-n", "3", "--map-by", "core", "--bind-to", "core:overload-allowed", "--oversubscribe"],
     ["-n", "3", "--map-by", "socket:oversubscribe"],
+    ["-n", "1", "--map-by", "slot:PE=2", "--use-hwthread-cpus"],
 ]
 
 

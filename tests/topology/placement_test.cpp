@@ -317,6 +317,17 @@ TEST_F(TwoSockets, PprFillsEachObjectWithItsRanksCores) {
             std::string::npos);
 }
 
+TEST_F(TwoSockets, PeCountsHardwareThreadsWhenAsked) {
+  PlacementOptions o = opts(3, "slot:PE=3");
+  o.hwthread_cpus = true;  // --use-hwthread-cpus
+  EXPECT_EQ(cpusets(place_ranks(*t, a, o)), (std::vector<std::string>{"0-2", "3-5", "6-8"}));
+  o = opts(3, "ppr:3:socket:PE=3");
+  o.hwthread_cpus = true;
+  EXPECT_NE(error_of(*t, a, o).find("3 ranks of 3 hwthreads need 9 on socket 0, which has 8"),
+            std::string::npos)
+      << error_of(*t, a, o);
+}
+
 TEST_F(TwoSockets, PeOnNumaAndSocketsDealsAndStacks) {
   // numa:PE=2 (mpirun's -c 2): NUMA nodes in turn, the next two cores of each.
   EXPECT_EQ(cpusets(place_ranks(*t, a, opts(4, "numa:PE=2"))),

@@ -351,6 +351,7 @@ TEST(CliTest, MpirunsMappingForms) {
   EXPECT_EQ(cfg({"--bind-to", "package", "prog"}).bind_to, BindTo::Socket);
   EXPECT_TRUE(cfg({"--map-by", "slot:OVERSUBSCRIBE", "prog"}).oversubscribe);
   EXPECT_FALSE(cfg({"--nooversubscribe", "prog"}).oversubscribe);
+  EXPECT_TRUE(cfg({"--use-hwthread-cpus", "-c", "2", "prog"}).hwthread_cpus);
 }
 
 TEST(CliTest, WorkingDirectoriesHereAndOnOtherNodes) {

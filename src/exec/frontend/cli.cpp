@@ -85,6 +85,9 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::cpus_per_rank},
     {"cpus-per-proc", 0, "Mapping and binding", "N", "the same as --cpus-per-rank",
      &RawOptions::cpus_per_proc},
+    {"use-hwthread-cpus", 0, "Mapping and binding", nullptr,
+     "as mpirun's: PE=n and -c count hardware threads, not cores",
+     &RawOptions::use_hwthread_cpus},
     {"gpus-per-rank", 0, "Mapping and binding", "N", "GPUs given to each rank (default 1)",
      &RawOptions::gpus_per_rank},
     {"topology-file", 0, "Mapping and binding", "FILE",
@@ -649,6 +652,7 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
     }
   }
   c.map_by = spec.by, c.ppr = spec.ppr, c.ppr_object = spec.ppr_object, c.pe = spec.pe;
+  c.hwthread_cpus = raw.use_hwthread_cpus;
   if (raw.oversubscribe && raw.nooversubscribe)
     throw UsageError("--oversubscribe and --nooversubscribe contradict each other");
   if (spec.oversubscribe && (raw.oversubscribe || raw.nooversubscribe) &&

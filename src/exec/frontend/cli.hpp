@@ -49,6 +49,7 @@ struct RawOptions {
   std::optional<std::string> npersocket;
   bool pernode = false;
   bool nooversubscribe = false;
+  bool use_hwthread_cpus = false;
   std::optional<std::string> topology_file;
   bool tag_output = false;
   bool merge_stderr = false;  // --merge-stderr-to-stdout

@@ -29,6 +29,7 @@ struct PlacementRequest {
   topo::MapBy ppr_object = topo::MapBy::Node;
   int pe = 0;                  // --map-by ...:PE=n, -c n
   bool bind_overload = false;  // --bind-to LEVEL:overload-allowed
+  bool hwthread_cpus = false;  // --use-hwthread-cpus
 };
 
 struct NodeJob {

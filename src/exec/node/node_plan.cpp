@@ -46,9 +46,9 @@ void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t, const topo::An
 }
 
 PlacementRequest placement_of(const LaunchConfig& cfg) {
-  return PlacementRequest{cfg.map_by,        cfg.rank_by, cfg.bind_to,    cfg.gpus_per_rank,
-                          cfg.topology_file, cfg.ppr,     cfg.ppr_object, cfg.pe,
-                          cfg.bind_overload};
+  return PlacementRequest{cfg.map_by,        cfg.rank_by,      cfg.bind_to,    cfg.gpus_per_rank,
+                          cfg.topology_file, cfg.ppr,          cfg.ppr_object, cfg.pe,
+                          cfg.bind_overload, cfg.hwthread_cpus};
 }
 
 NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
@@ -74,6 +74,7 @@ void place_again(NodePlan& p, const PlacementRequest& cfg, int nlocal) {
     o.ppr_object = cfg.ppr_object;
     o.pe = cfg.pe;
     o.overload = cfg.bind_overload;
+    o.hwthread_cpus = cfg.hwthread_cpus;
     p.ranks = topo::place_ranks(*p.topology, p.analysis, o);
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());
