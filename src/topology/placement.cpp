@@ -87,51 +87,46 @@ std::string object_name(hwloc_obj_t o, MapBy kind) {
   return std::string(to_string(kind)) + " " + std::to_string(o->logical_index);
 }
 
-// Binding to a level inside a place: `place` narrowed to the next free core or hwthread in it
-// (`used` counts those handed out per place; more ranks than there are: refused, unless
-// `overload`, then shared in turn), or widened to the socket, NUMA node or L3 cache around it (a
-// place wider than one of those: around the next core of it in turn).  `near`: how a refusal
-// names the place ("near them", "of socket 0").
+// Binding to a level inside a place: `place` narrowed to the next core or hwthread in it, or
+// widened to the socket, NUMA node or L3 cache around it (a place wider than one of those: the
+// next one inside it in turn).  As mpirun, ranks on one core are an overload only beyond its
+// hardware threads: more ranks than the processors there are refused, unless `overload`, then
+// shared in turn.  `used` counts the ranks handed out per place and per core; `near`: how a
+// refusal names the place ("near them", "of socket 0").
 void narrow(const Topology& t, hwloc_bitmap_t place, BindTo level, bool overload,
             std::map<std::string, int>& used, const std::string& near) {
   hwloc_topology_t topo = t.raw();
   const MapBy kind = kind_of(level);
   if (hwloc_bitmap_iszero(place) || kind == MapBy::Node) return;
   const std::string key = cpuset_list(place);
+  auto refuse = [&](size_t objects, const std::string& cpus) {
+    throw TopologyError(std::string("--bind-to ") + to_string(level) + ": more ranks than the " +
+                        std::to_string(objects) + " " + to_string(kind) + "(s) " + near +
+                        " hold, one per processor (processors " + cpus + ") on " + t.source() +
+                        ": use --bind-to " + to_string(level) +
+                        ":overload-allowed, none or numa, or fewer ranks");
+  };
   if (level == BindTo::Core || level == BindTo::HwThread) {
     auto inside = objects_inside(topo, kind, place);
-    if (inside.empty()) {  // a place smaller than a core: the core around it, one rank each
+    if (inside.empty()) {  // a place smaller than a core: the core around it
       hwloc_obj_t around = object_around(topo, kind, hwloc_bitmap_first(place));
       std::string cpus = cpuset_list(around->cpuset);
-      if (used[cpus]++ > 0 && !overload)
-        throw TopologyError(std::string("--bind-to ") + to_string(level) + ": two ranks on " +
-                            object_name(around, kind) + " (processors " + cpus + ") of " +
-                            t.source() + ": use --bind-to " + to_string(level) +
-                            ":overload-allowed, or a mapping with a " + to_string(kind) +
-                            " per rank");
+      if (used["core " + cpus]++ >= hwloc_bitmap_weight(around->cpuset) && !overload)
+        refuse(1, cpus);
       hwloc_bitmap_copy(place, around->cpuset);
       return;
     }
     size_t j = static_cast<size_t>(used[key]++);
-    if (j >= inside.size()) {
-      if (!overload)
-        throw TopologyError(std::string("--bind-to ") + to_string(level) +
-                            ": more ranks than the " + std::to_string(inside.size()) + " " +
-                            to_string(kind) + "(s) " + near + " (processors " + key + ") on " +
-                            t.source() + ": use --bind-to " + to_string(level) +
-                            ":overload-allowed, none or numa, or fewer ranks");
-      j %= inside.size();
-    }
-    hwloc_bitmap_copy(place, inside[j]->cpuset);
+    hwloc_obj_t obj = inside[j % inside.size()];
+    if (used["core " + cpuset_list(obj->cpuset)]++ >= hwloc_bitmap_weight(obj->cpuset) && !overload)
+      refuse(inside.size(), key);
+    hwloc_bitmap_copy(place, obj->cpuset);
     return;
   }
   hwloc_obj_t around = object_around(topo, kind, hwloc_bitmap_first(place));
   if (!hwloc_bitmap_isincluded(place, around->cpuset)) {
-    auto cores = objects_inside(topo, MapBy::Core, place);
-    if (!cores.empty()) {
-      size_t j = static_cast<size_t>(used[key]++) % cores.size();
-      around = object_around(topo, kind, hwloc_bitmap_first(cores[j]->cpuset));
-    }
+    auto inside = objects_inside(topo, kind, place);
+    if (!inside.empty()) around = inside[static_cast<size_t>(used[key]++) % inside.size()];
   }
   hwloc_bitmap_copy(place, around->cpuset);
 }
@@ -157,14 +152,18 @@ std::vector<Block> gpu_blocks(const Topology& t, const Analysis& a, int k, bool 
 }
 
 // Order in which blocks are taken: as listed, or NUMA-interleaved for --map-by numa.
-std::vector<size_t> block_order(const Analysis& a, const std::vector<Block>& blocks, bool numa) {
+std::vector<size_t> block_order(const Topology& t, const Analysis& a,
+                                const std::vector<Block>& blocks, bool numa) {
   std::vector<size_t> order(blocks.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   if (!numa) return order;
   std::vector<std::vector<size_t>> per_numa;
   std::vector<int> numas;
   for (size_t i = 0; i < blocks.size(); ++i) {
-    int n = a.domains[static_cast<size_t>(blocks[i].domain)].numa;
+    // The NUMA node of the block's first GPU (an NVLink island may span several), else its
+    // domain's.
+    int n = t.gpus()[static_cast<size_t>(blocks[i].gpus.front())].numa;
+    if (n < 0) n = a.domains[static_cast<size_t>(blocks[i].domain)].numa;
     auto it = std::find(numas.begin(), numas.end(), n);
     if (it == numas.end()) {
       numas.push_back(n);
@@ -208,7 +207,6 @@ void near_gpus(const Topology& t, const std::vector<int>& gpus, hwloc_bitmap_t o
 
 void bind(const Topology& t, const Analysis& a, BindTo how, bool overload, bool have_gpus,
           std::vector<RankPlacement>& ranks) {
-  hwloc_topology_t topo = t.raw();
   Bitmap set;
   std::map<std::string, int> used;  // cores handed out per cpuset
   for (auto& r : ranks) {
@@ -218,11 +216,7 @@ void bind(const Topology& t, const Analysis& a, BindTo how, bool overload, bool 
     if (hwloc_bitmap_iszero(set.get())) hwloc_bitmap_list_sscanf(set.get(), d.cpuset.c_str());
     r.pu = hwloc_bitmap_first(set.get());
     if (how == BindTo::None || (how == BindTo::Default && !have_gpus)) continue;
-    if (how == BindTo::Numa && d.numa >= 0) {
-      hwloc_obj_t node =
-          hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(d.numa));
-      if (node) hwloc_bitmap_copy(set.get(), node->cpuset);
-    } else if (how != BindTo::Gpu && how != BindTo::Default) {
+    if (how != BindTo::Gpu && how != BindTo::Default) {
       // As mpirun: two ranks bound to one core is refused, not done quietly.
       narrow(t, set.get(), how, overload, used, "near them");
     }
@@ -342,6 +336,11 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
   // Binding.  With PE=n, core and hwthread keep the rank's PE cores (mpirun's PE binds them).
   BindTo level = o.bind_to;
   const bool chosen = level != BindTo::Default;
+  if (o.pe > 0 && chosen && level != BindTo::Core && level != BindTo::HwThread &&
+      level != BindTo::None)
+    throw TopologyError("--map-by " + to_string(spec) + " binds each rank to its " +
+                        std::to_string(o.pe) + " " + unit + "(s): --bind-to " + to_string(level) +
+                        " contradicts it (core, hwthread or none go with it)");
   if (!chosen)
     level = o.pe > 0                  ? BindTo::Default
             : crowded                 ? BindTo::None
@@ -351,14 +350,6 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
             : kind == MapBy::Socket   ? BindTo::Socket
             : kind == MapBy::Numa     ? BindTo::Numa
                                       : BindTo::None;
-  if (chosen && !o.overload && crowded && kind == kind_of(level)) {
-    size_t holding = 0;  // objects that got a rank
-    for (size_t c : on) holding += c > 0;
-    throw TopologyError(std::string("--bind-to ") + to_string(level) + ": " + std::to_string(n) +
-                        " ranks on " + std::to_string(holding) + " " + to_string(kind) + "s of " +
-                        t.source() + " (" + to_string(spec) + "): use --bind-to " +
-                        to_string(level) + ":overload-allowed or none, or fewer ranks");
-  }
   std::map<std::string, int> used;
   for (size_t i = 0; i < n && level != BindTo::None; ++i) {
     hwloc_bitmap_t p = place[i].get();
@@ -503,6 +494,21 @@ std::vector<std::string> split_colons(const std::string& s) {
   return v;
 }
 
+// The modifiers of --map-by: the parts from `from` on, each split at ',' too (Open MPI 4's
+// socket:PE=2,oversubscribe).
+std::vector<std::string> split_modifiers(const std::vector<std::string>& parts, size_t from) {
+  std::vector<std::string> mods;
+  for (size_t i = from; i < parts.size(); ++i) {
+    mods.emplace_back();
+    for (char c : parts[i])
+      if (c == ',')
+        mods.emplace_back();
+      else
+        mods.back() += c;
+  }
+  return mods;
+}
+
 // A positive count (1 ... 4096) or nothing.
 std::optional<int> small_count(const std::string& s) {
   if (s.empty() || s.size() > 4 || s.find_first_not_of("0123456789") != std::string::npos)
@@ -536,12 +542,13 @@ MapSpec parse_map_spec(const std::string& s) {
   } else {
     throw TopologyError("--map-by: expected one of " + objects + ", got '" + s + "'");
   }
-  for (size_t i = mods; i < parts.size(); ++i) {
-    std::string mod = lower(parts[i]);
+  for (const std::string& given : split_modifiers(parts, mods)) {
+    std::string mod = lower(given);
     if (mod.rfind("pe=", 0) == 0) {
       auto pe = small_count(mod.substr(3));
       if (!pe)
         throw TopologyError("--map-by: PE= takes a positive number of cores, got '" + s + "'");
+      if (m.pe > 0) throw TopologyError("--map-by: PE= is given twice in '" + s + "'");
       m.pe = *pe;
     } else if (mod == "oversubscribe" || mod == "nooversubscribe") {
       if (m.oversubscribe && *m.oversubscribe != (mod == "oversubscribe"))
@@ -551,7 +558,7 @@ MapSpec parse_map_spec(const std::string& s) {
             s + "'");
       m.oversubscribe = mod == "oversubscribe";
     } else {
-      throw TopologyError("--map-by: unknown modifier '" + parts[i] + "' in '" + s +
+      throw TopologyError("--map-by: unknown modifier '" + given + "' in '" + s +
                           "' (PE=n, oversubscribe and nooversubscribe are known)");
     }
   }
@@ -562,7 +569,9 @@ MapSpec parse_map_spec(const std::string& s) {
 void check_map_spec(const MapSpec& m, const std::string& what) {
   if (m.pe == 0) return;
   MapBy obj = m.by == MapBy::Ppr ? m.ppr_object : m.by;
-  if (obj == MapBy::Core || obj == MapBy::HwThread || obj == MapBy::Gpu || obj == MapBy::Domain)
+  // (PE=1 on a core or hwthread is that object itself: mpirun takes it)
+  if (((obj == MapBy::Core || obj == MapBy::HwThread) && m.pe > 1) || obj == MapBy::Gpu ||
+      obj == MapBy::Domain)
     throw TopologyError(what +
                         ": PE=n gives each rank n cores of a wider object: slot, node, "
                         "numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
@@ -634,7 +643,7 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
   }
   if (ngpus > 0) {
     auto blocks = gpu_blocks(t, a, o.gpus_per_rank, o.map_by == MapBy::Gpu);
-    auto order = block_order(a, blocks, o.map_by == MapBy::Numa);
+    auto order = block_order(t, a, blocks, o.map_by == MapBy::Numa);
     // More ranks than blocks: consecutive ranks share a block (ranks 0,1 on GPU 0, ...), so
     // neighbouring ranks stay close; --map-by numa deals them round-robin instead.
     const bool dealt = o.map_by == MapBy::Numa;
@@ -667,7 +676,9 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
   }
   for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
   assign_nics(t, a, ranks);
-  bind(t, a, o.bind_to, o.overload, ngpus > 0, ranks);
+  // --map-by numa without GPUs binds to the NUMA node, as the other objects bind to theirs.
+  const bool numa = o.bind_to == BindTo::Default && ngpus == 0 && o.map_by == MapBy::Numa;
+  bind(t, a, numa ? BindTo::Numa : o.bind_to, o.overload, ngpus > 0, ranks);
   return ranks;
 }
 

@@ -133,6 +133,10 @@ MPIRUN_LINES = [
     ["-n", "3", "--map-by", "core", "--bind-to", "core:overload-allowed", "--oversubscribe"],
     ["-n", "3", "--map-by", "socket:oversubscribe"],
     ["-n", "1", "--map-by", "slot:PE=2", "--use-hwthread-cpus"],
+    ["-c", "2", "--map-by", "core"],
+    ["-n", "2", "--map-by", "socket:PE=1,oversubscribe"],
+    ["-n", "2", "--map-by", "core:PE=1"],
+    ["-n", "2", "--map-by", "numa"],
 ]
 
 
@@ -154,10 +158,79 @@ def test_mapping_lines_bind_as_under_mpirun():
         check(got.returncode == 0, f"pytorch_exec {line}: {got.stderr}")
         check(sorted(got.stdout.split()) == sorted(want.stdout.split()),
               f"{' '.join(line)}: mpirun {sorted(want.stdout.split())}, pytorch_exec {sorted(got.stdout.split())}")
-    # -c (mpirun's deprecated --cpus-per-proc) is numa:PE=n.
-    got = run(["-n", "1", "-c", "2"] + prog)
+    # --cpus-per-rank (mpirun's deprecated --cpus-per-proc) is numa:PE=n.
+    got = run(["-n", "1", "--cpus-per-rank", "2"] + prog)
     check(got.stdout.split() == ["0:" + run(["-n", "1", "--map-by", "numa:PE=2"] + prog).stdout.split()[0][2:]],
           got.stdout + got.stderr)
+
+
+# Lines whose placement on the real servers of tests/fixtures/hwloc must be mpirun's own:
+# (ranks, args), for machines with at least `ranks` cores.
+SERVER_LINES = [
+    (8, ["--map-by", "socket"]),
+    (8, ["--map-by", "core"]),
+    (4, ["--map-by", "hwthread"]),
+    (4, ["--map-by", "l3cache"]),
+    (4, ["--map-by", "socket:PE=2"]),
+    (4, ["--map-by", "numa:PE=2"]),
+    (4, ["--map-by", "slot:PE=2"]),
+    (4, ["--map-by", "ppr:2:socket:PE=2"]),
+    (8, ["--map-by", "socket", "--bind-to", "core"]),
+    (8, ["--map-by", "socket", "--bind-to", "numa"]),
+    (4, ["--map-by", "core", "--bind-to", "socket"]),
+    (4, ["--map-by", "hwthread", "--bind-to", "core"]),
+    (8, ["--map-by", "ppr:4:socket", "--rank-by", "socket", "--bind-to", "core"]),
+    (8, ["--map-by", "core", "--rank-by", "socket"]),
+]
+
+
+def mpirun_bindings(xml, line, pus):
+    """{rank: [cpus]} of `mpirun --display-map` mapping for the machine `xml` (Open MPI reads it
+    with HWLOC_XMLFILE; the program is true), or None where mpirun refuses the line."""
+    env = dict(os.environ, HWLOC_XMLFILE=xml, HWLOC_THISSYSTEM="1", OMPI_ALLOW_RUN_AS_ROOT="1",
+               OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    # (The map is printed before anything starts; binding to processors this machine lacks then
+    # fails, so mpirun's status says nothing: a refusal is a map without ranks.)
+    r = subprocess.run(["mpirun", "--display-map"] + line + ["true"],
+                       capture_output=True, text=True, timeout=60, env=env, stdin=subprocess.DEVNULL)
+    got = {}
+    for m in re.finditer(r"Process rank: (\d+) Bound: (.*)", r.stdout):
+        mask = "".join(c for c in m.group(2)[m.group(2).rindex(":[") + 1:] if c in "B.")
+        got[int(m.group(1))] = sorted(pus[i] for i, c in enumerate(mask) if c == "B")
+    return got or None
+
+
+def test_placement_on_real_servers_is_mpiruns():
+    """SERVER_LINES on each real server: pytorch_exec --dry-run --topology-file and mpirun
+    --display-map (reading the same hwloc XML) bind every rank to the same processors."""
+    if not shutil.which("mpirun") or not shutil.which("lstopo-no-graphics"):
+        skip("mpirun or lstopo-no-graphics not found (openmpi-bin, hwloc-nox)")
+    compared = 0
+    for name in sorted(os.listdir(FIX)):
+        if not name.endswith(".xml"):
+            continue
+        xml = os.path.join(FIX, name)
+        pus = [int(p) for p in re.findall(r"PU L#\d+ \(P#(\d+)\)", subprocess.run(
+            ["lstopo-no-graphics", "-i", xml, "--only", "pu"], capture_output=True, text=True).stdout)]
+        cores = int(subprocess.run(["lstopo-no-graphics", "-i", xml, "--only", "core"],
+                                   capture_output=True, text=True).stdout.count("Core"))
+        for n, line in SERVER_LINES:
+            if n > cores:
+                continue
+            args = ["-n", str(n)] + line
+            want = mpirun_bindings(xml, args, pus)
+            r = run(["--dry-run", "--topology-file", xml] + args + ["true"])
+            compared += 1
+            if want is None:  # refused by mpirun (more cores asked than there are): here too
+                check(r.returncode == 2 and len(r.stderr.splitlines()) == 1,
+                      f"{name} {args}: mpirun refuses, pytorch_exec {r.returncode} {r.stdout[:300]}")
+                continue
+            check(r.returncode == 0, f"{name} {args}: {r.stderr}")
+            got = {int(m.group(1)): sorted(cpu_list(m.group(2))) for m in re.finditer(
+                r"rank (\d+) \(local \d+\): .*cpus (\S+)$", r.stdout, re.M)}
+            check(got == want and len(got) == n,
+                  f"{name} {' '.join(args)}:\n  mpirun       {want}\n  pytorch_exec {got}")
+    check(compared >= 40, f"only {compared} lines compared")
 
 
 def test_mpiruns_placement_on_real_servers():
@@ -188,7 +261,10 @@ def test_bad_mapping_requests():
         (["-n", "9", "--map-by", "ppr:1:socket", "true"], "places at most"),
         (["-n", "1", "--map-by", "slot:PE=64", "true"], "1 rank of 64 cores need 64"),
         (["-n", "3", "--map-by", "core", "--bind-to", "core", "true"], "use --bind-to core:overload-allowed"),
-        (["-c", "2", "--map-by", "hwthread", "true"], "-c 2 with --map-by hwthread"),
+        (["--cpus-per-rank", "2", "--map-by", "hwthread", "true"], "--cpus-per-rank 2 with --map-by hwthread"),
+        (["-n", "3", "--nooversubscribe", "true"], "no oversubscription allows at most"),
+        (["--map-by", "socket:PE=1", "--bind-to", "socket", "true"], "contradicts it"),
+        (["-machinefile_typo", "x", "true"], "unknown option -machinefile_typo"),
         (["--dry-run", "--map-by", "ppr:1:socket", "--topology-file", "/no/such.xml", "true"],
          "topology file '/no/such.xml'"),
         (["--rank-by", "x", "true"], "--rank-by"),
@@ -208,5 +284,6 @@ if __name__ == "__main__":
     main([test_display_topology_of_another_machine, test_dry_run_maps_a_dgx2_and_starts_nothing,
           test_nproc_per_node_auto_and_gpu_count_gpus,
           test_binding_is_real_and_announced, test_no_binding_by_default_without_gpus,
-          test_mapping_lines_bind_as_under_mpirun, test_mpiruns_placement_on_real_servers,
+          test_mapping_lines_bind_as_under_mpirun, test_placement_on_real_servers_is_mpiruns,
+          test_mpiruns_placement_on_real_servers,
           test_bad_mapping_requests])

@@ -240,8 +240,13 @@ TEST(MapSpecTest, ParsesOpenMpisSyntax) {
   EXPECT_EQ(parse_map_spec("package").by, MapBy::Socket);
   EXPECT_EQ(parse_map_spec("NUMA:nooversubscribe").oversubscribe, std::optional<bool>(false));
   EXPECT_EQ(parse_map_spec("ppr:1:node").ppr_object, MapBy::Node);
+  // Open MPI 4's comma-separated modifiers; PE=1 on a core is the core.
+  MapSpec c = parse_map_spec("socket:PE=2,OVERSUBSCRIBE");
+  EXPECT_EQ(c.pe, 2);
+  EXPECT_EQ(c.oversubscribe, std::optional<bool>(true));
+  EXPECT_EQ(parse_map_spec("core:PE=1").pe, 1);
   for (const char* bad : {"ppr", "ppr:2", "ppr:-1:core", "core:oversubscribe:nooversubscribe", "ppr:2:board", "ppr:99999:core",
-                          "core:PE=2", "hwthread:PE=1", "gpu:PE=2", "socket:PE=", "socket:PE=x",
+                          "core:PE=2", "hwthread:PE=2", "gpu:PE=2", "socket:PE=1:PE=2", "socket:PE=", "socket:PE=x",
                           "socket:span", "socket:", ":socket", "l2cache"})
     EXPECT_THROW(parse_map_spec(bad), TopologyError) << bad;
   BindSpec b = parse_bind_spec("socket:overload-allowed");
@@ -262,15 +267,17 @@ TEST_F(TwoSockets, MapByCoreTakesCoresInOrderAndBindsToThem) {
   auto p = place_ranks(*t, a, opts(3, "core"));
   EXPECT_EQ(cpusets(p), (std::vector<std::string>{"0-1", "2-3", "4-5"}));
   EXPECT_EQ(p[2].pu, 4);
-  // More ranks than cores: mapped in turn and unbound, as mpirun; binding them is refused
-  // unless overload is allowed.
+  // More ranks than cores: mapped in turn and unbound, as mpirun; bound, a core takes as many
+  // ranks as it has hardware threads (2 here), more are refused unless overload is allowed.
   auto q = place_ranks(*t, a, opts(9, "core"));
   EXPECT_EQ(q[8].cpuset, "");
-  EXPECT_EQ(error_of(*t, a, opts(9, "core", "core")),
-            "--bind-to core: 9 ranks on 8 cores of " + t->source() +
-                " (core): use --bind-to core:overload-allowed or none, or fewer ranks");
-  auto r = place_ranks(*t, a, opts(9, "core", "core:overload-allowed"));
-  EXPECT_EQ(r[8].cpuset, "0-1");
+  EXPECT_EQ(place_ranks(*t, a, opts(9, "core", "core"))[8].cpuset, "0-1");
+  EXPECT_EQ(error_of(*t, a, opts(17, "core", "core")),
+            "--bind-to core: more ranks than the 1 core(s) of core 0 hold, one per processor "
+            "(processors 0-1) on " + t->source() +
+                ": use --bind-to core:overload-allowed, none or numa, or fewer ranks");
+  auto r = place_ranks(*t, a, opts(17, "core", "core:overload-allowed"));
+  EXPECT_EQ(r[16].cpuset, "0-1");
   // hwthreads, and widening a core to its socket.
   EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "hwthread"))),
             (std::vector<std::string>{"0", "1", "2"}));
@@ -286,8 +293,9 @@ TEST_F(TwoSockets, MapBySocketDealsRanksRoundRobin) {
             (std::vector<std::string>{"0-1", "8-9", "2-3", "10-11"}));
   EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "socket", "hwthread"))),
             (std::vector<std::string>{"0", "8", "1"}));
-  EXPECT_EQ(error_of(*t, a, opts(10, "socket", "core")).substr(0, 56),
+  EXPECT_EQ(error_of(*t, a, opts(18, "socket", "core")).substr(0, 56),
             "--bind-to core: more ranks than the 4 core(s) of socket ");
+  // --bind-to numa (or l3cache) inside a wider place: the next NUMA node of it in turn.
   EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "socket", "none"))),
             (std::vector<std::string>{"", "", ""}));
 }
@@ -308,9 +316,9 @@ TEST_F(TwoSockets, PprFillsEachObjectWithItsRanksCores) {
   EXPECT_EQ(error_of(*t, a, opts(4, "ppr:2:socket:PE=3")),
             "--map-by ppr:2:socket:PE=3: 2 ranks of 3 cores need 6 on socket 0, which has 4 "
             "(processors 0-7) on " + t->source() + ": use fewer ranks or a smaller PE");
-  // --bind-to widens the PE cores; none leaves them unbound.
-  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "slot:PE=2", "socket"))),
-            (std::vector<std::string>{"0-7", "0-7"}));
+  // PE=n binds to its cores: a wider --bind-to contradicts it, as mpirun says.
+  EXPECT_NE(error_of(*t, a, opts(2, "slot:PE=2", "socket")).find("contradicts it"),
+            std::string::npos);
   EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "slot:PE=3"))),
             (std::vector<std::string>{"0-5", "6-11"}));  // across the sockets, as slots go
   EXPECT_NE(error_of(*t, a, opts(3, "slot:PE=3")).find("3 ranks of 3 cores need 9 on the machine"),
@@ -370,16 +378,18 @@ TEST(ProcessorMappingTest, RanksOfTheWholeMachineShareAllItsGpus) {
 }
 
 TEST_F(TwoSockets, BindingToCoresOfSmallerPlacesCountsThem) {
-  // hwthreads 0 and 1 are one core: binding both to cores would put two ranks on core 0.
-  EXPECT_EQ(error_of(*t, a, opts(2, "hwthread", "core")),
-            "--bind-to core: two ranks on core 0 (processors 0-1) of " + t->source() +
-                ": use --bind-to core:overload-allowed, or a mapping with a core per rank");
-  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "hwthread", "core:overload-allowed"))),
+  // hwthreads 0 and 1 are one core of 2 hwthreads: two ranks there are no overload (mpirun's
+  // rule), a third is.
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "hwthread", "core"))),
             (std::vector<std::string>{"0-1", "0-1"}));
-  // ppr:2:core: 4 ranks on 2 cores, whatever the machine has.
-  EXPECT_EQ(error_of(*t, a, opts(4, "ppr:2:core", "core")),
-            "--bind-to core: 4 ranks on 2 cores of " + t->source() +
-                " (ppr:2:core): use --bind-to core:overload-allowed or none, or fewer ranks");
+  EXPECT_EQ(error_of(*t, a, opts(17, "hwthread", "core")),
+            "--bind-to core: more ranks than the 1 core(s) of hwthread 0 hold, one per processor "
+            "(processors 0-1) on " + t->source() +
+                ": use --bind-to core:overload-allowed, none or numa, or fewer ranks");
+  EXPECT_EQ(place_ranks(*t, a, opts(17, "hwthread", "core:overload-allowed"))[16].cpuset, "0-1");
+  // ppr:3:core: 3 ranks on a core of 2 hwthreads.
+  EXPECT_NE(error_of(*t, a, opts(3, "ppr:3:core", "core")).find("more ranks than the 1 core(s)"),
+            std::string::npos);
   EXPECT_EQ(place_ranks(*t, a, opts(4, "ppr:2:core"))[0].cpuset, "");  // unbound, as mpirun
   // PE cores shared in turn when overload is allowed.
   EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "ppr:3:socket:PE=2", "core:overload-allowed"))),

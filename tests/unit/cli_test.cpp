@@ -287,15 +287,18 @@ TEST(CliTest, RejectsBadMappingChoices) {
   EXPECT_EQ(usage_error({"--map-by", "core:PE=2", "prog"}),
             "--map-by core:PE=2: PE=n gives each rank n cores of a wider object: slot, node, "
             "numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
-  EXPECT_EQ(usage_error({"-c", "2", "--map-by", "hwthread", "prog"}),
-            "-c 2 with --map-by hwthread: PE=n gives each rank n cores of a wider object: slot, "
-            "node, numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
+  EXPECT_EQ(usage_error({"--cpus-per-rank", "2", "--map-by", "hwthread", "prog"}),
+            "--cpus-per-rank 2 with --map-by hwthread: PE=n gives each rank n cores of a wider "
+            "object: slot, node, numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
   EXPECT_EQ(usage_error({"--bind-to", "core:sometimes", "prog"}),
             "--bind-to: unknown qualifier 'sometimes' in 'core:sometimes' (overload-allowed and "
             "if-supported are known)");
-  EXPECT_EQ(usage_error({"-c", "2", "--map-by", "socket:PE=3", "prog"}),
-            "-c 2 and --map-by socket:PE=3 disagree");
-  EXPECT_EQ(usage_error({"-c", "0", "prog"}).substr(0, 3), "-c:");
+  EXPECT_EQ(usage_error({"--cpus-per-rank", "2", "--map-by", "socket:PE=3", "prog"}),
+            "--cpus-per-rank 2 and --map-by socket:PE=3 disagree");
+  EXPECT_EQ(usage_error({"--cpus-per-rank", "0", "prog"}).substr(0, 16), "--cpus-per-rank:");
+  EXPECT_EQ(usage_error({"-n", "2", "-c", "3", "prog"}), "option -n (--np) is given more than once");
+  EXPECT_EQ(usage_error({"--hostfile", "a", "--machinefile", "b", "prog"}),
+            "give either --hostfile or --machinefile, not both");
   EXPECT_EQ(usage_error({"--npersocket", "2", "--map-by", "core", "prog"}),
             "give either --npersocket or --map-by, not both");
   EXPECT_EQ(usage_error({"--oversubscribe", "--nooversubscribe", "prog"}),
@@ -343,7 +346,9 @@ TEST(CliTest, MpirunsMappingForms) {
   EXPECT_EQ(p.npernode, 1);
   EXPECT_EQ(p.map_by, MapBy::Default);
   EXPECT_EQ(cfg({"--pernode", "prog"}).np, 1);
-  auto m = cfg({"-c", "4", "prog"});
+  EXPECT_EQ(cfg({"-c", "3", "prog"}).np, 3);  // mpirun's -c is -n
+  EXPECT_EQ(parse({"-machinefile", "hosts", "prog"}).hostfile, "hosts");
+  auto m = cfg({"--cpus-per-rank", "4", "prog"});
   EXPECT_EQ(m.map_by, MapBy::Numa);
   EXPECT_EQ(m.pe, 4);
   EXPECT_EQ(cfg({"--cpus-per-proc", "2", "--map-by", "socket", "prog"}).pe, 2);

@@ -23,7 +23,9 @@ namespace {
 // Names follow mpirun/prterun where one exists, torchrun's otherwise.
 const OptionDef<RawOptions> kOptions[] = {
     {"np", 'n', "Processes", "N",
-     "number of processes to start (also -np); default: the number of processors", &RawOptions::np},
+     "number of processes to start (also -np and, as mpirun's, -c); default: the number of "
+     "processors",
+     &RawOptions::np, 'c'},
     {"nproc-per-node", 0, "Processes", "N|auto|gpu|cpu",
      "processes per node (torchrun's name): as -N with -H, --hostfile or in a SLURM allocation; "
      "on one machine and in join mode the same as -n; auto: one per GPU, else per processor",
@@ -35,6 +37,8 @@ const OptionDef<RawOptions> kOptions[] = {
     {"hostfile", 0, "Processes", "FILE",
      "run on the hosts of an Open MPI hostfile (\"host slots=N\" or \"host:N\" lines)",
      &RawOptions::hostfile},
+    {"machinefile", 0, "Processes", "FILE", "as mpirun's: the same as --hostfile",
+     &RawOptions::machinefile},
     {"npernode", 'N', "Processes", "N", "ranks per node", &RawOptions::npernode},
     {"launch-agent", 0, "Processes", "CMD",
      "start each node's pytorch_execd with CMD, {host} standing for the node (appended when "
@@ -75,13 +79,13 @@ const OptionDef<RawOptions> kOptions[] = {
      "how placed ranks are numbered: in placement order (slot, default) or grouped by node, "
      "numa, gpu, domain, core, hwthread, l3cache or socket",
      &RawOptions::rank_by},
-    {"bind-to", 0, "Mapping and binding", "LEVEL[:overload-allowed]",
+    {"bind-to", 0, "Mapping and binding", "LEVEL[:overload-allowed][:if-supported]",
      "bind each rank to none, core, hwthread, l3cache, socket, numa or gpu (the cores near its "
      "GPUs); default: as the --map-by object (the PE cores with PE=n), else the cores near its "
      "GPU when there are GPUs, none otherwise; :overload-allowed lets ranks share a core",
      &RawOptions::bind_to},
-    {"cpus-per-rank", 'c', "Mapping and binding", "N",
-     "as mpirun's -c: N cores per rank, --map-by numa:PE=N (or the --map-by object's PE=N)",
+    {"cpus-per-rank", 0, "Mapping and binding", "N",
+     "as mpirun's: N cores per rank, --map-by numa:PE=N (or the --map-by object's PE=N)",
      &RawOptions::cpus_per_rank},
     {"cpus-per-proc", 0, "Mapping and binding", "N", "the same as --cpus-per-rank",
      &RawOptions::cpus_per_proc},
@@ -636,7 +640,7 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
     throw UsageError("give either --cpus-per-rank (-c) or --cpus-per-proc, not both");
   c.mapping_option = raw.map_by ? "--map-by" : raw.npersocket ? "--npersocket" : "";
   if (auto cpr = raw.cpus_per_rank ? raw.cpus_per_rank : raw.cpus_per_proc) {
-    const std::string opt = raw.cpus_per_rank ? "-c" : "--cpus-per-proc";
+    const std::string opt = raw.cpus_per_rank ? "--cpus-per-rank" : "--cpus-per-proc";
     int n = parse_count(opt, *cpr, 1);
     if (spec.pe > 0 && spec.pe != n)
       throw UsageError(opt + " " + std::to_string(n) + " and --map-by " + *raw.map_by +
@@ -660,6 +664,17 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
     throw UsageError(std::string(raw.oversubscribe ? "--oversubscribe" : "--nooversubscribe") +
                      " and --map-by " + *raw.map_by + " contradict each other");
   c.oversubscribe = raw.oversubscribe || spec.oversubscribe.value_or(false);
+  // On one machine -n is not limited unless asked: then, as mpirun, by its cores (or hwthreads).
+  const bool limited = raw.nooversubscribe || spec.oversubscribe == false;
+  if (limited && !several_nodes(raw, ctx) && c.np_given && ctx.count_objects) {
+    const topo::MapBy slot = raw.use_hwthread_cpus ? topo::MapBy::HwThread : topo::MapBy::Core;
+    const int slots = ctx.count_objects(slot);
+    if (c.np > slots)
+      throw UsageError("-n " + std::to_string(c.np) + ": no oversubscription allows at most " +
+                       std::to_string(slots) + " ranks on this machine (its " +
+                       std::to_string(slots) + " " + topo::to_string(slot) +
+                       "s, the slots mpirun counts)");
+  }
   if (per_node.empty()) return;
   const std::string& how = per_node[0];
   if (raw.pernode) {
@@ -743,6 +758,10 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
     r.hosts = empty ? std::string() : join(r.host_args, ",");  // "": refused as empty
   }
   r.command = std::move(command);
+  if (r.machinefile) {
+    if (r.hostfile) throw UsageError("give either --hostfile or --machinefile, not both");
+    r.hostfile = std::move(r.machinefile);
+  }
   return r;
 }
 

@@ -25,6 +25,7 @@ struct RawOptions {
   std::optional<std::string> hosts;  // -H, all of them joined with ','
   std::vector<std::string> host_args;  // each -H (given more than once, they add up, as mpirun's)
   std::optional<std::string> hostfile;
+  std::optional<std::string> machinefile;  // mpirun's name for --hostfile
   std::optional<std::string> npernode;  // -N
   std::optional<std::string> launch_agent;
   std::optional<std::string> tree_radix;

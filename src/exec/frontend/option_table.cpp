@@ -25,7 +25,7 @@ const OptionSyntax* find_long(const Table& table, const std::string& name) {
 
 const OptionSyntax* find_short(const Table& table, char c) {
   for (const auto& o : table)
-    if (o.short_name == c) return &o;
+    if (o.short_name == c || (o.short_alias && o.short_alias == c)) return &o;
   return nullptr;
 }
 
@@ -103,7 +103,8 @@ void take_shorts(Prescan& p, const Table& table, const std::vector<std::string>&
   const std::string& t = toks[i];
   for (size_t k = 1; k < t.size(); ++k) {
     const OptionSyntax* s = find_short(table, t[k]);
-    if (!s) throw UsageError(std::string("unknown option -") + t[k]);
+    // ("-machinefile" with an unknown name: named whole, not by its first unknown letter)
+    if (!s) throw UsageError("unknown option " + (t.size() > 2 ? t : std::string("-") + t[k]));
     if (s->kind == OptionKind::Value || s->kind == OptionKind::List) {
       std::optional<std::string> v;
       if (k + 1 < t.size()) v = t.substr(k + 1);

@@ -24,6 +24,7 @@ struct OptionSyntax {
   const char* group;       // --help section
   const char* value_name;  // nullptr for flags
   const char* help;
+  char short_alias = 0;  // a second short name (mpirun's -c for -n), not shown by --help
 };
 
 // One row of a program's table.  The member's type is the option's kind: bool a flag, int a
@@ -40,9 +41,11 @@ struct OptionDef {
   std::variant<bool Raw::*, int Raw::*, std::optional<std::string> Raw::*,
                std::vector<std::string> Raw::*>
       field;
+  char short_alias = 0;
 
   OptionSyntax syntax() const {
-    return {name, short_name, static_cast<OptionKind>(field.index()), group, value_name, help};
+    return {name, short_name, static_cast<OptionKind>(field.index()), group, value_name,
+            help, short_alias};
   }
 };
 

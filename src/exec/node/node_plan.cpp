@@ -1,6 +1,7 @@
 #include "exec/node/node_plan.hpp"
 
 #include <algorithm>
+#include <map>
 #include <sstream>
 
 #include "common/error.hpp"
@@ -8,7 +9,7 @@
 
 namespace pe {
 
-void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t, const topo::Analysis& a,
+void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t,
                    std::vector<topo::RankPlacement>& ranks) {
   // The logical index of the object of a type around the rank's place.
   auto around = [&t](const topo::RankPlacement& r, hwloc_obj_type_t type) {
@@ -18,7 +19,16 @@ void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t, const topo::An
     if (type == HWLOC_OBJ_PU) o = pu;
     return o ? static_cast<int>(o->logical_index) : -1;
   };
-  auto key = [rank_by, &a, &around](const topo::RankPlacement& r) {
+  // The NUMA node holding the rank's place (NUMA nodes are no ancestors in hwloc 2).
+  auto numa_of = [&t](const topo::RankPlacement& r) {
+    int n = hwloc_get_nbobjs_by_type(t.raw(), HWLOC_OBJ_NUMANODE);
+    for (int i = 0; r.pu >= 0 && i < n; ++i) {
+      hwloc_obj_t o = hwloc_get_obj_by_type(t.raw(), HWLOC_OBJ_NUMANODE, static_cast<unsigned>(i));
+      if (o && o->cpuset && hwloc_bitmap_isset(o->cpuset, static_cast<unsigned>(r.pu))) return i;
+    }
+    return -1;
+  };
+  auto key = [rank_by, &around, &numa_of](const topo::RankPlacement& r) {
     switch (rank_by) {
       case topo::RankBy::Core:
         return around(r, HWLOC_OBJ_CORE);
@@ -33,15 +43,30 @@ void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t, const topo::An
       case topo::RankBy::Domain:
         return r.domain;
       case topo::RankBy::Numa:
-        return a.domains.at(static_cast<size_t>(r.domain)).numa;
+        return numa_of(r);
       case topo::RankBy::Slot:
       case topo::RankBy::Node:
         break;
     }
     return 0;
   };
-  std::stable_sort(ranks.begin(), ranks.end(),
-                   [&key](const auto& a, const auto& b) { return key(a) < key(b); });
+  // gpu and domain (ours) group the ranks; Open MPI's objects deal them round-robin over the
+  // objects, as mpirun: the first rank of each object in turn, then the second, ...
+  const bool dealt = rank_by == topo::RankBy::Numa || rank_by == topo::RankBy::Core ||
+                     rank_by == topo::RankBy::HwThread || rank_by == topo::RankBy::L3Cache ||
+                     rank_by == topo::RankBy::Socket;
+  if (!dealt) {
+    std::stable_sort(ranks.begin(), ranks.end(),
+                     [&key](const auto& x, const auto& y) { return key(x) < key(y); });
+  } else {
+    std::map<int, std::vector<topo::RankPlacement>> by;  // object -> its ranks, in order
+    for (auto& r : ranks) by[key(r)].push_back(std::move(r));
+    std::vector<topo::RankPlacement> dealt_out;
+    for (size_t round = 0; dealt_out.size() < ranks.size(); ++round)
+      for (auto& [object, on] : by)
+        if (round < on.size()) dealt_out.push_back(std::move(on[round]));
+    ranks = std::move(dealt_out);
+  }
   for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
 }
 
@@ -81,7 +106,7 @@ void place_again(NodePlan& p, const PlacementRequest& cfg, int nlocal) {
   }
   if (cfg.rank_by == topo::RankBy::Gpu && p.topology->gpus().empty())
     throw UsageError("--rank-by gpu: " + p.topology->source() + " has no GPUs");
-  apply_rank_by(cfg.rank_by, *p.topology, p.analysis, p.ranks);
+  apply_rank_by(cfg.rank_by, *p.topology, p.ranks);
 }
 
 RankLocality locality_of(const topo::RankPlacement& p) {

@@ -31,7 +31,7 @@ void place_again(NodePlan& p, const PlacementRequest& req, int nlocal);
 
 // Stable renumbering of placed ranks for --rank-by (slot/node: placement order; core, hwthread,
 // l3cache, socket: by the object around each rank's place).
-void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t, const topo::Analysis& a,
+void apply_rank_by(topo::RankBy rank_by, const topo::Topology& t,
                    std::vector<topo::RankPlacement>& ranks);
 
 RankLocality locality_of(const topo::RankPlacement& p);
