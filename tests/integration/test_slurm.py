@@ -239,7 +239,7 @@ def test_srun_direct_launch():
     # mpirun's mapping options are srun's to do, named as the user gave them.
     for args, text in [(["--map-by", "ppr:1:socket"], "--map-by ppr:1:socket (1 per node) does not apply"),
                        (["--pernode"], "--pernode does not apply under srun"),
-                       (["-c", "2"], "-c (srun --distribution, --cpus-per-task) does not apply"),
+                       (["--cpus-per-rank", "2"], "--cpus-per-rank (srun --distribution, --cpus-per-task) does not apply"),
                        (["--map-by", "core"], "--map-by (srun --distribution, --cpus-per-task) does")]:
         r = sh(["srun", "-N", "1", "-n", "1", EXEC] + args + ["true"], env)
         check(r.returncode != 0 and text in r.stderr and
