@@ -27,6 +27,20 @@ if [ -n "$PE_THEN" ]; then exec "$PE_THEN"; fi
 """)
 
 
+# Generation 0: the first rank of node b is killed (SIGKILL), and its daemon 0.1 s later, as SLURM
+# kills a node set DOWN: the rank's death is reported first.
+KILLED_WORKER = script("""#!/bin/sh
+if [ "$PYTORCH_EXEC_GENERATION" = 0 ]; then
+  if [ "$PE_NODE" = b ] && [ "$LOCAL_RANK" = 0 ]; then
+    setsid sh -c "sleep 0.15; kill -9 $PPID" &  # (out of the rank's process group first)
+    sleep 0.05; kill -9 $$
+  fi
+  exec sleep 60
+fi
+echo "gen $PYTORCH_EXEC_GENERATION rank $RANK of $WORLD_SIZE node $PE_NODE group $GROUP_RANK/$GROUP_WORLD_SIZE restarts $TORCHELASTIC_RESTART_COUNT"
+""")
+
+
 def lines_until(stream, text):
     """The lines read from `stream` up to the first that holds `text` (or the end)."""
     said = []
@@ -56,12 +70,12 @@ def waits_until_c_is_listed(cmd, env, hostfile, said):
     return out, "".join(lines) + err
 
 
-def reformed_on_a_and_c(elastic_args, said):
+def reformed_on_a_and_c(elastic_args, said, worker=WORKER):
     """Nodes a, b, c of two ranks; b's daemon dies in generation 0: the job finishes with
     generation 1 on a and c (4 ranks), the front end having said `said` (a regex)."""
     env = job_env()
     marker = env["PE_TEST_MARKER"]
-    r = run(elastic_args + ["-H", "a:2,b:2,c:2", "--launch-agent", agent(marker), WORKER],
+    r = run(elastic_args + ["-H", "a:2,b:2,c:2", "--launch-agent", agent(marker), worker],
             env=env, timeout=90)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-2000:]}")
     check(re.search(said, r.stderr), r.stderr[-2000:])
@@ -75,6 +89,14 @@ def reformed_on_a_and_c(elastic_args, said):
 def test_a_lost_node_reforms_the_group():
     reformed_on_a_and_c(["--nnodes", "2:3"], r"node b: lost contact with its daemon .*; "
                         r"re-forming the group on the 2 node\(s\) left")
+
+
+def test_a_rank_killed_as_its_node_goes_is_the_nodes_loss():
+    """A rank killed with SIGKILL a moment before its daemon (SLURM killing a node set DOWN):
+    the node's loss re-forms the group; the rank's death was no failure of the job (it ended
+    the job, exit 137, in one CI run out of many)."""
+    reformed_on_a_and_c(["--nnodes", "2:3"], r"node b: lost contact with its daemon .*; "
+                        r"re-forming the group on the 2 node\(s\) left", KILLED_WORKER)
 
 
 def test_a_lost_relay_takes_the_nodes_below_it():
@@ -500,7 +522,7 @@ def test_random_losses_and_arrivals():
 
 
 if __name__ == "__main__":
-    main([test_a_lost_node_reforms_the_group, test_a_lost_relay_takes_the_nodes_below_it,
+    main([test_a_lost_node_reforms_the_group, test_a_rank_killed_as_its_node_goes_is_the_nodes_loss, test_a_lost_relay_takes_the_nodes_below_it,
           test_mpi_programs_run_in_the_reformed_group,
           test_a_spare_takes_the_place_of_a_lost_node, test_a_frozen_daemon_is_lost_by_its_silence,
           test_a_host_that_comes_back_waits_its_cooldown,

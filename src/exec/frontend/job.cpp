@@ -29,6 +29,8 @@ namespace {
 constexpr size_t kStdinBacklogLimit = 4u << 20;
 constexpr double kAfterKillTimeout = 10.0;  // seconds to wait for SIGKILLed workers to be reaped
 constexpr double kSuspendDelay = 0.05;  // seconds between SIGTSTP to other nodes and our stop
+constexpr double kSigkillHold = 0.5;    // seconds a SIGKILLed rank of an elastic job waits for
+                                        // its node's loss (held_)
 constexpr size_t kTailLines = 10;
 // The DataChannel job token of each generation: this many random bytes, in hex.
 constexpr size_t kDcTokenBytes = 16;
@@ -122,6 +124,13 @@ int JobController::run() {
     on_last_call();
   });
   join_timer_ = loop_.timer([this] { on_join_timeout(); });
+  hold_timer_ = loop_.timer([this] {
+    std::optional<Failure> f = std::move(held_);
+    held_.reset();
+    if (f && state_ == State::Running) on_rank_failed(std::move(*f));
+    if (workers_->live() == 0 && state_ != State::Running && state_ != State::Done)
+      on_all_stopped();
+  });
   wait_notice_ = loop_.timer([this] { on_wait_notice(); });
   if (cfg_.join_mode()) start_gathering();
   workers_->prepare([this] {
@@ -161,6 +170,8 @@ int JobController::run() {
 }
 
 void JobController::start_generation() {
+  held_.reset();  // (of the generation before)
+  hold_timer_.disarm();
   GenerationInfo gen;
   gen.job_id = job_id_;
   gen.run_id = cfg_.run_id;
@@ -269,6 +280,14 @@ void JobController::on_exit(const WorkerExit& e) {
       f.status = e.abort_status;
       f.abort_message = e.abort_message;
     }
+    if (cfg_.nnodes_min > 0 && !e.aborted && e.exec_errno == 0 && WIFSIGNALED(e.status) &&
+        WTERMSIG(e.status) == SIGKILL && !f.host.empty()) {
+      if (!held_) {
+        held_ = std::move(f);
+        hold_timer_.arm(kSigkillHold);
+      }
+      return;
+    }
     on_rank_failed(std::move(f));
   }
   if (workers_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();
@@ -324,6 +343,12 @@ void JobController::on_node_lost(const std::string& host, const std::string& why
 void JobController::on_nodes_lost(const std::string& host, const std::string& why,
                                   const std::vector<std::string>& below) {
   if (state_ == State::Done) return;
+  // A rank of a lost node killed a moment before (held_): the node's loss, not its failure.
+  if (held_ && (held_->host == host ||
+                std::find(below.begin(), below.end(), held_->host) != below.end())) {
+    held_.reset();
+    hold_timer_.disarm();
+  }
   // The nodes below a lost relay leave the membership first (those still in it), so that the
   // group re-forms once, on the nodes really left, and the report names them all.
   std::vector<std::string> gone;

@@ -121,6 +121,11 @@ class JobController : public AgentListener {
   std::unique_ptr<SignalPipe> signals_;  // SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGTSTP, SIGCONT
   Event signal_event_;
   Event window_timer_;  // --failure-window
+  // Elastic jobs: a rank killed by SIGKILL is held for kSigkillHold s, in case its node is
+  // being lost (SLURM kills a DOWN node's processes all at once, and the daemon can report its
+  // rank's death before its own connection closes): then it is the node's loss, not a failure.
+  std::optional<Failure> held_;
+  Event hold_timer_;
   Event grace_timer_;
   Event kill_timer_;
   Event suspend_timer_;  // SIGTSTP: stops pytorch_exec once the ranks were told
