@@ -1,6 +1,7 @@
 #include "topology/topology.hpp"
 
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,6 +11,7 @@
 
 #include "common/log.hpp"
 #include "topology/hwloc_init.hpp"
+#include "topology/topology_cache.hpp"
 
 namespace pe::topo {
 namespace {
@@ -167,6 +169,32 @@ void Topology::discover() {
                         gpus_.size(), nics_.size(), rcs_.size(), numa_count());
 }
 
+namespace {
+
+// This machine from the topology cache (topology_cache.hpp): the file, written first when there
+// is none, loaded as this system with its allowed resources.  False (and `topo` fresh again)
+// when there is no cache or it does not load; a file that does not load is written anew once.
+bool load_cached(hwloc_topology_t& topo) {
+  const std::string cache = topology_cache_file();
+  if (cache.empty()) return false;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (::access(cache.c_str(), R_OK) != 0 && !write_topology_cache(cache)) return false;
+    if (hwloc_topology_set_xml(topo, cache.c_str()) == 0 &&
+        hwloc_topology_set_flags(topo, HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM |
+                                           HWLOC_TOPOLOGY_FLAG_THISSYSTEM_ALLOWED_RESOURCES) == 0 &&
+        hwloc_topology_load(topo) == 0)
+      return true;
+    logger("topo")->info("the topology cache {} does not load: discovering the machine", cache);
+    hwloc_topology_destroy(topo);
+    if (init_hwloc_topology(&topo) != 0) throw TopologyError("hwloc_topology_init failed");
+    hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_ALL);
+    ::unlink(cache.c_str());
+  }
+  return false;
+}
+
+}  // namespace
+
 std::unique_ptr<Topology> load_topology(const LoadOptions& opts) {
   const std::string& file = opts.xml_file;
   std::unique_ptr<Topology> t(new Topology());
@@ -182,6 +210,10 @@ std::unique_ptr<Topology> load_topology(const LoadOptions& opts) {
     t->source_ = file;
   } else {
     t->source_ = "this machine";
+    if (load_cached(t->topo_)) {
+      t->discover();
+      return t;
+    }
   }
   if (hwloc_topology_load(t->topo_) != 0)
     throw TopologyError("cannot load the topology of " + t->source_ + ": " + std::strerror(errno));

@@ -6,7 +6,7 @@ import re
 import shutil
 import subprocess
 
-from harness import SRCDIR, check, main, run, skip
+from harness import SRCDIR, check, main, run, skip, tmpdir
 
 FIX = os.path.join(SRCDIR, "tests", "fixtures", "hwloc")
 DUMP = ["sh", "-c", 'echo "$RANK|$PYTORCH_EXEC_DOMAIN|${PYTORCH_EXEC_CPUS-unset}|'
@@ -251,6 +251,46 @@ def test_mpiruns_placement_on_real_servers():
     check(r.stdout.startswith("Job map: 12 ranks on 2 node(s)"), r.stdout + r.stderr)
 
 
+def test_topology_cache():
+    """This machine's topology is kept in the cache directory (0600, named by host and
+    fingerprint) at the first launch and used by the next; bindings and the map are the same as
+    with the cache off; a damaged file is discovered and written anew; another fingerprint (a
+    HWLOC_ variable) replaces the host's file; PYTORCH_EXEC_TOPOLOGY_CACHE=0 keeps none."""
+    home = tmpdir()
+    cache = os.path.join(home, ".cache", "pytorch_exec")
+    base = dict(os.environ, HOME=home)
+    base.pop("XDG_CACHE_HOME", None)
+    base.pop("PYTORCH_EXEC_TOPOLOGY_CACHE", None)
+    line = ["-n", "2", "--bind-to", "core", "--display-map"] + DUMP
+
+    def files():
+        return sorted(f for f in os.listdir(cache)) if os.path.isdir(cache) else []
+
+    def rows(r):
+        check(r.returncode == 0, r.stderr)
+        return sorted(r.stdout.splitlines())
+
+    off = rows(run(line, env=dict(base, PYTORCH_EXEC_TOPOLOGY_CACHE="0")))
+    check(files() == [], f"a cache with PYTORCH_EXEC_TOPOLOGY_CACHE=0: {files()}")
+    first = rows(run(line, env=base))
+    kept = files()
+    check(len(kept) == 1 and re.fullmatch(r"topology-[\w.-]+-[0-9a-f]{16}\.xml", kept[0]), kept)
+    path = os.path.join(cache, kept[0])
+    check(os.stat(path).st_mode & 0o777 == 0o600 and os.stat(cache).st_mode & 0o777 == 0o700,
+          f"modes {oct(os.stat(path).st_mode)} {oct(os.stat(cache).st_mode)}")
+    mtime = os.stat(path).st_mtime_ns
+    check(first == off and rows(run(line, env=base)) == off, f"{first} / {off}")
+    check(os.stat(path).st_mtime_ns == mtime, "the cache was written again though it was there")
+    with open(path, "w") as f:
+        f.write("<topology")  # damaged
+    check(rows(run(line, env=base)) == off, "a damaged cache changed the map")
+    with open(path) as f:
+        check("<topology" in f.read() and os.path.getsize(path) > 100, "the damaged cache stayed")
+    other = rows(run(line, env=dict(base, HWLOC_PE_TEST_FINGERPRINT="1")))
+    check(other == off and len(files()) == 1 and files() != kept,
+          f"another fingerprint: {files()} (was {kept})")
+
+
 def test_bad_mapping_requests():
     cases = [
         (["--map-by", "diagonal", "true"], "--map-by: expected one of"),
@@ -285,5 +325,5 @@ if __name__ == "__main__":
           test_nproc_per_node_auto_and_gpu_count_gpus,
           test_binding_is_real_and_announced, test_no_binding_by_default_without_gpus,
           test_mapping_lines_bind_as_under_mpirun, test_placement_on_real_servers_is_mpiruns,
-          test_mpiruns_placement_on_real_servers,
+          test_mpiruns_placement_on_real_servers, test_topology_cache,
           test_bad_mapping_requests])
