@@ -637,7 +637,7 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   }
   if (raw.pernode && raw.map_by) throw UsageError("give either --pernode or --map-by, not both");
   if (raw.cpus_per_rank && raw.cpus_per_proc)
-    throw UsageError("give either --cpus-per-rank (-c) or --cpus-per-proc, not both");
+    throw UsageError("give either --cpus-per-rank or --cpus-per-proc, not both");
   c.mapping_option = raw.map_by ? "--map-by" : raw.npersocket ? "--npersocket" : "";
   if (auto cpr = raw.cpus_per_rank ? raw.cpus_per_rank : raw.cpus_per_proc) {
     const std::string opt = raw.cpus_per_rank ? "--cpus-per-rank" : "--cpus-per-proc";
@@ -683,7 +683,8 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   } else if (raw.npernode) {
     throw UsageError(how + " sets the ranks per node: leave out -N");
   }
-  if (raw.nproc_per_node) throw UsageError(how + " sets the ranks per node: leave out --nproc-per-node");
+  if (raw.nproc_per_node)
+    throw UsageError(how + " sets the ranks per node: leave out --nproc-per-node");
   int objects = 1;
   if (spec.ppr_object != topo::MapBy::Node && ctx.count_objects)
     objects = ctx.count_objects(spec.ppr_object);
