@@ -171,24 +171,30 @@ void Topology::discover() {
 
 namespace {
 
-// This machine from the topology cache (topology_cache.hpp): the file, written first when there
-// is none, loaded as this system with its allowed resources.  False (and `topo` fresh again)
-// when there is no cache or it does not load; a file that does not load is written anew once.
+// This machine through the topology cache (topology_cache.hpp): the file's XML, or else the
+// machine discovered (once) and written there; loaded as this system with its allowed resources.
+// False (and `topo` fresh again) when there is no cache or the XML does not load.
 bool load_cached(hwloc_topology_t& topo) {
   const std::string cache = topology_cache_file();
   if (cache.empty()) return false;
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (::access(cache.c_str(), R_OK) != 0 && !write_topology_cache(cache)) return false;
-    if (hwloc_topology_set_xml(topo, cache.c_str()) == 0 &&
+    std::string xml = attempt == 0 ? read_topology_cache(cache) : std::string();
+    if (xml.empty()) {
+      xml = discover_topology_xml();
+      if (xml.empty()) return false;
+      write_topology_cache(cache, xml);
+      attempt = 1;  // (a fresh discovery that does not load is not tried again)
+    }
+    if (hwloc_topology_set_xmlbuffer(topo, xml.data(), static_cast<int>(xml.size()) + 1) == 0 &&
         hwloc_topology_set_flags(topo, HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM |
                                            HWLOC_TOPOLOGY_FLAG_THISSYSTEM_ALLOWED_RESOURCES) == 0 &&
         hwloc_topology_load(topo) == 0)
       return true;
     logger("topo")->info("the topology cache {} does not load: discovering the machine", cache);
     hwloc_topology_destroy(topo);
+    topo = nullptr;
     if (init_hwloc_topology(&topo) != 0) throw TopologyError("hwloc_topology_init failed");
     hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_ALL);
-    ::unlink(cache.c_str());
   }
   return false;
 }

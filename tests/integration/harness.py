@@ -199,6 +199,9 @@ def assert_no_leftovers(marker, timeout=2.0):
 
 
 _SCRATCH = tempfile.mkdtemp(prefix="pe_test_")
+# pytorch_exec keeps this machine's topology in ~/.cache: the tests keep theirs in the scratch
+# directory instead (test_topology sets its own to test the cache).
+os.environ.setdefault("PYTORCH_EXEC_TOPOLOGY_CACHE", os.path.join(_SCRATCH, "topology-cache"))
 atexit.register(shutil.rmtree, _SCRATCH, True)
 
 

@@ -255,7 +255,8 @@ def test_topology_cache():
     """This machine's topology is kept in the cache directory (0600, named by host and
     fingerprint) at the first launch and used by the next; bindings and the map are the same as
     with the cache off; a damaged file is discovered and written anew; another fingerprint (a
-    HWLOC_ variable) replaces the host's file; PYTORCH_EXEC_TOPOLOGY_CACHE=0 keeps none."""
+    HWLOC_ variable) has a file of its own; a FIFO, a file in a directory others may write in,
+    and HWLOC_XMLFILE are not used; PYTORCH_EXEC_TOPOLOGY_CACHE=0 keeps none."""
     home = tmpdir()
     cache = os.path.join(home, ".cache", "pytorch_exec")
     base = dict(os.environ, HOME=home)
@@ -287,8 +288,26 @@ def test_topology_cache():
     with open(path) as f:
         check("<topology" in f.read() and os.path.getsize(path) > 100, "the damaged cache stayed")
     other = rows(run(line, env=dict(base, HWLOC_PE_TEST_FINGERPRINT="1")))
-    check(other == off and len(files()) == 1 and files() != kept,
+    check(other == off and len(files()) == 2 and kept[0] in files(),
           f"another fingerprint: {files()} (was {kept})")
+    # Not ours to trust: a FIFO at the file's place (it would block), a file in a directory
+    # others may write in, a machine hwloc is told to read elsewhere (HWLOC_XMLFILE).
+    os.unlink(path)
+    os.mkfifo(path, 0o600)
+    check(rows(run(line, env=base, timeout=30)) == off, "a FIFO as the cache")
+    os.unlink(path)
+    os.chmod(cache, 0o777)
+    try:
+        with open(path, "w") as f:
+            f.write(open(fixture("relion-x1904gt-2xP100-mlx5")).read())
+        check(rows(run(line, env=base)) == off, "a planted file in a directory others may write in")
+    finally:
+        os.chmod(cache, 0o700)
+    relion = fixture("relion-x1904gt-2xP100-mlx5")
+    dry = ["--dry-run", "-n", "4", "--map-by", "socket", "true"]
+    want = run(dry, env=dict(base, PYTORCH_EXEC_TOPOLOGY_CACHE="0", HWLOC_XMLFILE=relion))
+    got = run(dry, env=dict(base, HWLOC_XMLFILE=relion))
+    check(got.returncode == 0 and got.stdout == want.stdout, f"{got.stdout} / {want.stdout}")
 
 
 def test_bad_mapping_requests():
