@@ -58,7 +58,7 @@ struct PlacementOptions {
   int gpus_per_rank = 1;
   int ppr = 0;                     // --map-by ppr:N:OBJECT
   MapBy ppr_object = MapBy::Node;
-  int pe = 0;                      // --map-by ...:PE=n, -c n: cores per rank
+  int pe = 0;                      // --map-by ...:PE=n, --cpus-per-rank n
   bool overload = false;           // --bind-to LEVEL:overload-allowed
   bool hwthread_cpus = false;      // --use-hwthread-cpus: PE=n counts hardware threads
 };

@@ -63,7 +63,7 @@ CASES = [
     (["--wdir", "/", "no-such-program-anywhere"], 127,
      "'no-such-program-anywhere' not found in PATH or --wdir /"),
     (["--wdir", "/", "./no-such-program-anywhere"], 127, "not found in --wdir /"),
-    (["-n", "2", "-n", "3", "true"], 2, "option -n (--np) is given more than once"),
+    (["-n", "2", "-n", "3", "true"], 2, "option -n or -c (--np) is given more than once"),
     (["--standalone", "-H", "a:1,b:1", "true"], 2,
      "--standalone runs on this machine: no -H, --hostfile or --host-discovery"),
 ]

@@ -94,7 +94,7 @@ TEST(CliTest, EmptyValuesAreNamedByTheirOption) {
   EXPECT_EQ(config({"--launch-agent", "ip netns exec {host}", "prog"}).launch_agent,
             "ip netns exec {host}");
   EXPECT_NE(
-      usage_error({"-n", "2", "-n", "3", "prog"}).find("option -n (--np) is given more than once"),
+      usage_error({"-n", "2", "-n", "3", "prog"}).find("option -n or -c (--np) is given more than once"),
       std::string::npos);
 }
 
@@ -296,7 +296,7 @@ TEST(CliTest, RejectsBadMappingChoices) {
   EXPECT_EQ(usage_error({"--cpus-per-rank", "2", "--map-by", "socket:PE=3", "prog"}),
             "--cpus-per-rank 2 and --map-by socket:PE=3 disagree");
   EXPECT_EQ(usage_error({"--cpus-per-rank", "0", "prog"}).substr(0, 16), "--cpus-per-rank:");
-  EXPECT_EQ(usage_error({"-n", "2", "-c", "3", "prog"}), "option -n (--np) is given more than once");
+  EXPECT_EQ(usage_error({"-n", "2", "-c", "3", "prog"}), "option -n or -c (--np) is given more than once");
   EXPECT_EQ(usage_error({"--hostfile", "a", "--machinefile", "b", "prog"}),
             "give either --hostfile or --machinefile, not both");
   EXPECT_EQ(usage_error({"--npersocket", "2", "--map-by", "core", "prog"}),

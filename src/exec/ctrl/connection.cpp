@@ -242,7 +242,7 @@ void Acceptor::on_frame(Pending* p, wire::Frame& f) {
                           " frame before authentication");
   if (std::string theirs = protocol_mismatch(f.payload); !theirs.empty())
     return refuse(p,
-                  Verdict("the node speaks " + theirs + " and this host control protocol " +
+                  Verdict("the node speaks " + theirs + " and this host speaks control protocol " +
                           std::to_string(kProtocolVersion) +
                           ": use the same pytorch_exec version on every node"),
                   "?");

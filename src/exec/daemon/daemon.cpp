@@ -169,11 +169,18 @@ void Daemon::handshake(const std::vector<std::pair<std::string, int>>& targets) 
   wire::Frame ch = read_frame(fd.get(), deadline);
   if (ch.type != static_cast<uint16_t>(ctrl::Msg::Challenge))
     throw wire::WireError("expected a challenge");
-  if (std::string theirs = ctrl::protocol_mismatch(ch.payload); !theirs.empty())
+  if (std::string theirs = ctrl::protocol_mismatch(ch.payload); !theirs.empty()) {
+    // A hello of the version alone, its first field: the other side names it too.
+    std::string version(4, '\0');
+    for (int i = 0; i < 4; ++i)
+      version[static_cast<size_t>(i)] = static_cast<char>((ctrl::kProtocol >> (8 * i)) & 0xff);
+    std::string frame = wire::encode_frame(static_cast<uint16_t>(ctrl::Msg::Hello), version);
+    (void)write_all(fd.get(), frame.data(), frame.size());
     throw wire::WireError(std::string(redirected_ ? "the parent daemon" : "the front end") +
                           " at " + peer + " speaks " + theirs + " and this pytorch_exec " +
                           ctrl::protocol_here() +
                           ": use the same pytorch_exec version on every node");
+  }
   std::string nonce_f = ctrl::decode<ctrl::Challenge>(ch.payload).nonce;
   ctrl::Hello hello;
   hello.node = opts_.node;

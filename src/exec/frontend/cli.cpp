@@ -76,8 +76,8 @@ const OptionDef<RawOptions> kOptions[] = {
      ":oversubscribe/:nooversubscribe as the options",
      &RawOptions::map_by},
     {"rank-by", 0, "Mapping and binding", "OBJECT",
-     "how placed ranks are numbered: in placement order (slot, default) or grouped by node, "
-     "numa, gpu, domain, core, hwthread, l3cache or socket",
+     "how placed ranks are numbered: in placement order (slot, default), grouped by gpu or "
+     "domain, or as mpirun round-robin over numa, core, hwthread, l3cache or socket",
      &RawOptions::rank_by},
     {"bind-to", 0, "Mapping and binding", "LEVEL[:overload-allowed][:if-supported]",
      "bind each rank to none, core, hwthread, l3cache, socket, numa or gpu (the cores near its "
@@ -90,7 +90,7 @@ const OptionDef<RawOptions> kOptions[] = {
     {"cpus-per-proc", 0, "Mapping and binding", "N", "the same as --cpus-per-rank",
      &RawOptions::cpus_per_proc},
     {"use-hwthread-cpus", 0, "Mapping and binding", nullptr,
-     "as mpirun's: PE=n and -c count hardware threads, not cores",
+     "as mpirun's: PE=n and --cpus-per-rank count hardware threads, not cores",
      &RawOptions::use_hwthread_cpus},
     {"gpus-per-rank", 0, "Mapping and binding", "N", "GPUs given to each rank (default 1)",
      &RawOptions::gpus_per_rank},

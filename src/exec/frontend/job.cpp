@@ -280,7 +280,8 @@ void JobController::on_exit(const WorkerExit& e) {
       f.status = e.abort_status;
       f.abort_message = e.abort_message;
     }
-    if (cfg_.nnodes_min > 0 && !e.aborted && e.exec_errno == 0 && WIFSIGNALED(e.status) &&
+    // (a job that may lose nodes and go on: --nnodes MIN:MAX with MAX > 1)
+    if (cfg_.nnodes_max > 1 && !e.aborted && e.exec_errno == 0 && WIFSIGNALED(e.status) &&
         WTERMSIG(e.status) == SIGKILL && !f.host.empty()) {
       if (!held_) {
         held_ = std::move(f);
@@ -288,7 +289,7 @@ void JobController::on_exit(const WorkerExit& e) {
       }
       return;
     }
-    on_rank_failed(std::move(f));
+    on_rank_failed(take_held(std::move(f)));
   }
   if (workers_->live() == 0 && state_ != State::Running && state_ != State::Done) on_all_stopped();
 }
@@ -304,7 +305,16 @@ void JobController::on_abort(int generation, int rank, pid_t pid, int status,
   f.program = cfg_.program;
   f.aborted = true;
   f.abort_message = msg;
-  on_rank_failed(std::move(f));
+  on_rank_failed(take_held(std::move(f)));
+}
+
+// The failure to report: a held one (a SIGKILLed rank, held_) came first; `f` otherwise.
+Failure JobController::take_held(Failure f) {
+  if (!held_) return f;
+  Failure first = std::move(*held_);
+  held_.reset();
+  hold_timer_.disarm();
+  return first;
 }
 
 // The first failure of a generation: restart the group while the budget lasts (a program that

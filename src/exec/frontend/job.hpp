@@ -125,6 +125,7 @@ class JobController : public AgentListener {
   // being lost (SLURM kills a DOWN node's processes all at once, and the daemon can report its
   // rank's death before its own connection closes): then it is the node's loss, not a failure.
   std::optional<Failure> held_;
+  Failure take_held(Failure f);
   Event hold_timer_;
   Event grace_timer_;
   Event kill_timer_;

@@ -66,10 +66,10 @@ struct LaunchConfig {
   int gpus_per_rank = 1;
   int ppr = 0;                                 // --map-by ppr:N:OBJECT (npernode follows)
   topo::MapBy ppr_object = topo::MapBy::Node;
-  int pe = 0;                                  // --map-by ...:PE=n, -c: cores per rank
+  int pe = 0;                                  // --map-by ...:PE=n, --cpus-per-rank: cores per rank
   bool bind_overload = false;                  // --bind-to LEVEL:overload-allowed
   bool hwthread_cpus = false;                  // --use-hwthread-cpus
-  std::string mapping_option;   // the option that chose map_by: "--map-by", "-c", "--npersocket"
+  std::string mapping_option;   // the option that chose map_by: "--map-by", "--cpus-per-rank", ...
   std::string per_node_option;  // how ranks per node were given other than -N ("--pernode",
                                 // "--map-by ppr:2:socket (2 per socket)"); for messages
   std::string topology_file;  // "" = this machine

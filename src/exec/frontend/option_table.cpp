@@ -159,7 +159,9 @@ ParsedArgs parse_args(const Table& table, const std::vector<std::string>& args) 
     std::string name = e.get_option_name();
     for (const auto& o : table)
       if ("--" + std::string(o.name) == name && o.short_name)
-        name = std::string("-") + o.short_name + " (" + name + ")";
+        name = std::string("-") + o.short_name +
+               (o.short_alias ? std::string(" or -") + o.short_alias : std::string()) + " (" +
+               name + ")";
     throw UsageError("option " + name + " is given more than once");
   } catch (const po::error& e) {
     throw UsageError(e.what());
