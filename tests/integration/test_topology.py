@@ -137,6 +137,8 @@ MPIRUN_LINES = [
     ["-n", "2", "--map-by", "socket:PE=1,oversubscribe"],
     ["-n", "2", "--map-by", "core:PE=1"],
     ["-n", "2", "--map-by", "numa"],
+    ["-n", "2", "--bind-to-core"],
+    ["-n", "2", "--bind-to-socket"],
 ]
 
 

@@ -356,7 +356,15 @@ TEST(CliTest, MpirunsMappingForms) {
   EXPECT_EQ(cfg({"--bind-to", "package", "prog"}).bind_to, BindTo::Socket);
   EXPECT_TRUE(cfg({"--map-by", "slot:OVERSUBSCRIBE", "prog"}).oversubscribe);
   EXPECT_FALSE(cfg({"--nooversubscribe", "prog"}).oversubscribe);
-  EXPECT_TRUE(cfg({"--use-hwthread-cpus", "-c", "2", "prog"}).hwthread_cpus);
+  EXPECT_TRUE(cfg({"--use-hwthread-cpus", "--cpus-per-rank", "2", "prog"}).hwthread_cpus);
+  // mpirun's older spellings.
+  EXPECT_EQ(cfg({"--bynode", "prog"}).map_by, MapBy::Node);
+  EXPECT_EQ(cfg({"-byslot", "prog"}).map_by, MapBy::Slot);
+  EXPECT_EQ(cfg({"--bind-to-core", "prog"}).bind_to, BindTo::Core);
+  EXPECT_EQ(cfg({"-bind-to-socket", "prog"}).bind_to, BindTo::Socket);
+  EXPECT_THROW(cfg({"--bynode", "--map-by", "core", "prog"}), pe::UsageError);
+  EXPECT_THROW(cfg({"--bind-to-core", "--bind-to", "none", "prog"}), pe::UsageError);
+  EXPECT_THROW(cfg({"--bynode", "--byslot", "prog"}), pe::UsageError);
 }
 
 TEST(CliTest, WorkingDirectoriesHereAndOnOtherNodes) {

@@ -89,6 +89,16 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::cpus_per_rank},
     {"cpus-per-proc", 0, "Mapping and binding", "N", "the same as --cpus-per-rank",
      &RawOptions::cpus_per_proc},
+    {"bynode", 0, "Mapping and binding", nullptr,
+     "mpirun's older spelling of --map-by node (also --byslot: --map-by slot)",
+     &RawOptions::bynode},
+    {"byslot", 0, "Mapping and binding", nullptr, "mpirun's older spelling of --map-by slot",
+     &RawOptions::byslot},
+    {"bind-to-core", 0, "Mapping and binding", nullptr,
+     "mpirun's older spelling of --bind-to core (also --bind-to-socket: --bind-to socket)",
+     &RawOptions::bind_to_core},
+    {"bind-to-socket", 0, "Mapping and binding", nullptr,
+     "mpirun's older spelling of --bind-to socket", &RawOptions::bind_to_socket},
     {"use-hwthread-cpus", 0, "Mapping and binding", nullptr,
      "as mpirun's: PE=n and --cpus-per-rank count hardware threads, not cores",
      &RawOptions::use_hwthread_cpus},
@@ -623,6 +633,22 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());
   }
+  // mpirun's older spellings, one each and not with the new ones.
+  if (raw.bynode || raw.byslot) {
+    if (raw.bynode && raw.byslot) throw UsageError("give either --bynode or --byslot, not both");
+    const char* old = raw.bynode ? "--bynode" : "--byslot";
+    if (raw.map_by || raw.npersocket || raw.pernode)
+      throw UsageError(std::string("give either ") + old + " or --map-by, not both");
+    spec.by = raw.bynode ? topo::MapBy::Node : topo::MapBy::Slot;
+  }
+  if (raw.bind_to_core || raw.bind_to_socket) {
+    if (raw.bind_to_core && raw.bind_to_socket)
+      throw UsageError("give either --bind-to-core or --bind-to-socket, not both");
+    const char* old = raw.bind_to_core ? "--bind-to-core" : "--bind-to-socket";
+    if (raw.bind_to)
+      throw UsageError(std::string("give either ") + old + " or --bind-to, not both");
+    c.bind_to = raw.bind_to_core ? topo::BindTo::Core : topo::BindTo::Socket;
+  }
   // The ranks per node: one of --map-by ppr, --npersocket, --pernode.
   std::vector<std::string> per_node;
   if (spec.by == topo::MapBy::Ppr) per_node.push_back("--map-by " + *raw.map_by);
@@ -638,7 +664,11 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   if (raw.pernode && raw.map_by) throw UsageError("give either --pernode or --map-by, not both");
   if (raw.cpus_per_rank && raw.cpus_per_proc)
     throw UsageError("give either --cpus-per-rank or --cpus-per-proc, not both");
-  c.mapping_option = raw.map_by ? "--map-by" : raw.npersocket ? "--npersocket" : "";
+  c.mapping_option = raw.map_by       ? "--map-by"
+                     : raw.npersocket ? "--npersocket"
+                     : raw.bynode     ? "--bynode"
+                     : raw.byslot     ? "--byslot"
+                                      : "";
   if (auto cpr = raw.cpus_per_rank ? raw.cpus_per_rank : raw.cpus_per_proc) {
     const std::string opt = raw.cpus_per_rank ? "--cpus-per-rank" : "--cpus-per-proc";
     int n = parse_count(opt, *cpr, 1);

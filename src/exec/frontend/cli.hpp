@@ -51,6 +51,8 @@ struct RawOptions {
   bool pernode = false;
   bool nooversubscribe = false;
   bool use_hwthread_cpus = false;
+  bool bynode = false, byslot = false;                // mpirun's older --map-by spellings
+  bool bind_to_core = false, bind_to_socket = false;  // and --bind-to
   std::optional<std::string> topology_file;
   bool tag_output = false;
   bool merge_stderr = false;  // --merge-stderr-to-stdout
