@@ -14,7 +14,7 @@ namespace {
 std::string hmac(const std::string& secret, const std::string& label, const std::string& a,
                  const std::string& b, const std::string& node_id) {
   std::string h = crypto::hmac_parts(secret, {&label, &a, &b, &node_id});
-  if (h.empty()) throw Error("HMAC-SHA256 failed");
+  if (h.empty()) throw Error(crypto::hmac_failure());
   return h;
 }
 
@@ -71,7 +71,7 @@ bool proof_matches(const std::string& expected, const std::string& received) {
 std::string rdzv_key(const std::string& user_secret, const std::string& rdzv_id) {
   const std::string label = "pe-rdzv";
   std::string h = crypto::hmac_parts(user_secret, {&label, &rdzv_id});
-  if (h.size() != kSecretBytes) throw Error("HMAC-SHA256 failed");
+  if (h.size() != kSecretBytes) throw Error(crypto::hmac_failure());
   return h;
 }
 

@@ -21,7 +21,7 @@ std::string random_bytes(size_t n) {
 std::string proof(const std::string& key, const std::string& label, const std::string& a,
                   const std::string& b, const std::string& c) {
   std::string h = pe::crypto::hmac_parts(key, {&label, &a, &b, &c});
-  if (h.empty()) throw Error("HMAC-SHA256 failed");
+  if (h.empty()) throw Error(pe::crypto::hmac_failure());
   return h;
 }
 

@@ -2,6 +2,7 @@
 
 #include "common/auth.hpp"
 #include "common/error.hpp"
+#include "common/hmac.hpp"
 
 using namespace pe::auth;
 
@@ -49,4 +50,17 @@ TEST(AuthTest, RdzvKeyDependsOnSecretAndId) {
   EXPECT_NE(k, rdzv_key("any secret, any length", "job2"));
   EXPECT_NE(k, rdzv_key("another secret", "job"));
   EXPECT_EQ(rdzv_key("", "job").size(), kSecretBytes);  // --rdzv-insecure
+}
+
+// The value Python's hmac module gives for the same length-prefixed message
+// (hmac.new(b"key", pack("<I", 1) + b"a" + pack("<I", 2) + b"bc", sha256)): libcrypto, loaded at
+// the first use, computes HMAC-SHA256 over the parts.
+TEST(AuthTest, HmacOverPartsIsHmacSha256OfTheLengthPrefixedMessage) {
+  const std::string key = "key", a = "a", bc = "bc";
+  EXPECT_EQ(to_hex(pe::crypto::hmac_parts(key, {&a, &bc})),
+            "8510ac0378849d37c279468a9d6d0ab1040a47b1fb33c9227fca477a92586607");
+  EXPECT_EQ(pe::crypto::hmac_failure(), "HMAC-SHA256 failed");  // libcrypto was found
+  EXPECT_TRUE(pe::crypto::equal_constant_time("abc", "abc"));
+  EXPECT_FALSE(pe::crypto::equal_constant_time("abc", "abd"));
+  EXPECT_FALSE(pe::crypto::equal_constant_time("abc", "ab"));
 }
