@@ -1,7 +1,10 @@
 #include "common/log.hpp"
 
 #include <spdlog/sinks/stdout_sinks.h>
+#include <unistd.h>
 
+#include <cstdio>
+#include <iostream>
 #include <mutex>
 
 #include "common/error.hpp"
@@ -67,6 +70,13 @@ void init_logging(int verbosity, const std::string& spec, const std::string& hos
     if (!known) throw UsageError("PYTORCH_EXEC_LOG: unknown subsystem '" + name + "'");
     logger(name.c_str())->set_level(parse_level(item.substr(eq + 1)));
   }
+}
+
+void flush_and_exit(int status) {
+  std::cout.flush();
+  spdlog::apply_all([](const std::shared_ptr<spdlog::logger>& l) { l->flush(); });
+  std::fflush(nullptr);
+  ::_exit(status);
 }
 
 }  // namespace pe

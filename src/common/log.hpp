@@ -22,5 +22,8 @@ void init_logging(int verbosity, const std::string& spec, const std::string& hos
 
 // The logger of a subsystem; init_logging() need not have run (a default one is created).
 std::shared_ptr<spdlog::logger> logger(const char* subsystem);
+// Writes out std::cout, the loggers and C's streams, then ends the process with _exit(status)
+// (no static destructors: where threads of a library still run, pmix::PmixServer).
+[[noreturn]] void flush_and_exit(int status);
 
 }  // namespace pe

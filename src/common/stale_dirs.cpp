@@ -1,13 +1,17 @@
 #include "common/stale_dirs.hpp"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <sstream>
+#include <vector>
+
+#include "common/unique_fd.hpp"
 
 namespace pe {
 
@@ -16,20 +20,15 @@ namespace {
 const char kMark[] = ".pytorch_exec_owner";
 const char kMagic[] = "pytorch_exec-owner-1";
 
-std::string read_all(const std::string& path) {
-  std::ifstream f(path);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-
 std::string read_line(const std::string& path) {
-  std::string s = read_all(path);
+  std::string s = read_file(path);
   return s.substr(0, s.find('\n'));
 }
 
 // Field 22 of /proc/WHO/stat (the start time in clock ticks since boot); "" if there is no such
 // process.  `pid`, if given, gets field 1.
 std::string start_time(const std::string& who, long* pid = nullptr) {
-  std::string s = read_all("/proc/" + who + "/stat");
+  std::string s = read_file("/proc/" + who + "/stat");
   size_t open = s.find(' '), close = s.rfind(')');  // the name may hold blanks, ')' and newlines
   if (open == std::string::npos || close == std::string::npos) return "";
   if (pid) *pid = std::atol(s.substr(0, open).c_str());
@@ -83,12 +82,14 @@ int remove_stale(const std::string& parent) {
   const std::string ns = pid_namespace(), boot = boot_id();
   if (ns.empty() || boot.empty() || !own_proc()) return 0;
   int removed = 0;
-  std::error_code ec;
-  for (std::filesystem::directory_iterator it(parent, ec), end; !ec && it != end;
-       it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.rfind("pytorch_exec.", 0) != 0) continue;
-    const std::string dir = it->path().string();
+  // readdir, not std::filesystem: a /tmp of a thousand entries took 0.5 ms of every launch.
+  DIR* d = ::opendir(parent.c_str());
+  if (!d) return 0;
+  std::vector<std::string> dirs;
+  while (struct dirent* e = ::readdir(d))
+    if (std::strncmp(e->d_name, "pytorch_exec.", 13) == 0) dirs.push_back(parent + "/" + e->d_name);
+  ::closedir(d);
+  for (const std::string& dir : dirs) {
     struct stat st;
     if (::lstat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
       continue;

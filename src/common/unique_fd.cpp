@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "common/error.hpp"
@@ -37,6 +38,20 @@ bool write_all(int fd, const char* buf, size_t len) {
     }
   }
   return true;
+}
+
+std::string read_file(const std::string& path, size_t max) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  std::string s;
+  if (!fd.valid()) return s;
+  char buf[4096];
+  while (s.size() < max) {
+    ssize_t n = ::read(fd.get(), buf, std::min(sizeof buf, max - s.size()));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    s.append(buf, static_cast<size_t>(n));
+  }
+  return s;
 }
 
 }  // namespace pe

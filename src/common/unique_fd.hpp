@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <string>
 #include <utility>
 
 namespace pe {
@@ -44,5 +45,9 @@ void set_nonblocking(int fd);
 // Writes all of buf to fd, waiting with poll() if fd is non-blocking.  Returns false on an error
 // such as EPIPE (errno is kept), true when everything was written.
 bool write_all(int fd, const char* buf, size_t len);
+
+// The contents of a small file (a /proc or /sys entry), at most `max` bytes; "" when it cannot be
+// opened.  Plain reads, no stream: the node agent reads a few such files at every exit.
+std::string read_file(const std::string& path, size_t max = size_t{1} << 20);
 
 }  // namespace pe

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -33,6 +34,7 @@ void check(int status, const std::string& what) {
 }
 
 PmixServer::Impl* g_impl = nullptr;
+std::atomic<bool> g_process_ends{false};  // end_with_process()
 
 namespace {
 
@@ -152,9 +154,13 @@ bool finalize_within_timeout() {
 
 }  // namespace
 
+void PmixServer::end_with_process() { g_process_ends = true; }
+bool PmixServer::ends_with_process() { return g_process_ends; }
+
 PmixServer::~PmixServer() {
-  bool finalized = finalize_within_timeout();
-  if (!finalized)
+  // Left running where the process ends with the server (end_with_process).
+  const bool finalized = !g_process_ends && finalize_within_timeout();
+  if (!finalized && !g_process_ends)
     logger("pmix")->warn("PMIx_server_finalize did not return within {} s; going on without it",
                          kFinalizeTimeout.count());
   g_impl = nullptr;

@@ -96,6 +96,7 @@ class PmixServer {
   // then the server loads one) is handed to PMIx and to Open MPI's ranks.  Throws PmixError.
   PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
              const std::string& server_nspace, struct hwloc_topology* topology = nullptr);
+  // PMIx_server_finalize (5 s at most), then the directories are removed.
   ~PmixServer();
   PmixServer(const PmixServer&) = delete;
   PmixServer& operator=(const PmixServer&) = delete;
@@ -119,6 +120,14 @@ class PmixServer {
   // Its private directory in /dev/shm for the ranks' shared memory (removed when the server
   // goes); "" when /dev/shm cannot be used.
   const std::string& shm_dir() const;
+
+  // The process ends (with _exit) once its server is destroyed: from now on, the destructor
+  // leaves PMIx running rather than finalize it (a millisecond and more of every launch), since
+  // nothing it would clean up outlives the process but the files in tmpdir(), which the
+  // destructor removes.  The caller must then end the process with _exit, with no static
+  // destructors run beside PMIx's threads; it cannot start another server.
+  static void end_with_process();
+  static bool ends_with_process();
 
   // Used by the C upcalls (file-local in pmix_server.cpp).
   struct Impl;

@@ -160,7 +160,8 @@ NvLinks find_nvlinks(const Topology& t) {
   nv.links.assign(n, std::vector<int>(n, 0));
   nv.island.assign(n, -1);
   from_hwloc(t, nv);
-  if (nv.source.empty() && t.source() == "this machine") from_nvml(t, nv);
+  // NVML only where there are GPUs to join (loading it is a search of the library path).
+  if (nv.source.empty() && n > 1 && t.source() == "this machine") from_nvml(t, nv);
   std::vector<int> parent(n);
   for (size_t i = 0; i < n; ++i) parent[i] = static_cast<int>(i);
   for (size_t i = 0; i < n; ++i)

@@ -25,6 +25,25 @@ def test_sigkill_of_pytorch_exec_leaves_nothing():
           f"temporary files left behind: {os.listdir(env['TMPDIR'])}")
 
 
+def test_ranks_started_from_several_threads():
+    """A launch of many ranks starts them from several threads (child_process.hpp).  A child's
+    PR_SET_PDEATHSIG fires when the *thread* that cloned it ends: the ranks live as long as the
+    job does, and all die with a SIGKILLed pytorch_exec."""
+    r = subprocess.run([EXEC, "-n", "24", "sh", "-c", "sleep 1; echo $RANK"], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    check(sorted(int(x) for x in r.stdout.split()) == list(range(24)), f"stdout {r.stdout!r}")
+    env = marker_env({"TMPDIR": tmpdir()})
+    marker = env["PE_TEST_MARKER"]
+    p = start(["-n", "24", "sleep", "300"], env=env, stdout=subprocess.DEVNULL,
+              stderr=subprocess.DEVNULL)
+    check(wait_until(lambda: len(processes_with_marker(marker)) >= 1 + 24, 30),
+          f"only {len(processes_with_marker(marker))} processes started")
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait(timeout=10)
+    assert_no_leftovers(marker, timeout=1.0)
+
+
 def test_normal_end_leaves_nothing():
     env = marker_env({"TMPDIR": tmpdir()})
     marker = env["PE_TEST_MARKER"]
@@ -175,7 +194,8 @@ def test_a_later_job_removes_what_a_killed_one_left():
 
 
 if __name__ == "__main__":
-    main([test_sigkill_of_pytorch_exec_leaves_nothing, test_normal_end_leaves_nothing,
+    main([test_sigkill_of_pytorch_exec_leaves_nothing, test_ranks_started_from_several_threads,
+          test_normal_end_leaves_nothing,
           test_daemons_in_sessions_of_their_own_end_with_the_ranks,
           test_a_ranks_daemon_writes_on_after_the_rank_exits,
           test_a_daemon_whose_parent_is_slow_to_die_ends_with_the_job,

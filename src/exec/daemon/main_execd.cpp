@@ -18,6 +18,7 @@
 #include "exec/ctrl/messages.hpp"
 #include "exec/daemon/daemon.hpp"
 #include "exec/daemon/execd_options.hpp"
+#include "pmix_rdzv/pmix_server.hpp"
 #include "pytorch_exec/version.h"
 
 namespace {
@@ -71,9 +72,7 @@ int fail(const std::string& node, const std::string& msg, int status) {
   return status;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   std::string node;
   try {
     pe::open_closed_stdio();
@@ -83,6 +82,9 @@ int main(int argc, char** argv) {
     std::optional<pe::DaemonOptions> o = parse(argc, argv);
     if (!o) return 0;
     node = o->node;
+    // The process ends with the daemon: its PMIx server is left running, and main() ends the
+    // process with _exit.
+    pe::pmix::PmixServer::end_with_process();
     pe::Daemon d(std::move(*o));
     return d.run();
   } catch (const pe::UsageError& e) {
@@ -92,4 +94,13 @@ int main(int argc, char** argv) {
   } catch (...) {
     return fail(node, "unexpected internal error", 1);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rc = run_main(argc, argv);
+  // PMIx's threads still run (PmixServer::end_with_process): no static destructors beside them.
+  if (pe::pmix::PmixServer::ends_with_process()) pe::flush_and_exit(rc);
+  return rc;
 }

@@ -29,6 +29,7 @@
 #include "exec/frontend/job.hpp"
 #include "exec/frontend/node_sources.hpp"
 #include "exec/node/node_plan.hpp"
+#include "pmix_rdzv/pmix_server.hpp"
 
 extern char** environ;
 
@@ -192,6 +193,7 @@ int join_as_node(const pe::LaunchConfig& cfg, std::string key, const std::string
   o.join.stdout_tty = cfg.stdout_tty;
   o.join.tty_rows = cfg.tty_rows;
   o.join.tty_cols = cfg.tty_cols;
+  pe::pmix::PmixServer::end_with_process();  // the process ends with the daemon (main)
   pe::Daemon d(std::move(o));
   return d.run();
 }
@@ -300,13 +302,14 @@ int real_main(int argc, char** argv) {
   if (cfg.dry_run && (map.nodes.size() > 1 || !pe::is_local_host(map.nodes[0].host, host)))
     return print_dry_run(cfg, map, host);
   pe::WorkerSetSource workers = pe::workers_for(map, host, pe::NodeSources::wanted(cfg));
+  // The process ends with the job: the job's PMIx server, when it goes, is left running, and
+  // main() ends the process with _exit.
+  pe::pmix::PmixServer::end_with_process();
   pe::JobController job(cfg, std::move(ctx.env), std::move(map), std::move(workers));
   return job.run();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run_main(int argc, char** argv) {
   try {
     return real_main(argc, argv);
   } catch (const pe::UsageError& e) {
@@ -318,4 +321,13 @@ int main(int argc, char** argv) {
   } catch (...) {
     return fail("unexpected internal error", 1);
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int rc = run_main(argc, argv);
+  // PMIx's threads still run (PmixServer::end_with_process): no static destructors beside them.
+  if (pe::pmix::PmixServer::ends_with_process()) pe::flush_and_exit(rc);
+  return rc;
 }

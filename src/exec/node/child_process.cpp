@@ -13,9 +13,17 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "common/error.hpp"
 
@@ -102,18 +110,33 @@ int child_main(void* p) {
   return 127;
 }
 
-// One stack for every child: CLONE_VFORK suspends us until the child has exec'd or exited.
-char* child_stack_top() {
+// The stack a child runs on until it execs.  CLONE_VFORK suspends the thread that cloned it
+// until then, so one stack serves every child one thread starts.
+class ChildStack {
+ public:
   static constexpr size_t kSize = 256 * 1024;
-  static char* top = nullptr;
-  if (!top) {
-    void* s = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    PE_CHECK_ERRNO(s != MAP_FAILED, "mmap (child stack)");
-    top = static_cast<char*>(s) + kSize;
+  ChildStack() {
+    base_ = ::mmap(nullptr, kSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK,
+                   -1, 0);
+    PE_CHECK_ERRNO(base_ != MAP_FAILED, "mmap (child stack)");
   }
-  return top;
+  ~ChildStack() { ::munmap(base_, kSize); }
+  ChildStack(const ChildStack&) = delete;
+  ChildStack& operator=(const ChildStack&) = delete;
+  char* top() const { return static_cast<char*>(base_) + kSize; }
+
+ private:
+  void* base_;
+};
+
+// The calling thread's stack for children: the process's first (kept for the process's life)
+// for spawn_child, a helper thread's own for spawn_children.
+char* child_stack_top() {
+  static ChildStack stack;
+  return stack.top();
 }
+
+ChildProcess spawn_on(const SpawnSpec& spec, char* stack_top);
 
 }  // namespace
 
@@ -144,7 +167,130 @@ Pipe open_stdout_tty(unsigned short rows, unsigned short cols) {
   return p;
 }
 
-ChildProcess spawn_child(const SpawnSpec& spec) {
+ChildProcess spawn_child(const SpawnSpec& spec) { return spawn_on(spec, child_stack_top()); }
+
+namespace {
+
+// The threads that start children beside the caller's in spawn_children.  Kept for the
+// process's life, never ended: a child's PR_SET_PDEATHSIG fires when the *thread* that cloned it
+// ends, so a helper that ended would kill the ranks it started.  Allocated once and never freed
+// (its threads wait on it until the process exits).
+class SpawnHelpers {
+ public:
+  static SpawnHelpers& get() {
+    static auto* helpers = new SpawnHelpers;
+    return *helpers;
+  }
+
+  // Runs job(stack_top) on `n` helpers (fewer if no more can be started) and waits for them.
+  void run(size_t n, const std::function<void(char*)>& job) {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (stacks_.size() < n && start_one()) {
+    }
+    wanted_ = std::min(n, stacks_.size());
+    if (wanted_ == 0) {
+      lock.unlock();
+      job(nullptr);
+      return;
+    }
+    job_ = &job;
+    running_ = wanted_;
+    ++round_;
+    work_.notify_all();
+    lock.unlock();
+    job(nullptr);  // the caller's share (nullptr: its own stack, in the job)
+    lock.lock();
+    done_.wait(lock, [this] { return running_ == 0; });
+    job_ = nullptr;
+  }
+
+ private:
+  bool start_one() {
+    try {
+      stacks_.push_back(std::make_unique<ChildStack>());
+    } catch (const Error&) {
+      return false;
+    }
+    size_t index = stacks_.size() - 1;
+    char* top = stacks_.back()->top();
+    // Started with every signal blocked: the process's signals are the main thread's business.
+    sigset_t all, old;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_SETMASK, &all, &old);
+    bool started = true;
+    try {
+      std::thread([this, index, top] { serve(index, top); }).detach();
+    } catch (const std::system_error&) {
+      stacks_.pop_back();
+      started = false;
+    }
+    ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    return started;
+  }
+
+  void serve(size_t index, char* top) {
+    uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      work_.wait(lock, [&] { return round_ != seen; });
+      seen = round_;
+      if (index >= wanted_) continue;
+      const auto* job = job_;
+      lock.unlock();
+      (*job)(top);
+      lock.lock();
+      if (--running_ == 0) done_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable work_, done_;
+  std::vector<std::unique_ptr<ChildStack>> stacks_;  // one for every helper thread
+  const std::function<void(char*)>* job_ = nullptr;
+  uint64_t round_ = 0;
+  size_t wanted_ = 0, running_ = 0;
+};
+
+}  // namespace
+
+std::exception_ptr spawn_children(const std::vector<const SpawnSpec*>& specs,
+                                  std::vector<ChildProcess>& out) {
+  out.clear();
+  out.resize(specs.size());
+  // Each start waits for its child's execve: from several threads, several children exec at
+  // once (64 processes of /bin/true started a quarter faster on 2 cores than from one thread).
+  cpu_set_t mask;
+  size_t cpus =
+      ::sched_getaffinity(0, sizeof mask, &mask) == 0 ? static_cast<size_t>(CPU_COUNT(&mask)) : 1;
+  size_t threads = std::min({cpus, specs.size() / 4, kMaxSpawnThreads});
+  std::atomic<size_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::exception_ptr error;
+  std::function<void(char*)> work = [&](char* stack_top) {
+    try {
+      if (!stack_top) stack_top = child_stack_top();
+      while (!stop) {
+        size_t i = next++;
+        if (i >= specs.size()) break;
+        out[i] = spawn_on(*specs[i], stack_top);
+      }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+      stop = true;
+    }
+  };
+  if (threads > 1)
+    SpawnHelpers::get().run(threads - 1, work);
+  else
+    work(nullptr);
+  return error;
+}
+
+namespace {
+
+ChildProcess spawn_on(const SpawnSpec& spec, char* stack_top) {
   ChildProcess c;
   Pipe out;
   if (spec.stdout_tty) out = open_stdout_tty(spec.tty_rows, spec.tty_cols);
@@ -188,7 +334,7 @@ ChildProcess spawn_child(const SpawnSpec& spec) {
   sigset_t all;
   sigfillset(&all);
   ::pthread_sigmask(SIG_SETMASK, &all, &args.mask);
-  pid_t pid = ::clone(child_main, child_stack_top(), CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
+  pid_t pid = ::clone(child_main, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &args);
   int clone_errno = errno;
   ::pthread_sigmask(SIG_SETMASK, &args.mask, nullptr);
   if (cpus) CPU_FREE(cpus);
@@ -206,6 +352,8 @@ ChildProcess spawn_child(const SpawnSpec& spec) {
   if (c.stdin_w.valid()) set_nonblocking(c.stdin_w.get());
   return c;
 }
+
+}  // namespace
 
 std::string describe_wait_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -42,8 +43,17 @@ struct ChildProcess {
   bool bind_failed = false;  // exec_errno came from sched_setaffinity, not execve
 };
 
-// Throws SystemError if clone or a pipe fails.
+// Throws SystemError if clone or a pipe fails.  From one thread at a time (the first one's
+// stack serves every child).
 ChildProcess spawn_child(const SpawnSpec& spec);
+
+// Starts every spec, out[i] for specs[i], from up to kMaxSpawnThreads threads (this one and
+// helpers; one for every 4 specs, no more than the processors this process may use).  Stops at
+// the first failure, which it returns: the children started by then are in out (pid > 0).  Not
+// at the same time as spawn_child.
+constexpr size_t kMaxSpawnThreads = 8;
+std::exception_ptr spawn_children(const std::vector<const SpawnSpec*>& specs,
+                                  std::vector<ChildProcess>& out);
 
 // "exited with status 3", "killed by signal 9 (Killed)".
 std::string describe_wait_status(int status);

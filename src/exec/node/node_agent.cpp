@@ -10,11 +10,13 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <fstream>
 #include <set>
+#include <sstream>
+#include <unordered_map>
 
 #include "common/auth.hpp"
 #include "common/log.hpp"
+#include "common/unique_fd.hpp"
 #include "exec/node/error_file.hpp"
 #include "pmix_rdzv/ompi_env.hpp"
 
@@ -88,6 +90,16 @@ NodeAgent::~NodeAgent() {
     if (end_strays() == 0 && !still_ending()) break;
     ::usleep(10000);
   }
+  // Also where the server is left running at the process's end (PmixServer::end_with_process).
+  end_namespaces();
+}
+
+// The namespaces end with their processes: PMIx runs what their clients asked it to do then
+// (PMIX_REGISTER_CLEANUP's files and directories).
+void NodeAgent::end_namespaces() {
+  if (!pmix_) return;
+  for (const auto& [number, n] : spawned_ns_) pmix_->deregister_namespace(n);
+  if (!nspace_.empty()) pmix_->deregister_namespace(nspace_);
 }
 
 void NodeAgent::kill_group(pid_t group) {
@@ -103,10 +115,7 @@ bool NodeAgent::still_ending() {
 
 void NodeAgent::start(int generation, std::vector<WorkerSpec> specs,
                       const pmix::NamespaceInfo* ns) {
-  if (pmix_) {
-    for (const auto& [number, n] : spawned_ns_) pmix_->deregister_namespace(n);
-    if (!nspace_.empty()) pmix_->deregister_namespace(nspace_);
-  }
+  end_namespaces();
   spawned_ns_.clear();
   nspace_.clear();
   if (pmix_ && ns) {
@@ -138,26 +147,24 @@ void NodeAgent::prepare_pmix(const pmix::NamespaceInfo& ns, std::vector<WorkerSp
                                           pmix_->shm_dir()});
   for (auto& spec : specs) {
     auto& env = spec.spawn.envp;
-    auto has = [&env](const std::string& key) {
-      return std::any_of(env.begin(), env.end(), [&key](const std::string& e) {
-        return e.size() > key.size() && e.compare(0, key.size(), key) == 0 && e[key.size()] == '=';
-      });
-    };
+    std::unordered_map<std::string, size_t> at;  // a variable's name: its place in env
+    for (size_t i = 0; i < env.size(); ++i) at.emplace(env[i].substr(0, env[i].find('=')), i);
     for (const auto& [k, v] : ompi)
-      if (!has(k)) env.push_back(k + "=" + v);  // the user's setting wins
+      if (at.emplace(k, env.size()).second) env.push_back(k + "=" + v);  // the user's wins
     for (auto& var : pmix_->setup_fork(ns.nspace, spec.rank)) {
-      auto key = var.substr(0, var.find('=') + 1);
-      env.erase(std::remove_if(
-                    env.begin(), env.end(),
-                    [&key](const std::string& e) { return e.compare(0, key.size(), key) == 0; }),
-                env.end());
-      env.push_back(var);
+      auto [it, added] = at.emplace(var.substr(0, var.find('=')), env.size());
+      if (added)
+        env.push_back(std::move(var));
+      else
+        env[it->second] = std::move(var);
     }
   }
 }
 
 void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
                        std::vector<WorkerSpec>& specs) {
+  std::vector<std::unique_ptr<Worker>> ws;
+  std::vector<const SpawnSpec*> to_start;
   for (auto& spec : specs) {
     auto w = std::make_unique<Worker>();
     for (const auto& e : spec.spawn.envp) {
@@ -184,8 +191,20 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
       ::unlink(w->error_file.c_str());
       env.push_back("TORCHELASTIC_ERROR_FILE=" + w->error_file);
     }
-    w->proc = spawn_child(spec.spawn);
-    guard_.watch(w->proc.pid);
+    ws.push_back(std::move(w));
+    to_start.push_back(&spec.spawn);
+  }
+  std::vector<ChildProcess> procs;
+  std::exception_ptr failed = spawn_children(to_start, procs);
+  // What started is a worker, also when a later start failed; the guard learns their process
+  // groups at once (until then, the agent's mark in their environment is what it would find
+  // them by).
+  std::vector<pid_t> started;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    if (procs[i].pid <= 0) continue;
+    auto& w = ws[i];
+    w->proc = std::move(procs[i]);
+    started.push_back(w->proc.pid);
     watch_output(*w);
     if (stdin_ended_) drop_stdin(*w);
     logger("agent")->debug("generation {} {} rank {} started as pid {}", generation,
@@ -193,6 +212,8 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
                            w->rank, w->proc.pid);
     workers_.emplace(w->proc.pid, std::move(w));
   }
+  guard_.watch(started);
+  if (failed) std::rethrow_exception(failed);
 }
 
 void NodeAgent::on_spawn(pmix::SpawnRequest req, pmix::SpawnDone done) {
@@ -355,12 +376,15 @@ size_t NodeAgent::end_strays() {
   std::set<std::string> live;  // the generations that still have a rank here
   for (const auto& [pid, w] : workers_) live.insert(w->generation_marker);
   for (pid_t pid : children()) {
-    if (workers_.count(pid)) continue;
-    std::ifstream env("/proc/" + std::to_string(pid) + "/environ");
+    if (workers_.count(pid) || pid == guard_.pid()) continue;
+    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
     bool ours = false, alive = false;
-    for (std::string var; std::getline(env, var, '\0');) {
+    for (size_t at = 0; at < env.size();) {
+      size_t end = std::min(env.find('\0', at), env.size());
+      std::string var = env.substr(at, end - at);
       ours = ours || var == job_marker_;
       alive = alive || live.count(var);
+      at = end + 1;
     }
     if (!ours || alive) continue;
     ++found;
@@ -379,7 +403,8 @@ std::vector<pid_t> NodeAgent::children() {
   std::vector<pid_t> out;
   if (DIR* d = ::opendir("/proc/self/task")) {
     while (struct dirent* e = ::readdir(d)) {
-      std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/children");
+      if (e->d_name[0] == '.') continue;
+      std::istringstream f(read_file(std::string("/proc/self/task/") + e->d_name + "/children"));
       for (long pid; f >> pid;) out.push_back(static_cast<pid_t>(pid));
     }
     ::closedir(d);
@@ -424,7 +449,12 @@ void NodeAgent::finish(pid_t pid, int status) {
   e.abort_message = w.abort_message;
   logger("agent")->debug("rank {} (pid {}) {}", w.rank, pid, describe_wait_status(status));
   if (w.out_open || w.err_open) lingering_.push_back(std::move(node.mapped()));
-  end_strays();  // those of a generation that has no rank here any more
+  // Those of its generation, if that has no rank here any more (a stray of a generation that
+  // still has one is kept; looking at every exit made 64 ranks' ends quadratic).
+  if (std::none_of(workers_.begin(), workers_.end(), [&w](const auto& kv) {
+        return kv.second->generation_marker == w.generation_marker;
+      }))
+    end_strays();
   listener_.on_exit(e);
 }
 

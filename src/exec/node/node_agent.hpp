@@ -157,6 +157,7 @@ class NodeAgent : public pmix::ServerListener {
   // Kills the strays of generations that have no rank here; how many there were (a zombie is
   // none: its environment is gone).
   size_t end_strays();
+  void end_namespaces();
   static std::vector<pid_t> children();
   // SIGKILL to a process group, remembered until the group is gone (still_ending).
   void kill_group(pid_t group);

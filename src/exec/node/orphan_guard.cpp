@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -53,17 +54,31 @@ int kill_marked_orphans(const std::string& marker) {
   return killed;
 }
 
-bool read_exact(int fd, void* buf, size_t len) {
-  auto* p = static_cast<char*>(buf);
-  while (len > 0) {
-    ssize_t n = ::read(fd, p, len);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    p += n;
-    len -= static_cast<size_t>(n);
+// The pipe's messages, read as many bytes at a time as have come (the node agent writes a
+// launch's process groups at once).
+class PipeReader {
+ public:
+  explicit PipeReader(int fd) : fd_(fd) {}
+  bool read_exact(void* out, size_t len) {
+    while (buf_.size() - pos_ < len) {
+      buf_.erase(0, pos_);
+      pos_ = 0;
+      char chunk[4096];
+      ssize_t n = ::read(fd_, chunk, sizeof chunk);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return false;
+      buf_.append(chunk, static_cast<size_t>(n));
+    }
+    std::memcpy(out, buf_.data() + pos_, len);
+    pos_ += len;
+    return true;
   }
-  return true;
-}
+
+ private:
+  int fd_;
+  std::string buf_;
+  size_t pos_ = 0;
+};
 
 [[noreturn]] void guard_main(int fd) {
   // Terminal signals go to pytorch_exec, which handles them; the guard only watches.
@@ -73,16 +88,17 @@ bool read_exact(int fd, void* buf, size_t len) {
   std::vector<pid_t> groups;
   std::vector<std::string> dirs;
   std::string marker;
+  PipeReader in(fd);
   for (;;) {
     pid_t pgid;
-    if (read_exact(fd, &pgid, sizeof pgid)) {
+    if (in.read_exact(&pgid, sizeof pgid)) {
       if (pgid == kGoodbye) ::_exit(0);
       if (pgid == kDirectory || pgid == kMarker) {
         uint32_t len = 0;
         std::string text;
-        if (!read_exact(fd, &len, sizeof len) || len > 4096) break;
+        if (!in.read_exact(&len, sizeof len) || len > 4096) break;
         text.resize(len);
-        if (!read_exact(fd, text.data(), len)) break;
+        if (!in.read_exact(text.data(), len)) break;
         if (pgid == kDirectory)
           dirs.push_back(text);
         else
@@ -144,8 +160,8 @@ OrphanGuard::~OrphanGuard() {
   ::waitpid(pid_, nullptr, 0);
 }
 
-void OrphanGuard::watch(pid_t pgid) {
-  write_all(pipe_.get(), reinterpret_cast<const char*>(&pgid), sizeof pgid);
+void OrphanGuard::watch(const std::vector<pid_t>& pgids) {
+  write_all(pipe_.get(), reinterpret_cast<const char*>(pgids.data()), pgids.size() * sizeof(pid_t));
 }
 
 void OrphanGuard::send_text(pid_t kind, const std::string& text) {

@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <string>
+#include <vector>
 
 #include "common/unique_fd.hpp"
 
@@ -21,7 +22,8 @@ class OrphanGuard {
   OrphanGuard(const OrphanGuard&) = delete;
   OrphanGuard& operator=(const OrphanGuard&) = delete;
 
-  void watch(pid_t pgid);
+  // Process groups to kill if pytorch_exec dies (a launch's, in one message).
+  void watch(const std::vector<pid_t>& pgids);
   // The group's leader was reaped: forget it (its id may be reused).
   void forget(pid_t pgid);
   // A directory to remove if pytorch_exec dies (the PMIx server's temporary directory).
@@ -30,6 +32,8 @@ class OrphanGuard {
   // environment, and so does what they start: if pytorch_exec dies, the processes carrying it
   // that left the watched groups (setsid) are killed too, with their process groups.
   void kill_marked_on_death(const std::string& marker);
+  // The guard's own process (a child of this one, not a stray).
+  pid_t pid() const { return pid_; }
 
  private:
   void send_text(pid_t kind, const std::string& text);
