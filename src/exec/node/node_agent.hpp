@@ -157,7 +157,8 @@ class NodeAgent : public pmix::ServerListener {
   // Kills the strays of generations that have no rank here; how many there were (a zombie is
   // none: its environment is gone).
   size_t end_strays();
-  void end_namespaces();
+  // Deregisters the namespaces (those a client connected to, if only_used).
+  void end_namespaces(bool only_used);
   static std::vector<pid_t> children();
   // SIGKILL to a process group, remembered until the group is gone (still_ending).
   void kill_group(pid_t group);
@@ -183,6 +184,7 @@ class NodeAgent : public pmix::ServerListener {
   std::string nspace_;  // the current generation's PMIx namespace
   int nspace_generation_ = -1;
   std::map<int, std::string> spawned_ns_;  // its spawned jobs' namespaces, by number
+  std::set<std::string> used_ns_;  // the namespaces a client has connected to
   std::function<void(pmix::SpawnRequest, pmix::SpawnDone)> spawn_handler_;
 };
 
