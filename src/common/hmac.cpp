@@ -6,7 +6,8 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/opensslv.h>
-#include <sys/random.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdint>
@@ -77,12 +78,13 @@ std::string hmac_failure() {
   return why.empty() ? "HMAC-SHA256 failed" : "HMAC-SHA256 failed: " + why;
 }
 
-// The kernel's generator (getrandom), which OpenSSL's own seeds from.
+// The kernel's generator (getrandom, by its system call: glibc has the wrapper since 2.25), which
+// OpenSSL's own seeds from.
 std::string random_bytes(size_t n) {
   std::string s(n, '\0');
   size_t got = 0;
   while (got < n) {
-    ssize_t r = ::getrandom(s.data() + got, n - got, 0);
+    long r = ::syscall(SYS_getrandom, s.data() + got, n - got, 0);
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return "";
     got += static_cast<size_t>(r);

@@ -46,12 +46,13 @@ void read_spawn_info(const pmix_info_t info[], size_t ninfo, SpawnApp& app) {
 pmix_status_t collective(const char* op, const pmix_proc_t procs[], size_t nprocs,
                          pmix_op_cbfunc_t cbfunc, void* cbdata) {
   std::string key = participants_key(proc_ids(procs, nprocs), op);
-  g_impl->loop.post([key, cbfunc, cbdata] {
-    logger("pmix")->info("upcall {}", key);
-    g_impl->router.fence(key, false, "", [cbfunc, cbdata](int st, std::string) {
-      if (cbfunc) cbfunc(st, cbdata);
-    });
-  });
+  if (!post_upcall([key, cbfunc, cbdata] {
+        logger("pmix")->info("upcall {}", key);
+        g_impl->router.fence(key, false, "", [cbfunc, cbdata](int st, std::string) {
+          if (cbfunc) cbfunc(st, cbdata);
+        });
+      }))
+    return PMIX_ERR_NOT_AVAILABLE;
   return PMIX_SUCCESS;
 }
 
@@ -112,7 +113,8 @@ struct PmixServer::Impl::PendingLookup {
 PmixServer::Impl::Impl(EventLoop& l, ServerListener& s, ModexRouter& r)
     : loop(l), listener(s), router(r) {}
 
-// Lookups still waiting are dropped unanswered: PMIx is finalized by now, their clients gone.
+// Lookups still waiting are dropped unanswered: PMIx is finalized (or left to the process's end)
+// by now, their clients gone.
 PmixServer::Impl::~Impl() {
   if (sweep.joinable()) sweep.join();
 }
@@ -125,12 +127,13 @@ pmix_status_t PmixServer::Impl::publish(const pmix_proc_t* p, const pmix_info_t 
     if (std::strncmp(info[i].key, "pmix.", 5) != 0) kv[info[i].key] = pack_value(info[i].value);
   auto n = ns(p);
   int r = rank(p);
-  g_impl->loop.post([kv, n, r]() mutable {
-    std::vector<std::string> keys;
-    for (const auto& [k, v] : kv) keys.push_back(k);
-    logger("pmix")->info("upcall publish from {}:{}: {}", n, r, join(keys, ","));
-    g_impl->router.publish(std::move(kv));
-  });
+  if (!post_upcall([kv, n, r]() mutable {
+        std::vector<std::string> keys;
+        for (const auto& [k, v] : kv) keys.push_back(k);
+        logger("pmix")->info("upcall publish from {}:{}: {}", n, r, join(keys, ","));
+        g_impl->router.publish(std::move(kv));
+      }))
+    return PMIX_ERR_NOT_AVAILABLE;
   return PMIX_OPERATION_SUCCEEDED;
 }
 
@@ -138,7 +141,8 @@ pmix_status_t PmixServer::Impl::unpublish(const pmix_proc_t*, char** keys, const
                                           size_t, pmix_op_cbfunc_t, void*) {
   std::vector<std::string> k;
   for (char** x = keys; x && *x; ++x) k.emplace_back(*x);
-  g_impl->loop.post([k]() mutable { g_impl->router.unpublish(std::move(k)); });
+  if (!post_upcall([k]() mutable { g_impl->router.unpublish(std::move(k)); }))
+    return PMIX_ERR_NOT_AVAILABLE;
   return PMIX_OPERATION_SUCCEEDED;
 }
 
@@ -161,14 +165,15 @@ pmix_status_t PmixServer::Impl::lookup(const pmix_proc_t* proc, char** keys,
   p->deadline = std::chrono::steady_clock::now() + std::chrono::seconds(timeout);
   p->cbfunc = cbfunc;
   p->cbdata = cbdata;
-  g_impl->loop.post([p = std::shared_ptr<PendingLookup>(std::move(p))]() mutable {
-    logger("pmix")->info("upcall lookup {}{}", join(p->keys, ","), p->wait ? " (waiting)" : "");
-    uint64_t id = g_impl->next_lookup++;
-    auto& slot = g_impl->lookups[id];
-    slot = std::make_unique<PendingLookup>(std::move(*p));
-    slot->retry = g_impl->loop.timer([id] { g_impl->try_lookup(id); });
-    g_impl->try_lookup(id);
-  });
+  if (!post_upcall([p = std::shared_ptr<PendingLookup>(std::move(p))]() mutable {
+        logger("pmix")->info("upcall lookup {}{}", join(p->keys, ","), p->wait ? " (waiting)" : "");
+        uint64_t id = g_impl->next_lookup++;
+        auto& slot = g_impl->lookups[id];
+        slot = std::make_unique<PendingLookup>(std::move(*p));
+        slot->retry = g_impl->loop.timer([id] { g_impl->try_lookup(id); });
+        g_impl->try_lookup(id);
+      }))
+    return PMIX_ERR_NOT_AVAILABLE;
   return PMIX_SUCCESS;
 }
 
@@ -244,18 +249,19 @@ pmix_status_t PmixServer::Impl::spawn(const pmix_proc_t* p, const pmix_info_t jo
     read_spawn_info(apps[a].info, apps[a].ninfo, app);
     req.apps.push_back(std::move(app));
   }
-  g_impl->loop.post([req = std::move(req), cbfunc, cbdata]() mutable {
-    logger("pmix")->info("upcall spawn from {}:{} ({} app(s))", req.parent_nspace, req.parent_rank,
-                         req.apps.size());
-    g_impl->listener.on_spawn(
-        std::move(req), [cbfunc, cbdata](const std::string& error, const std::string& nspace) {
-          pmix_nspace_t n;
-          std::memset(n, 0, sizeof n);
-          std::strncpy(n, nspace.c_str(), PMIX_MAX_NSLEN);
-          if (!error.empty()) logger("pmix")->info("spawn failed: {}", error);
-          cbfunc(error.empty() ? PMIX_SUCCESS : PMIX_ERR_OUT_OF_RESOURCE, n, cbdata);
-        });
-  });
+  if (!post_upcall([req = std::move(req), cbfunc, cbdata]() mutable {
+        logger("pmix")->info("upcall spawn from {}:{} ({} app(s))", req.parent_nspace,
+                             req.parent_rank, req.apps.size());
+        g_impl->listener.on_spawn(
+            std::move(req), [cbfunc, cbdata](const std::string& error, const std::string& nspace) {
+              pmix_nspace_t n;
+              std::memset(n, 0, sizeof n);
+              std::strncpy(n, nspace.c_str(), PMIX_MAX_NSLEN);
+              if (!error.empty()) logger("pmix")->info("spawn failed: {}", error);
+              cbfunc(error.empty() ? PMIX_SUCCESS : PMIX_ERR_OUT_OF_RESOURCE, n, cbdata);
+            });
+      }))
+    return PMIX_ERR_NOT_AVAILABLE;
   return PMIX_SUCCESS;
 }
 

@@ -16,8 +16,11 @@
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <mutex>
+#include <set>
+#include <shared_mutex>
 #include <thread>
 
 #include "common/log.hpp"
@@ -34,9 +37,32 @@ void check(int status, const std::string& what) {
 }
 
 PmixServer::Impl* g_impl = nullptr;
+// Held shared by post_upcall, exclusively while g_impl changes (on the host's thread).
+std::shared_mutex g_impl_mu;
 std::atomic<bool> g_process_ends{false};  // end_with_process()
 
+std::mutex g_clients_mu;
+std::set<std::string> g_clients;  // the namespaces a client connected to (note_client)
+bool g_server_left = false;       // a server was left running (end_with_process)
+
+void note_client(const std::string& nspace) {
+  std::lock_guard<std::mutex> lock(g_clients_mu);
+  g_clients.insert(nspace);
+}
+
+bool post_upcall(std::function<void()> fn) {
+  std::shared_lock<std::shared_mutex> lock(g_impl_mu);
+  if (!g_impl) return false;
+  g_impl->loop.post(std::move(fn));
+  return true;
+}
+
 namespace {
+
+void set_impl(PmixServer::Impl* impl) {
+  std::unique_lock<std::shared_mutex> lock(g_impl_mu);
+  g_impl = impl;
+}
 
 // A private directory in /dev/shm for the ranks' shared-memory files (Open MPI's vader
 // segments), removed with the server or by the orphan guard; "" without a writable /dev/shm.
@@ -55,7 +81,7 @@ std::string make_shm_dir() {
 PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
                        const std::string& server_nspace, hwloc_topology_t topology)
     : impl_(std::make_unique<Impl>(loop, listener, router)) {
-  if (g_impl) throw Error("only one PMIx server per process");
+  if (g_impl || g_server_left) throw Error("only one PMIx server per process");
   const char* base = std::getenv("TMPDIR");
   const std::string parent = base && *base ? base : "/tmp";
   std::string templ = parent + "/pytorch_exec.XXXXXX";
@@ -115,7 +141,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   }
   pmix_data_array_t arr;
   il.convert(&arr);
-  g_impl = impl_.get();
+  set_impl(impl_.get());
   // Clients prove who they are by the socket's credentials (psec "native"), which is all a
   // node-local server needs.  Left to choose, PMIx also starts its munge module, which asks
   // munged for a credential at once: where munge is installed but munged is not running (its
@@ -125,7 +151,7 @@ PmixServer::PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& r
   pmix_status_t st = PMIx_server_init(&module, static_cast<pmix_info_t*>(arr.array), arr.size);
   PMIX_DATA_ARRAY_DESTRUCT(&arr);
   if (st != PMIX_SUCCESS) {
-    g_impl = nullptr;
+    set_impl(nullptr);
     if (impl_->own_topo) hwloc_topology_destroy(impl_->topo);
     std::filesystem::remove_all(impl_->tmpdir);
     if (!impl_->shm_dir.empty()) std::filesystem::remove_all(impl_->shm_dir);
@@ -160,10 +186,11 @@ bool PmixServer::ends_with_process() { return g_process_ends; }
 PmixServer::~PmixServer() {
   // Left running where the process ends with the server (end_with_process).
   const bool finalized = !g_process_ends && finalize_within_timeout();
+  g_server_left = !finalized;
   if (!finalized && !g_process_ends)
     logger("pmix")->warn("PMIx_server_finalize did not return within {} s; going on without it",
                          kFinalizeTimeout.count());
-  g_impl = nullptr;
+  set_impl(nullptr);
   if (impl_->own_topo && finalized) hwloc_topology_destroy(impl_->topo);
   std::error_code ec;
   std::filesystem::remove_all(impl_->tmpdir, ec);
@@ -415,16 +442,30 @@ void PmixServer::dmodex_request(const std::string& nspace, int rank, ModexDone d
   }
 }
 
-void PmixServer::deregister_namespace(const std::string& nspace) {
+bool PmixServer::deregister_namespace(const std::string& nspace) {
   auto* w = new OpWait;
   PMIx_server_deregister_nspace(nspace.c_str(), OpWait::cb, w);
+  bool answered = true;
   try {
     w->wait_and_release("PMIx_server_deregister_nspace " + nspace);
+  } catch (const TimeoutError& e) {
+    logger("pmix")->warn("{}", e.what());
+    answered = false;
   } catch (const Error& e) {
     logger("pmix")->warn("{}", e.what());
   }
   std::error_code ec;
   std::filesystem::remove_all(impl_->tmpdir + "/" + nspace, ec);
+  {
+    std::lock_guard<std::mutex> lock(g_clients_mu);
+    g_clients.erase(nspace);
+  }
+  return answered;
+}
+
+bool PmixServer::had_clients(const std::string& nspace) const {
+  std::lock_guard<std::mutex> lock(g_clients_mu);
+  return g_clients.count(nspace) > 0;
 }
 
 void PmixServer::notify_proc_failure(const std::string& nspace, int rank, int exit_code,

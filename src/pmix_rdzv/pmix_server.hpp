@@ -96,7 +96,8 @@ class PmixServer {
   // then the server loads one) is handed to PMIx and to Open MPI's ranks.  Throws PmixError.
   PmixServer(EventLoop& loop, ServerListener& listener, ModexRouter& router,
              const std::string& server_nspace, struct hwloc_topology* topology = nullptr);
-  // PMIx_server_finalize (5 s at most), then the directories are removed.
+  // PMIx_server_finalize (5 s at most; not where the process ends with the server,
+  // end_with_process), then the directories are removed.
   ~PmixServer();
   PmixServer(const PmixServer&) = delete;
   PmixServer& operator=(const PmixServer&) = delete;
@@ -104,7 +105,12 @@ class PmixServer {
   // Registers the namespace and every local client of a generation (waits for PMIx, 10 s at
   // most).  Throws PmixError or TimeoutError.
   void register_namespace(const NamespaceInfo& info);
-  void deregister_namespace(const std::string& nspace);
+  // PMIx runs the namespace's clients' cleanup requests then.  False when PMIx did not answer
+  // (10 s): it is stuck.
+  bool deregister_namespace(const std::string& nspace);
+  // Whether a client of the namespace has connected (a namespace no client joined has no
+  // cleanup requests).
+  bool had_clients(const std::string& nspace) const;
   // PMIx_server_setup_fork for one local client: the variables to add to its environment.
   std::vector<std::string> setup_fork(const std::string& nspace, int rank);
   // Another node asks for what local client `rank` of `nspace` committed

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -21,6 +22,12 @@
 namespace pe::pmix {
 
 extern PmixServer::Impl* g_impl;  // PMIx is process-global; so are its upcalls
+// What an upcall (on PMIx's thread) hands to the host's loop; false once the server is gone
+// (PMIx may still call at the process's end, PmixServer::end_with_process): the upcall then
+// answers PMIX_ERR_NOT_AVAILABLE.
+bool post_upcall(std::function<void()> fn);
+// A client of `nspace` connected (PmixServer::had_clients), from PMIx's thread.
+void note_client(const std::string& nspace);
 
 // PMIx's process list as the router's (a wildcard rank as -1).
 std::vector<ProcId> proc_ids(const pmix_proc_t procs[], size_t nprocs);
@@ -109,17 +116,20 @@ struct PmixServer::Impl {
   static pmix_status_t client_connected(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
     auto n = ns(p);
     int r = rank(p);
-    g_impl->loop.post([n, r] {
-      if (g_impl) g_impl->listener.on_client_connected(n, r);
-    });
+    note_client(n);
+    if (!post_upcall([n, r] {
+          if (g_impl) g_impl->listener.on_client_connected(n, r);
+        }))
+      return PMIX_ERR_NOT_AVAILABLE;
     return PMIX_OPERATION_SUCCEEDED;
   }
   static pmix_status_t client_finalized(const pmix_proc_t* p, void*, pmix_op_cbfunc_t, void*) {
     auto n = ns(p);
     int r = rank(p);
-    g_impl->loop.post([n, r] {
-      if (g_impl) g_impl->listener.on_client_finalized(n, r);
-    });
+    if (!post_upcall([n, r] {
+          if (g_impl) g_impl->listener.on_client_finalized(n, r);
+        }))
+      return PMIX_ERR_NOT_AVAILABLE;
     return PMIX_OPERATION_SUCCEEDED;
   }
   static pmix_status_t abort(const pmix_proc_t* p, void*, int status, const char msg[],
@@ -127,10 +137,11 @@ struct PmixServer::Impl {
     auto n = ns(p);
     int r = rank(p);
     std::string m = msg ? msg : "";
-    g_impl->loop.post([n, r, status, m, cbfunc, cbdata] {
-      if (g_impl) g_impl->listener.on_abort(n, r, status, m);
-      if (cbfunc) cbfunc(PMIX_SUCCESS, cbdata);
-    });
+    if (!post_upcall([n, r, status, m, cbfunc, cbdata] {
+          if (g_impl) g_impl->listener.on_abort(n, r, status, m);
+          if (cbfunc) cbfunc(PMIX_SUCCESS, cbdata);
+        }))
+      return PMIX_ERR_NOT_AVAILABLE;
     return PMIX_SUCCESS;
   }
   static void release_data(void* p) { delete static_cast<std::string*>(p); }
@@ -146,24 +157,28 @@ struct PmixServer::Impl {
       if (PMIX_CHECK_KEY(&info[i], PMIX_COLLECT_DATA)) collect = PMIX_INFO_TRUE(&info[i]);
     std::string n = participants_key(proc_ids(procs, nprocs));
     std::string blob(data ? data : "", data ? ndata : 0);
-    g_impl->loop.post([n, collect, blob, cbfunc, cbdata]() mutable {
-      logger("pmix")->info("upcall fence_nb {} ({} bytes, collect={})", n, blob.size(), collect);
-      g_impl->router.fence(n, collect, std::move(blob), [cbfunc, cbdata](int st, std::string all) {
-        answer_modex(cbfunc, cbdata, st, std::move(all));
-      });
-    });
+    if (!post_upcall([n, collect, blob, cbfunc, cbdata]() mutable {
+          logger("pmix")->info("upcall fence_nb {} ({} bytes, collect={})", n, blob.size(),
+                               collect);
+          g_impl->router.fence(n, collect, std::move(blob),
+                               [cbfunc, cbdata](int st, std::string all) {
+                                 answer_modex(cbfunc, cbdata, st, std::move(all));
+                               });
+        }))
+      return PMIX_ERR_NOT_AVAILABLE;
     return PMIX_SUCCESS;
   }
   static pmix_status_t direct_modex(const pmix_proc_t* p, const pmix_info_t[], size_t,
                                     pmix_modex_cbfunc_t cbfunc, void* cbdata) {
     auto n = ns(p);
     int r = rank(p);
-    g_impl->loop.post([n, r, cbfunc, cbdata] {
-      logger("pmix")->info("upcall direct_modex {}:{}", n, r);
-      g_impl->router.direct_modex(n, r, [cbfunc, cbdata](int st, std::string d) {
-        answer_modex(cbfunc, cbdata, st, std::move(d));
-      });
-    });
+    if (!post_upcall([n, r, cbfunc, cbdata] {
+          logger("pmix")->info("upcall direct_modex {}:{}", n, r);
+          g_impl->router.direct_modex(n, r, [cbfunc, cbdata](int st, std::string d) {
+            answer_modex(cbfunc, cbdata, st, std::move(d));
+          });
+        }))
+      return PMIX_ERR_NOT_AVAILABLE;
     return PMIX_SUCCESS;
   }
   // Job control.  PMIx itself keeps the cleanup requests (PMIX_REGISTER_CLEANUP,
@@ -179,9 +194,10 @@ struct PmixServer::Impl {
     for (size_t i = 0; i < ndirs; ++i) keys += std::string(keys.empty() ? "" : ",") + dirs[i].key;
     auto n = ns(p);
     int r = rank(p);
-    g_impl->loop.post([n, r, keys] {
-      logger("pmix")->info("upcall job_control from {}:{} ({}): not supported", n, r, keys);
-    });
+    if (!post_upcall([n, r, keys] {
+          logger("pmix")->info("upcall job_control from {}:{} ({}): not supported", n, r, keys);
+        }))
+      return PMIX_ERR_NOT_AVAILABLE;
     return PMIX_ERR_NOT_SUPPORTED;
   }
   // pmix_dpm.cpp: dynamic processes.

@@ -294,6 +294,7 @@ int real_main(int argc, char** argv) {
     pe::JobMap map = pe::map_single_node(host, cfg.np);
     pe::WorkerSetSource workers =
         pe::workers_for(map, host, true, claimed ? std::move(*claimed) : pe::UniqueFd());
+    pe::pmix::PmixServer::end_with_process();  // as below
     pe::JobController job(std::move(jc), std::move(ctx.env), std::move(map), std::move(workers));
     return job.run();
   }

@@ -129,8 +129,8 @@ class ChildStack {
   void* base_;
 };
 
-// The calling thread's stack for children: the process's first (kept for the process's life)
-// for spawn_child, a helper thread's own for spawn_children.
+// The stack for children that the calling thread starts with spawn_child, or as its share of
+// spawn_children (a helper thread uses its own); kept for the process's life.
 char* child_stack_top() {
   static ChildStack stack;
   return stack.top();
@@ -183,6 +183,7 @@ class SpawnHelpers {
   }
 
   // Runs job(stack_top) on `n` helpers (fewer if no more can be started) and waits for them.
+  // From one thread at a time (the node agent's loop).
   void run(size_t n, const std::function<void(char*)>& job) {
     std::unique_lock<std::mutex> lock(mu_);
     while (stacks_.size() < n && start_one()) {
@@ -220,7 +221,7 @@ class SpawnHelpers {
     bool started = true;
     try {
       std::thread([this, index, top] { serve(index, top); }).detach();
-    } catch (const std::system_error&) {
+    } catch (...) {  // no thread to be had (system_error, bad_alloc)
       stacks_.pop_back();
       started = false;
     }

@@ -49,8 +49,8 @@ ChildProcess spawn_child(const SpawnSpec& spec);
 
 // Starts every spec, out[i] for specs[i], from up to kMaxSpawnThreads threads (this one and
 // helpers; one for every 4 specs, no more than the processors this process may use).  Stops at
-// the first failure, which it returns: the children started by then are in out (pid > 0).  Not
-// at the same time as spawn_child.
+// the first failure, which it returns: the children started by then are in out (pid > 0).  From
+// one thread only, and not at the same time as spawn_child.
 constexpr size_t kMaxSpawnThreads = 8;
 std::exception_ptr spawn_children(const std::vector<const SpawnSpec*>& specs,
                                   std::vector<ChildProcess>& out);

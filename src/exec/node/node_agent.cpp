@@ -100,9 +100,10 @@ NodeAgent::~NodeAgent() {
 // (PMIX_REGISTER_CLEANUP's files and directories).
 void NodeAgent::end_namespaces(bool only_used) {
   if (!pmix_) return;
+  bool answering = true;  // after a timeout PMIx is stuck: no 10 s more for every namespace
   auto end = [&](const std::string& n) {
-    if (!only_used || used_ns_.count(n)) pmix_->deregister_namespace(n);
-    used_ns_.erase(n);
+    if (answering && (!only_used || pmix_->had_clients(n)))
+      answering = pmix_->deregister_namespace(n);
   };
   for (const auto& [number, n] : spawned_ns_) end(n);
   if (!nspace_.empty()) end(nspace_);
@@ -206,19 +207,26 @@ void NodeAgent::launch(int generation, int spawn, const std::string& nspace,
   // groups at once (until then, the agent's mark in their environment is what it would find
   // them by).
   std::vector<pid_t> started;
+  struct TellGuard {  // also when watching a rank's output throws
+    OrphanGuard& guard;
+    const std::vector<pid_t>& pids;
+    ~TellGuard() { guard.watch(pids); }
+  } tell{guard_, started};
   for (size_t i = 0; i < ws.size(); ++i) {
     if (procs[i].pid <= 0) continue;
-    auto& w = ws[i];
-    w->proc = std::move(procs[i]);
-    started.push_back(w->proc.pid);
-    watch_output(*w);
-    if (stdin_ended_) drop_stdin(*w);
+    pid_t pid = procs[i].pid;
+    started.push_back(pid);
+    Worker& w = *workers_.emplace(pid, std::move(ws[i])).first->second;
+    w.proc = std::move(procs[i]);
     logger("agent")->debug("generation {} {} rank {} started as pid {}", generation,
                            spawn ? "spawned job " + std::to_string(spawn) : std::string("job"),
-                           w->rank, w->proc.pid);
-    workers_.emplace(w->proc.pid, std::move(w));
+                           w.rank, pid);
   }
-  guard_.watch(started);
+  for (pid_t pid : started) {
+    Worker& w = *workers_.at(pid);
+    watch_output(w);
+    if (stdin_ended_) drop_stdin(w);
+  }
   if (failed) std::rethrow_exception(failed);
 }
 
@@ -331,7 +339,6 @@ NodeAgent::Worker* NodeAgent::find_rank(const std::string& nspace, int rank) {
 void NodeAgent::on_client_connected(const std::string& nspace, int rank) {
   logger("pmix")->info("upcall client_connected {}:{}", nspace, rank);
   if (Worker* w = find_rank(nspace, rank)) w->pmix_connected = true;
-  used_ns_.insert(nspace);
 }
 
 void NodeAgent::on_client_finalized(const std::string& nspace, int rank) {
@@ -384,7 +391,8 @@ size_t NodeAgent::end_strays() {
   for (const auto& [pid, w] : workers_) live.insert(w->generation_marker);
   for (pid_t pid : children()) {
     if (workers_.count(pid) || pid == guard_.pid()) continue;
-    const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ");
+    const std::string env =
+        read_file("/proc/" + std::to_string(pid) + "/environ", std::string::npos);
     bool ours = false, alive = false;
     for (size_t at = 0; at < env.size();) {
       size_t end = std::min(env.find('\0', at), env.size());

@@ -177,14 +177,13 @@ class NodeAgent : public pmix::ServerListener {
   bool stdin_ended_ = false;  // stdin_close_all() was called
   std::string job_marker_;    // "PYTORCH_EXEC_JOBID=..." of the workers (end_strays)
   std::string agent_marker_;  // "PYTORCH_EXEC_AGENT=...", this agent's (its orphan guard's)
-  Event stray_sweep_;         // end_strays() every kStraySweep seconds, besides on every exit
+  Event stray_sweep_;         // end_strays() every kStraySweep s, and at a generation's end here
   std::set<pid_t> ending_;    // process groups killed and not yet seen gone (kill_group)
   bool output_paused_ = false;
   std::unique_ptr<pmix::PmixServer> pmix_;
   std::string nspace_;  // the current generation's PMIx namespace
   int nspace_generation_ = -1;
   std::map<int, std::string> spawned_ns_;  // its spawned jobs' namespaces, by number
-  std::set<std::string> used_ns_;  // the namespaces a client has connected to
   std::function<void(pmix::SpawnRequest, pmix::SpawnDone)> spawn_handler_;
 };
 
