@@ -114,7 +114,13 @@ def test_ctrl_z_stops_the_ranks_and_fg_continues_them():
                   env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         ranks = lambda: [q for q in processes_with_marker(env["PE_TEST_MARKER"])
                          if cmdline(q).startswith(b"sh\0-c\0sleep 6")]
-        check(wait_until(lambda: len(ranks()) == 2, 30), f"{extra}: the ranks did not start")
+        # Each rank's shell has started its sleep: dash starts it with vfork, and a shell stopped
+        # while its vfork child has not exec'd yet cannot stop until the child does (the child,
+        # stopped too, shows the shell's command line: three "ranks", one not stopped).
+        sleeps = lambda: [q for q in processes_with_marker(env["PE_TEST_MARKER"])
+                          if cmdline(q) == b"sleep\x006\x00"]
+        check(wait_until(lambda: len(ranks()) == 2 and len(sleeps()) == 2, 30),
+              f"{extra}: the ranks did not start")
         p.send_signal(signal.SIGTSTP)
         all_stopped = lambda: len(ranks()) == 2 and all(stopped(q) for q in ranks())
         check(wait_until(lambda: stopped(p.pid) and all_stopped(), 10),
