@@ -12,8 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "common/log.hpp"
@@ -28,12 +26,7 @@ namespace {
 // Bumped when what is written (or how it is loaded) changes.
 constexpr const char* kCacheSchema = "pytorch_exec topology cache 1";
 
-std::string read_small(const char* path) {
-  std::ifstream in(path);
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str().substr(0, 4096);
-}
+std::string read_small(const char* path) { return read_file(path, 4096); }
 
 // The entries of a directory, sorted ("" when it does not exist).
 std::string listing(const char* path) {

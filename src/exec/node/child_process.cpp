@@ -356,6 +356,17 @@ ChildProcess spawn_on(const SpawnSpec& spec, char* stack_top) {
 
 }  // namespace
 
+std::vector<std::string> environ_of(pid_t pid) {
+  const std::string env = read_file("/proc/" + std::to_string(pid) + "/environ", std::string::npos);
+  std::vector<std::string> vars;
+  for (size_t at = 0; at < env.size();) {
+    size_t end = std::min(env.find('\0', at), env.size());
+    vars.push_back(env.substr(at, end - at));
+    at = end + 1;
+  }
+  return vars;
+}
+
 std::string describe_wait_status(int status) {
   if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
   if (WIFSIGNALED(status)) {

@@ -55,6 +55,10 @@ constexpr size_t kMaxSpawnThreads = 8;
 std::exception_ptr spawn_children(const std::vector<const SpawnSpec*>& specs,
                                   std::vector<ChildProcess>& out);
 
+// The environment of process `pid` (NAME=VALUE each, read whole from /proc); empty when it is
+// gone or a zombie.
+std::vector<std::string> environ_of(pid_t pid);
+
 // "exited with status 3", "killed by signal 9 (Killed)".
 std::string describe_wait_status(int status);
 // 0, the exit code, or 128+signal.

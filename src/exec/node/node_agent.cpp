@@ -391,15 +391,10 @@ size_t NodeAgent::end_strays() {
   for (const auto& [pid, w] : workers_) live.insert(w->generation_marker);
   for (pid_t pid : children()) {
     if (workers_.count(pid) || pid == guard_.pid()) continue;
-    const std::string env =
-        read_file("/proc/" + std::to_string(pid) + "/environ", std::string::npos);
     bool ours = false, alive = false;
-    for (size_t at = 0; at < env.size();) {
-      size_t end = std::min(env.find('\0', at), env.size());
-      std::string var = env.substr(at, end - at);
+    for (const std::string& var : environ_of(pid)) {
       ours = ours || var == job_marker_;
       alive = alive || live.count(var);
-      at = end + 1;
     }
     if (!ours || alive) continue;
     ++found;

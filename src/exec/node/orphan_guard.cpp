@@ -13,11 +13,11 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "common/error.hpp"
+#include "exec/node/child_process.hpp"
 
 namespace pe {
 namespace {
@@ -27,10 +27,8 @@ constexpr pid_t kDirectory = INT32_MIN;    // followed by a uint32 length and th
 constexpr pid_t kMarker = INT32_MIN + 1;  // followed by a uint32 length and the marker
 
 bool has_marker(pid_t pid, const std::string& marker) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/environ", std::ios::binary);
-  for (std::string var; std::getline(f, var, '\0');)
-    if (var == marker) return true;
-  return false;
+  const std::vector<std::string> env = environ_of(pid);
+  return std::find(env.begin(), env.end(), marker) != env.end();
 }
 
 // The processes that left the ranks' process groups (setsid) and so outlived the group kill:
