@@ -44,6 +44,7 @@ std::shared_ptr<spdlog::logger> logger(const char* subsystem) {
 
 void init_logging(int verbosity, const std::string& spec, const std::string& host) {
   spdlog::level::level_enum base = spdlog::level::warn;
+  if (verbosity < 0) base = spdlog::level::err;  // -q
   if (verbosity == 1) base = spdlog::level::info;
   if (verbosity == 2) base = spdlog::level::debug;
   if (verbosity >= 3) base = spdlog::level::trace;

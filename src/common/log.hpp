@@ -16,8 +16,9 @@ namespace pe {
 inline constexpr const char* kLogSubsystems[] = {"exec", "agent", "stdio", "pmix",
                                                  "rdzv", "topo",  "ctrl"};
 
-// Creates every logger.  `verbosity` counts -v flags.  `spec` is PYTORCH_EXEC_LOG (may be empty);
-// a malformed spec throws UsageError.  Safe to call more than once (levels are reset).
+// Creates every logger.  `verbosity` counts -v flags (-1: -q, errors only).  `spec` is
+// PYTORCH_EXEC_LOG (may be empty); a malformed spec throws UsageError.  Safe to call more than
+// once (levels are reset).
 void init_logging(int verbosity, const std::string& spec, const std::string& host);
 
 // The logger of a subsystem; init_logging() need not have run (a default one is created).

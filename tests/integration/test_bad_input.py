@@ -10,7 +10,11 @@ os.chmod(NOT_EXEC, 0o644)
 CASES = [
     # (arguments, expected status, text the one line must contain)
     (["--frobnicate", "true"], 2, "unknown option --frobnicate"),
-    (["-q", "true"], 2, "unknown option -q"),
+    (["-j", "true"], 2, "unknown option -j"),
+    (["-q", "-v", "true"], 2, "-q (no warnings) and -v (more logging) disagree"),
+    (["--prefix", "opt", "true"], 2, "--prefix: 'opt' is not an absolute path"),
+    (["--nolocal", "true"], 2, "--nolocal: no node is given but this machine"),
+    (["--gmca", "x"], 2, "--gmca needs two values"),
     (["-n", "0", "true"], 2, "-n: expected a positive integer, got '0'"),
     (["-n", "-3", "true"], 2, "got '-3'"),
     (["-np", "abc", "true"], 2, "got 'abc'"),

@@ -256,23 +256,24 @@ class TwoNodeJob:
     """pytorch_exec -v -H a:1,b:1 (daemons on this machine) running a script that waits for a
     file; `attack(port, wait_for_workers)` runs against its control port, then the job ends."""
 
-    def __init__(self, **kw):
+    def __init__(self, flags=("-v",), **kw):
         self.env = marker_env()
         self.d = tmpdir()
         d = self.d
         body = (f"#!/bin/sh\ntouch {d}/up-$RANK\nwhile [ ! -e {d}/go ]; do sleep 0.05; done\n"
                 "echo done-$RANK\n")
         agent = f"env -i PATH=/usr/bin:/bin PE_TEST_MARKER={self.env['PE_TEST_MARKER']} PE_NODE={{host}}"
-        self.p = start(["-v", "-H", "a:1,b:1", "--launch-agent", agent, script(body)], env=self.env,
+        self.p = start([*flags, "-H", "a:1,b:1", "--launch-agent", agent, script(body)], env=self.env,
                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
 
     def workers_up(self):
         return wait_until(lambda: all(os.path.exists(f"{self.d}/up-{r}") for r in (0, 1)), 30)
 
-    def run(self, attack):
+    def run(self, attack, port=None):
+        """`port`: finds the control port (default: from -v's line)."""
         p = self.p
         try:
-            attack(control_port(p)[0])
+            attack(port(p) if port else control_port(p)[0])
             open(f"{self.d}/go", "w").close()
             out, err = p.communicate(timeout=60)
         finally:
@@ -330,6 +331,56 @@ def test_node_names_are_escaped_and_warnings_limited():
     check("evil\\x1b[2J\\x0aforged line" in err, f"no escaped name: {err[-1000:]!r}")
     n = err.count("authentication failed")
     check(n <= 10 and "suppressing the rest" in err, f"{n} warnings for 50 drops")
+
+
+def listening_ports(pid):
+    """The TCP ports process `pid` listens on (its sockets in /proc/net/tcp and tcp6)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # LISTEN
+                    ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return sorted(ports)
+
+
+def test_quiet_leaves_out_warnings():
+    """mpirun's -q: the control plane's warnings about connections that are not a node's (here
+    4 bytes of garbage on every port the front end listens on) are not printed; without -q the
+    same job prints them.  The job runs as before."""
+    def garbage(ports):
+        for port in ports:
+            s = connect(port)
+            try:
+                send(s, b"\x01\x02\x03\x04" * 8)
+                closed_soon(s)
+            except OSError:
+                pass
+            s.close()
+
+    errs = {}
+    for flags in (["-q"], []):
+        job = TwoNodeJob(flags=flags)
+
+        def ports(p):
+            check(job.workers_up(), "the workers did not start")
+            found = listening_ports(p.pid)
+            check(found, "pytorch_exec listens on no port")
+            return found
+
+        errs[bool(flags)] = job.run(garbage, port=ports)
+    check("control plane" in errs[False], f"no warning without -q: {errs[False][-1000:]!r}")
+    check("control plane" not in errs[True] and "warn" not in errs[True],
+          f"warnings with -q: {errs[True][-1000:]!r}")
 
 
 def test_store_handshake_replay_is_refused():
@@ -610,6 +661,7 @@ if __name__ == "__main__":
           test_idle_and_forged_hellos_do_not_stall_set_up, test_store_handshake_replay_is_refused,
           test_control_port_during_collectives, test_control_plane_backs_off_when_out_of_descriptors,
           test_node_names_are_escaped_and_warnings_limited,
+          test_quiet_leaves_out_warnings,
           test_daemon_output_is_bounded_while_the_front_end_is_not_read,
           test_relay_output_is_bounded_while_the_front_end_is_not_read,
           test_torch_store_on_master_port, test_other_control_protocols_are_named, test_figures])

@@ -51,6 +51,38 @@ def test_environment_on_unequal_nodes():
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
+def test_mpiruns_nolocal_prefix_and_allocation():
+    """mpirun's --nolocal: no rank on this machine, though -H lists it first; --prefix DIR: the
+    program is found in DIR/bin only, and every rank on the other nodes has DIR/bin first in its
+    PATH and DIR/lib first in LD_LIBRARY_PATH (the daemons start with a clean environment, as
+    over ssh); --display-allocation prints the nodes left."""
+    env = job_env()
+    prefix = tmpdir()
+    os.makedirs(os.path.join(prefix, "bin"))
+    prog = os.path.join(prefix, "bin", "pe_prefixed_program")
+    with open(prog, "w") as f:
+        f.write("#!/bin/sh\necho \"rank $RANK node ${PE_NODE:-here} path $PATH lib $LD_LIBRARY_PATH\"\n")
+    os.chmod(prog, 0o755)
+    r = run(["-H", f"{socket.gethostname()}:4,a:1,b:2", "--nolocal", "--prefix", prefix + "/",
+             "--display-allocation", "--launch-agent", agent(env["PE_TEST_MARKER"]),
+             "pe_prefixed_program"], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    check(r.stdout.startswith(f"allocation (-H {socket.gethostname()}:4,a:1,b:2): 2 node(s)\n"
+                              "  a slots=1\n  b slots=2\n"), r.stdout)
+    rows = sorted(line for line in r.stdout.splitlines() if line.startswith("rank "))
+    want = [f"rank {k} node {n} path {prefix}/bin:/usr/bin:/bin lib {prefix}/lib"
+            for k, n in ((0, "a"), (1, "b"), (2, "b"))]
+    check(rows == want, f"ranks: {rows}")
+    # Without --prefix the program is not found; --nolocal with only this machine is refused.
+    r = run(["-H", "a:1", "--launch-agent", agent(env["PE_TEST_MARKER"]), "pe_prefixed_program"],
+            env=env, timeout=60)
+    check(r.returncode == 127 and "not found" in r.stderr, f"exit {r.returncode}: {r.stderr}")
+    r = run(["--nolocal", "-n", "2", "true"], env=env, timeout=60)
+    check(r.returncode == 2 and r.stderr.count("\n") == 1 and "--nolocal" in r.stderr,
+          f"exit {r.returncode}: {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 def test_map_by_node_places_ranks_round_robin():
     """--map-by node on a:2,b:2: ranks 0 and 2 on a, 1 and 3 on b, as --display-map shows them,
     in generation 0 and in the generation a restart starts."""
@@ -440,7 +472,7 @@ def test_a_daemon_that_cannot_start_is_named():
 
 
 if __name__ == "__main__":
-    main([test_environment_on_unequal_nodes, test_map_by_node_places_ranks_round_robin,
+    main([test_environment_on_unequal_nodes, test_mpiruns_nolocal_prefix_and_allocation, test_map_by_node_places_ranks_round_robin,
           test_torch_gloo_allreduce_across_nodes,
           test_mpi_programs_wire_up_across_nodes, test_control_plane_tree, test_failure_names_rank_and_node,
           test_group_restart_across_nodes, test_output_volume_and_line_integrity_across_nodes, test_stdin_reaches_a_rank_on_another_node,

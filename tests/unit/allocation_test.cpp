@@ -333,6 +333,31 @@ TEST(LocalHostTest, RecognisesThisMachine) {
   EXPECT_FALSE(pe::is_local_host("node8", "node7.cluster"));
 }
 
+TEST(LocalHostTest, NolocalLeavesThisMachineOut) {
+  pe::Allocation a;
+  a.source = "-H localhost:2,node8,node7";
+  a.limited = true;
+  a.nodes = {{"localhost", 2}, {"node8", 1}, {"node7", 3}};
+  auto b = pe::without_local_host(a, "node7.cluster", false);
+  ASSERT_EQ(b.nodes.size(), 1u);
+  EXPECT_EQ(b.nodes[0].host, "node8");
+  EXPECT_EQ(pe::format_allocation(b), "allocation (-H localhost:2,node8,node7): 1 node(s)\n"
+                                      "  node8 slots=1\n");
+  a.nodes = {{"node7", 2}};
+  EXPECT_NE(error_of([&] { pe::without_local_host(a, "node7", false); })
+                .find("--nolocal: -H localhost:2,node8,node7 lists no node but this machine (node7)"),
+            std::string::npos);
+  EXPECT_TRUE(pe::without_local_host(a, "node7", true).nodes.empty());  // an elastic job waits
+  pe::Allocation here;  // this machine, no list
+  here.source = "this machine";
+  here.nodes = {{"node7", 0}};
+  EXPECT_NE(error_of([&] { pe::without_local_host(here, "node7", true); })
+                .find("no node is given but this machine"),
+            std::string::npos);
+  EXPECT_EQ(pe::format_allocation(here), "allocation (this machine): 1 node(s)\n"
+                                         "  node7 slots=unlimited\n");
+}
+
 TEST(LocalHostTest, OffersBridgeAndLoopbackAddressesLast) {
   std::vector<pe::InterfaceAddress> ifs{
       {"lo", "127.0.0.1", true},        {"docker0", "172.17.0.1", false},

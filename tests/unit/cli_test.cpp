@@ -1,7 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 
@@ -75,7 +77,7 @@ TEST(CliTest, RejectsBadProcessCounts) {
 TEST(CliTest, ReportsUnknownOptionsAndMissingValues) {
   EXPECT_NE(usage_error({"--frobnicate", "prog"}).find("unknown option --frobnicate"),
             std::string::npos);
-  EXPECT_NE(usage_error({"-q", "prog"}).find("unknown option -q"), std::string::npos);
+  EXPECT_NE(usage_error({"-j", "prog"}).find("unknown option -j"), std::string::npos);
   EXPECT_NE(usage_error({"-n"}).find("option -n needs a value"), std::string::npos);
   EXPECT_NE(usage_error({"--tag-output=yes", "prog"}).find("takes no value"), std::string::npos);
 }
@@ -114,6 +116,52 @@ TEST(CliTest, CountsVerbosity) {
   EXPECT_EQ(config({"-v", "--verbose", "-v", "prog"}).verbosity, 3);
 }
 
+TEST(CliTest, MpirunsQuietAndDebugSetTheLogLevel) {
+  EXPECT_EQ(config({"-q", "prog"}).verbosity, -1);
+  EXPECT_EQ(config({"--quiet", "prog"}).verbosity, -1);
+  EXPECT_EQ(config({"-d", "prog"}).verbosity, 2);
+  EXPECT_EQ(config({"--debug-devel", "-vvv", "prog"}).verbosity, 3);
+  EXPECT_NE(usage_error({"-q", "-v", "prog"}).find("-q (no warnings) and -v"), std::string::npos);
+  EXPECT_NE(usage_error({"-d", "-q", "prog"}).find("and -d (more logging) disagree"),
+            std::string::npos);
+}
+
+TEST(CliTest, MpirunsPrefix) {
+  EXPECT_EQ(config({"--prefix", "/opt/ompi/", "prog"}).prefix, "/opt/ompi");
+  EXPECT_EQ(config({"--prefix=/", "prog"}).prefix, "/");
+  EXPECT_EQ(config({"--noprefix", "prog"}).prefix, "");
+  EXPECT_NE(usage_error({"--prefix", "opt/ompi", "prog"}).find("'opt/ompi' is not an absolute path"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--prefix=", "prog"}).find("--prefix"), std::string::npos);
+  EXPECT_NE(usage_error({"--prefix", "/a", "--noprefix", "prog"}).find("disagree"),
+            std::string::npos);
+  // The program is looked for in DIR/bin first, as the workers' PATH has it.
+  char tmpl[] = "/tmp/pe_prefix_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl, bin = dir + "/bin", prog = bin + "/only_here";
+  ASSERT_EQ(::mkdir(bin.c_str(), 0755), 0);
+  std::ofstream(prog) << "#!/bin/sh\n";
+  ASSERT_EQ(::chmod(prog.c_str(), 0755), 0);
+  pe::ValidationContext ctx;
+  ctx.find_program = true;
+  ctx.env["PATH"] = "/usr/bin:/bin";
+  EXPECT_EQ(config({"--prefix", tmpl, "only_here"}, ctx).program, prog);
+  EXPECT_THROW(config({"only_here"}, ctx), pe::ProgramError);
+  std::remove(prog.c_str());
+  ::rmdir(bin.c_str());
+  ::rmdir(tmpl);
+}
+
+TEST(CliTest, MpirunsAllocationOptions) {
+  auto c = config({"--display-allocation", "--nolocal", "-H", "a,b", "prog"});
+  EXPECT_TRUE(c.display_allocation);
+  EXPECT_TRUE(c.nolocal);
+  EXPECT_FALSE(config({"prog"}).nolocal);
+  EXPECT_NE(usage_error({"--nolocal", "--rdzv-endpoint", "h:1", "--rdzv-insecure", "prog"})
+                .find("--nolocal: in join mode"),
+            std::string::npos);
+}
+
 TEST(CliTest, ExportsTakeValuesOrCopyThem) {
   pe::ValidationContext ctx;
   ctx.env["HOMEISH"] = "/h";
@@ -145,6 +193,13 @@ TEST(CliTest, MpirunsMcaAndRootOptions) {
   EXPECT_NE(usage_error({"--mca", "a-b", "1", "prog"}).find("'a-b' is not an MCA parameter"),
             std::string::npos);
   EXPECT_NE(usage_error({"--mca", "", "1", "prog"}).find("not an MCA parameter"),
+            std::string::npos);
+  // --gmca: the same, after the --mca ones.
+  auto g = config({"--gmca", "btl", "tcp", "--mca", "pml", "ob1", "prog"});
+  std::vector<std::pair<std::string, std::string>> gwant{{"OMPI_MCA_pml", "ob1"},
+                                                         {"OMPI_MCA_btl", "tcp"}};
+  EXPECT_EQ(g.exports, gwant);
+  EXPECT_NE(usage_error({"--gmca", "a-b", "1", "prog"}).find("--gmca: 'a-b' is not an MCA"),
             std::string::npos);
 }
 

@@ -1,5 +1,10 @@
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
 #include "exec/frontend/job_map.hpp"
 #include "exec/node/worker_env.hpp"
 
@@ -28,7 +33,7 @@ TEST(JobMapTest, SingleNodeMapsEveryRankInOrder) {
 
 TEST(WorkerEnvTest, SetsTheTorchrunAndOpenMpiNames) {
   auto m = pe::map_single_node("h", 4);
-  auto env = pe::worker_environment({{"PATH", "/bin"}}, {}, m, 3, gen());
+  auto env = pe::worker_environment({{"PATH", "/bin"}}, {}, "", m, 3, gen());
   std::map<std::string, std::string> want{{"RANK", "3"},
                                           {"WORLD_SIZE", "4"},
                                           {"LOCAL_RANK", "3"},
@@ -62,10 +67,10 @@ TEST(WorkerEnvTest, SaysTheStoreIsTheLaunchersOnlyWhenItIs) {
   auto m = pe::map_single_node("h", 1);
   auto g = gen();
   g.agent_store = true;
-  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g)["TORCHELASTIC_USE_AGENT_STORE"], "True");
+  EXPECT_EQ(pe::worker_environment({}, {}, "", m, 0, g)["TORCHELASTIC_USE_AGENT_STORE"], "True");
   // Not hosted (srun direct launch): not even a value inherited from an outer torchrun.
   g.agent_store = false;
-  EXPECT_EQ(pe::worker_environment({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, {}, m, 0, g)
+  EXPECT_EQ(pe::worker_environment({{"TORCHELASTIC_USE_AGENT_STORE", "True"}}, {}, "", m, 0, g)
                 .count("TORCHELASTIC_USE_AGENT_STORE"),
             0u);
 }
@@ -75,27 +80,28 @@ TEST(WorkerEnvTest, KeepsTheUsersThreadCountAndRunId) {
   auto g = gen();
   g.run_id = "myrun";
   auto env = pe::worker_environment(
-      {{"OMP_NUM_THREADS", "8"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, {}, m, 0, g);
+      {{"OMP_NUM_THREADS", "8"}, {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "3"}}, {}, "", m, 0, g);
   EXPECT_EQ(env["OMP_NUM_THREADS"], "8");
   EXPECT_EQ(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"], "3");
   EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "myrun");
-  auto env2 = pe::worker_environment({}, {{"OMP_NUM_THREADS", "2"}}, m, 0, g);
+  auto env2 = pe::worker_environment({}, {{"OMP_NUM_THREADS", "2"}}, "", m, 0, g);
   EXPECT_EQ(env2["OMP_NUM_THREADS"], "2");
 }
 
 TEST(WorkerEnvTest, OversubscribedNodesMakeOpenMpiYieldAndSaySo) {
   auto m = pe::map_single_node("h", 2);
   auto g = gen();
-  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_mpi_yield_when_idle"), 0u);
-  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_mpi_oversubscribe"), 0u);
-  EXPECT_EQ(pe::worker_environment({}, {}, m, 0, g).count("OMPI_MCA_rmaps_base_oversubscribe"), 0u);
+  EXPECT_EQ(pe::worker_environment({}, {}, "", m, 0, g).count("OMPI_MCA_mpi_yield_when_idle"), 0u);
+  EXPECT_EQ(pe::worker_environment({}, {}, "", m, 0, g).count("OMPI_MCA_mpi_oversubscribe"), 0u);
+  EXPECT_EQ(pe::worker_environment({}, {}, "", m, 0, g).count("OMPI_MCA_rmaps_base_oversubscribe"),
+            0u);
   g.oversubscribed = true;
-  auto env = pe::worker_environment({}, {}, m, 0, g);
+  auto env = pe::worker_environment({}, {}, "", m, 0, g);
   EXPECT_EQ(env["OMPI_MCA_mpi_yield_when_idle"], "1");
   // As mpirun says it.
   EXPECT_EQ(env["OMPI_MCA_mpi_oversubscribe"], "1");
   EXPECT_EQ(env["OMPI_MCA_rmaps_base_oversubscribe"], "1");
-  EXPECT_EQ(pe::worker_environment({{"OMPI_MCA_mpi_yield_when_idle", "0"}}, {}, m, 0,
+  EXPECT_EQ(pe::worker_environment({{"OMPI_MCA_mpi_yield_when_idle", "0"}}, {}, "", m, 0,
                                    g)["OMPI_MCA_mpi_yield_when_idle"],
             "0");
 }
@@ -103,17 +109,19 @@ TEST(WorkerEnvTest, OversubscribedNodesMakeOpenMpiYieldAndSaySo) {
 TEST(WorkerEnvTest, GivesTheGenerationsDataChannelToken) {
   auto m = pe::map_single_node("h", 2);
   auto g = gen();
-  EXPECT_EQ(pe::worker_environment({{"PYTORCH_DC_TOKEN", "mine"}}, {}, m, 0, g)["PYTORCH_DC_TOKEN"],
-            "mine");  // none from the launcher (srun direct launch): the user's stays
+  EXPECT_EQ(
+      pe::worker_environment({{"PYTORCH_DC_TOKEN", "mine"}}, {}, "", m, 0, g)["PYTORCH_DC_TOKEN"],
+      "mine");  // none from the launcher (srun direct launch): the user's stays
   g.dc_token = "0123abcd";
-  EXPECT_EQ(pe::worker_environment({{"PYTORCH_DC_TOKEN", "mine"}}, {}, m, 1, g)["PYTORCH_DC_TOKEN"],
-            "0123abcd");
+  EXPECT_EQ(
+      pe::worker_environment({{"PYTORCH_DC_TOKEN", "mine"}}, {}, "", m, 1, g)["PYTORCH_DC_TOKEN"],
+      "0123abcd");
 }
 
 TEST(WorkerEnvTest, ExportsOverrideTheBaseButNotOurNames) {
   auto m = pe::map_single_node("h", 2);
   auto env = pe::worker_environment({{"A", "base"}, {"RANK", "77"}},
-                                    {{"A", "exported"}, {"RANK", "99"}}, m, 1, gen());
+                                    {{"A", "exported"}, {"RANK", "99"}}, "", m, 1, gen());
   EXPECT_EQ(env["A"], "exported");
   EXPECT_EQ(env["RANK"], "1");
 }
@@ -142,4 +150,25 @@ TEST(OmpiEnvTest, SelectsThePmixPathAndKeepsSessionFilesInOurDirectory) {
   env = pe::pmix::open_mpi_environment({"ns.0", "/tmp/pe.x", 6, "/dev/shm/pe.y"});
   m = std::map<std::string, std::string>(env.begin(), env.end());
   EXPECT_EQ(m["OMPI_MCA_btl_vader_backing_directory"], "/dev/shm/pe.y");
+}
+
+TEST(WorkerEnvTest, PrefixGoesFirstInPathAndLibraryPath) {
+  pe::JobMap m = pe::map_single_node("h", 2);
+  char tmpl[] = "/tmp/pe_prefix_env_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  std::string dir = tmpl;
+  auto env = pe::worker_environment({{"PATH", "/usr/bin:/bin"}}, {{"LD_LIBRARY_PATH", "/x"}}, dir,
+                                    m, 0, gen());
+  EXPECT_EQ(env["PATH"], dir + "/bin:/usr/bin:/bin");
+  EXPECT_EQ(env["LD_LIBRARY_PATH"], dir + "/lib:/x");  // after -x: the prefix's first
+  // DIR/lib64 too where this machine has it; none before: no empty entry.
+  ASSERT_EQ(::mkdir((dir + "/lib64").c_str(), 0755), 0);
+  env = pe::worker_environment({}, {}, dir, m, 1, gen());
+  EXPECT_EQ(env["PATH"], dir + "/bin");
+  EXPECT_EQ(env["LD_LIBRARY_PATH"], dir + "/lib64:" + dir + "/lib");
+  ::rmdir((dir + "/lib64").c_str());
+  ::rmdir(tmpl);
+  // No prefix: nothing added.
+  EXPECT_EQ(
+      pe::worker_environment({{"PATH", "/bin"}}, {}, "", m, 0, gen()).count("LD_LIBRARY_PATH"), 0u);
 }

@@ -109,7 +109,7 @@ inline constexpr uint32_t kMaxName = 1024;  // host and node names
 // a message's fields (control_test pins the messages' encodings to it).  1: the builds before
 // the field.
 inline constexpr uint32_t kProtocolMagic = 0x50430000u;  // "CP" in the high half
-inline constexpr uint32_t kProtocolVersion = 3;
+inline constexpr uint32_t kProtocolVersion = 4;
 inline constexpr uint32_t kProtocol = kProtocolMagic | kProtocolVersion;
 
 // Of a Challenge or Hello payload: "" when it speaks this protocol, else what it speaks
@@ -615,7 +615,7 @@ template <class IO>
 void Job::io(IO& f) {
   f(job.job_id, 64), f(job.node), f.count(job.tree_radix, 1 << 20), f(job.verbosity);
   f(job.program), f(job.program_arg0), f(job.args, 1u << 20), f(job.wdir), f(job.exports);
-  f(job.env), f(job.replace_env);
+  f(job.prefix), f(job.env), f(job.replace_env);
   f.choice(job.placement.map_by, topo::MapBy::Ppr);
   f.choice(job.placement.rank_by, topo::RankBy::Socket);
   f.choice(job.placement.bind_to, topo::BindTo::Socket);

@@ -345,4 +345,37 @@ bool is_local_host(const std::string& name, const std::string& hostname) {
   return name == "localhost" || name == "127.0.0.1" || name == hostname || name == shortname;
 }
 
+std::vector<HostSlots> without_local_host(std::vector<HostSlots> hosts,
+                                          const std::string& hostname) {
+  hosts.erase(std::remove_if(hosts.begin(), hosts.end(),
+                             [&](const HostSlots& h) { return is_local_host(h.host, hostname); }),
+              hosts.end());
+  return hosts;
+}
+
+Allocation without_local_host(Allocation a, const std::string& hostname, bool may_wait) {
+  if (a.limited) a.nodes = without_local_host(std::move(a.nodes), hostname);
+  if (!a.limited)
+    throw UsageError("--nolocal: no node is given but this machine (" + hostname +
+                     "): name the others with -H, --hostfile or a SLURM allocation");
+  if (a.nodes.empty() && !may_wait)
+    throw UsageError("--nolocal: " + a.source + " lists no node but this machine (" + hostname +
+                     ")");
+  return a;
+}
+
+std::string format_allocation(const Allocation& a) {
+  std::ostringstream os;
+  os << "allocation (" << a.source << "): " << a.nodes.size() << " node(s)\n";
+  for (const auto& n : a.nodes) {
+    os << "  " << n.host << " slots=";
+    if (a.limited)
+      os << n.slots;
+    else
+      os << "unlimited";
+    os << "\n";
+  }
+  return os.str();
+}
+
 }  // namespace pe

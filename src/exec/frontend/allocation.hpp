@@ -54,4 +54,15 @@ Allocation find_allocation(const std::string& hosts, const std::string& hostfile
 // Whether `name` is this machine (localhost, 127.0.0.1, its host name or short host name).
 bool is_local_host(const std::string& name, const std::string& hostname);
 
+// mpirun's --nolocal: `hosts` without this machine (`hostname`).
+std::vector<HostSlots> without_local_host(std::vector<HostSlots> hosts,
+                                          const std::string& hostname);
+// The same for a launch's allocation; UsageError when it is this machine alone, or when no node
+// is left unless `may_wait` (an elastic job's sources may list more later).
+Allocation without_local_host(Allocation a, const std::string& hostname, bool may_wait);
+
+// --display-allocation: a header naming the source, then "  HOST slots=N" per node (slots
+// "unlimited" on this machine without a list).
+std::string format_allocation(const Allocation& a);
+
 }  // namespace pe

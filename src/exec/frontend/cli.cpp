@@ -116,6 +116,13 @@ const OptionDef<RawOptions> kOptions[] = {
      &RawOptions::display_map},
     {"report-bindings", 0, "Mapping and binding", nullptr,
      "print each rank's binding when it is started", &RawOptions::report_bindings},
+    {"display-allocation", 0, "Mapping and binding", nullptr,
+     "print the nodes the job may use and their slots, before mapping",
+     &RawOptions::display_allocation},
+    {"nolocal", 0, "Mapping and binding", nullptr,
+     "as mpirun's: start no ranks on this machine, only on the other nodes of -H, --hostfile or "
+     "the SLURM allocation",
+     &RawOptions::nolocal},
     {"dry-run", 0, "Mapping and binding", nullptr, "print the map and start nothing",
      &RawOptions::dry_run},
     {"wdir", 0, "Environment", "DIR", "working directory of every process", &RawOptions::wdir},
@@ -125,6 +132,14 @@ const OptionDef<RawOptions> kOptions[] = {
      "set Open MPI's MCA parameter KEY to VALUE in every process (OMPI_MCA_KEY=VALUE, as mpirun "
      "--mca; repeatable)",
      &RawOptions::mca},
+    {"gmca", 0, "Environment", "KEY VALUE", "as mpirun's: the same as --mca", &RawOptions::gmca},
+    {"prefix", 0, "Environment", "DIR",
+     "as mpirun's: DIR/bin first in every process's PATH and DIR/lib (and DIR/lib64 where a "
+     "node has it) first in its LD_LIBRARY_PATH, on each node (an MPI installed in DIR); the "
+     "program is looked for in DIR/bin first",
+     &RawOptions::prefix},
+    {"noprefix", 0, "Environment", nullptr,
+     "as mpirun's: no --prefix (pytorch_exec adds none by itself)", &RawOptions::noprefix},
     {"allow-run-as-root", 0, "Environment", nullptr,
      "accepted for mpirun's command lines: pytorch_exec runs as root without it",
      &RawOptions::allow_run_as_root},
@@ -290,6 +305,11 @@ const OptionDef<RawOptions> kOptions[] = {
     {"verbose", 'v', "Debugging", nullptr,
      "log more: -v info, -vv debug, -vvv trace (PYTORCH_EXEC_LOG sets levels per subsystem)",
      &RawOptions::verbosity},
+    {"quiet", 'q', "Debugging", nullptr,
+     "as mpirun's: no warnings from pytorch_exec (errors and the reports of failed ranks stay)",
+     &RawOptions::quiet},
+    {"debug-devel", 'd', "Debugging", nullptr, "as mpirun's -d: log at debug level, as -vv",
+     &RawOptions::debug_devel},
     {"version", 0, "Debugging", nullptr, "print the version and exit", &RawOptions::version},
     {"help", 'h', "Debugging", nullptr, "print this help and exit", &RawOptions::help},
 };
@@ -393,12 +413,35 @@ void validate_exports(const RawOptions& raw, const ValidationContext& ctx, Launc
       throw UsageError("-x: " + name + " is not set here (use -x " + name + "=VALUE)");
     c.exports.emplace_back(name, it->second);
   }
-  for (const auto& m : raw.mca) {
-    std::string key = m.substr(0, m.find('\0')), value = m.substr(m.find('\0') + 1);
-    if (key.empty() || !is_env_name("OMPI_MCA_" + key))
-      throw UsageError("--mca: '" + printable(key) + "' is not an MCA parameter name");
-    c.exports.emplace_back("OMPI_MCA_" + key, value);
-  }
+  for (const auto& [option, list] : {std::pair{"--mca", &raw.mca}, {"--gmca", &raw.gmca}})
+    for (const auto& m : *list) {
+      std::string key = m.substr(0, m.find('\0')), value = m.substr(m.find('\0') + 1);
+      if (key.empty() || !is_env_name("OMPI_MCA_" + key))
+        throw UsageError(std::string(option) + ": '" + printable(key) +
+                         "' is not an MCA parameter name");
+      c.exports.emplace_back("OMPI_MCA_" + key, value);
+    }
+}
+
+// -q, -d, -v: how much pytorch_exec says (-1: errors only).
+int validate_verbosity(const RawOptions& raw) {
+  if (raw.quiet && (raw.verbosity > 0 || raw.debug_devel))
+    throw UsageError("-q (no warnings) and " + std::string(raw.debug_devel ? "-d" : "-v") +
+                     " (more logging) disagree: give one");
+  if (raw.quiet) return -1;
+  return raw.debug_devel ? std::max(raw.verbosity, 2) : raw.verbosity;
+}
+
+// mpirun's --prefix DIR (--noprefix: none).  Each node reads DIR by its name: absolute.
+void validate_prefix(const RawOptions& raw, LaunchConfig& c) {
+  if (!raw.prefix) return;
+  if (raw.noprefix) throw UsageError("--prefix and --noprefix disagree: give one");
+  const std::string& p = *raw.prefix;
+  if (p.empty() || p[0] != '/')
+    throw UsageError("--prefix: '" + printable(p) +
+                     "' is not an absolute path (each node looks for it by that name)");
+  c.prefix = p;
+  while (c.prefix.size() > 1 && c.prefix.back() == '/') c.prefix.pop_back();
 }
 
 // torchrun's --log-dir, --redirects, --tee, --local-ranks-filter, --log-line-prefix-template,
@@ -759,8 +802,9 @@ void validate_mapping(const RawOptions& raw, const ValidationContext& ctx, Launc
 std::string program_path(const LaunchConfig& c, const ValidationContext& ctx) {
   if (c.dry_run || !ctx.find_program) return c.program_arg0;
   auto path = ctx.env.find("PATH");
-  return resolve_program(c.program_arg0, c.wdir,
-                         path != ctx.env.end() ? path->second : "/usr/bin:/bin", true);
+  std::string dirs = path != ctx.env.end() ? path->second : "/usr/bin:/bin";
+  if (!c.prefix.empty()) dirs = c.prefix + "/bin:" + dirs;  // as the workers' PATH
+  return resolve_program(c.program_arg0, c.wdir, dirs, true);
 }
 
 // A Python script that is no program to run: with python3, its arguments after it.
@@ -835,7 +879,8 @@ namespace {
 
 LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   LaunchConfig c;
-  c.verbosity = raw.verbosity;
+  c.verbosity = validate_verbosity(raw);
+  c.display_allocation = raw.display_allocation;
   validate_counts(raw, ctx, c);
   validate_mapping(raw, ctx, c);
   if (raw.command.empty() && raw.display_topology && !raw.dry_run && !raw.display_map) {
@@ -844,6 +889,7 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   }
   // Before the program's check: an option that took the program for its value says so.
   validate_exports(raw, ctx, c);
+  validate_prefix(raw, c);
   validate_stdin(raw, c);
   if (raw.command.empty())
     throw UsageError("no program given (usage: pytorch_exec [options] PROGRAM [ARGS...])");
@@ -875,6 +921,10 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
     c.run_id = *raw.run_id;
   }
   validate_join(raw, ctx, c);
+  if (raw.nolocal && c.join_mode())
+    throw UsageError("--nolocal: in join mode each node's pytorch_exec runs that node's ranks; "
+                     "start none on this machine");
+  c.nolocal = raw.nolocal;
   // Last: the other mistakes are usage errors.  A job whose launcher starts the ranks looks for
   // the program here (join mode under srun too); a direct launch's task does, as it execs.
   ValidationContext look = ctx;

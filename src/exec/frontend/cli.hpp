@@ -34,6 +34,13 @@ struct RawOptions {
   std::optional<std::string> wdir;
   std::vector<std::string> exports;
   std::vector<std::string> mca;  // KEY, a NUL byte, VALUE
+  std::vector<std::string> gmca;  // mpirun's --gmca: the same as --mca
+  std::optional<std::string> prefix;  // mpirun's --prefix DIR
+  bool noprefix = false;
+  bool quiet = false;        // -q
+  bool debug_devel = false;  // mpirun's -d
+  bool display_allocation = false;
+  bool nolocal = false;
   bool after_dashdash = false;   // the program came after "--"
   bool allow_run_as_root = false;
   bool oversubscribe = false;

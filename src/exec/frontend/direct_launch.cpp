@@ -300,7 +300,7 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
   gen.master_addr = id.master_host;
   gen.master_port = step_master_port(id.job_id, id.step_id);
   JobMap map = step_map(id);
-  EnvMap out = worker_environment(env, cfg.exports, map, id.rank, gen);
+  EnvMap out = worker_environment(env, cfg.exports, cfg.prefix, map, id.rank, gen);
   auto path = out.count("PATH") ? out["PATH"] : std::string("/usr/bin:/bin");
   std::string program, arg0 = cfg.program_arg0;
   std::vector<std::string> args = cfg.args;

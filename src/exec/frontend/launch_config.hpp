@@ -84,6 +84,11 @@ struct LaunchConfig {
                               // directory pytorch_exec runs in (empty if unknown)
   // -x: variables to set in (or, for multi-node launches, carry to) every worker.
   std::vector<std::pair<std::string, std::string>> exports;
+  // --prefix DIR: DIR/bin first in every worker's PATH and DIR/lib (and DIR/lib64, where that
+  // node has it) first in LD_LIBRARY_PATH, on the worker's node; empty: none.
+  std::string prefix;
+  bool display_allocation = false;  // print the nodes and their slots before mapping
+  bool nolocal = false;             // no ranks on this machine (mpirun's --nolocal)
 
   // Output.
   bool tag_output = false;

@@ -59,11 +59,13 @@ pe::Allocation first_nodes(const pe::LaunchConfig& cfg, const pe::EnvMap& env,
 
 pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
   pe::Allocation alloc = first_nodes(cfg, env, host);
+  bool sources = cfg.nnodes_min > 0 && cfg.hosts.empty() && pe::NodeSources::wanted(cfg);
+  if (cfg.nolocal) alloc = pe::without_local_host(std::move(alloc), host, sources);
   // An elastic job's hostfile or discovery command may list more later: it waits for them, as
   // torchrun does.
-  if (cfg.nnodes_min > 0 && static_cast<int>(alloc.nodes.size()) < cfg.nnodes_min &&
-      cfg.hosts.empty() && pe::NodeSources::wanted(cfg) && !cfg.dry_run)
+  if (sources && static_cast<int>(alloc.nodes.size()) < cfg.nnodes_min && !cfg.dry_run)
     alloc.nodes = pe::wait_for_hosts(cfg, alloc.source, alloc.nodes.size());
+  if (cfg.display_allocation) std::cout << pe::format_allocation(alloc) << std::flush;
   const pe::Allocation listed = alloc;  // hosts beyond an elastic job's nodes: for spawns
   if (cfg.nnodes_min > 0) {  // elastic: at least MIN of the allocation's nodes, at most MAX
     if (static_cast<int>(alloc.nodes.size()) < cfg.nnodes_min)

@@ -303,6 +303,7 @@ void NodeSources::report() {
     for (const auto& a : all) seen = seen || a.host == h.host;
     if (!seen) all.push_back(h);
   }
+  if (cfg_.nolocal) all = without_local_host(std::move(all), local_hostname());
   on_hosts_(all);
 }
 

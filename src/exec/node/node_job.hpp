@@ -45,6 +45,7 @@ struct NodeJob {
   std::vector<std::string> args;
   std::string wdir;  // --wdir, else the launcher's current directory
   std::vector<std::pair<std::string, std::string>> exports;  // -x
+  std::string prefix;                                        // --prefix DIR
   EnvMap env;                                                // carried environment
   bool replace_env = false;  // env is the whole environment (SLURM), else added to the node's
 

@@ -24,6 +24,7 @@ NodeJob node_job_for(const LaunchConfig& cfg, const JobMap& map, const std::stri
   j.args = cfg.args;
   j.wdir = cfg.remote_wdir;
   j.exports = cfg.exports;
+  j.prefix = cfg.prefix;
   j.env = std::move(env);
   j.replace_env = replace_env;
   j.placement = placement_of(cfg);
@@ -91,7 +92,7 @@ std::vector<WorkerSpec> node_worker_specs(const NodeJob& job, const EnvMap& base
     w.spawn.argv = with_local_rank(argv, static_cast<int>(lr));
     const auto& where = plan.ranks.at(lr);
     w.spawn.envp =
-        to_envp(worker_environment(base, job.exports, job.map, rank, gen, locality_of(where)));
+        to_envp(worker_environment(base, job.exports, job.prefix, job.map, rank, gen, locality_of(where)));
     w.spawn.cpus = where.os_cpus;
     w.spawn.wdir = job.wdir;
     set_stdout(job, w.spawn);
@@ -203,7 +204,7 @@ void NodeRunner::start_spawned(const SpawnJob& sj) {
       w.rank = rank;
       w.spawn.path = app.cmd;
       w.spawn.argv = app.argv;
-      w.spawn.envp = to_envp(worker_environment(base, job_.exports, sj.map, rank, gen));
+      w.spawn.envp = to_envp(worker_environment(base, job_.exports, job_.prefix, sj.map, rank, gen));
       w.spawn.wdir = app.cwd.empty() ? job_.wdir : app.cwd;
       set_stdout(job_, w.spawn);
       specs.push_back(std::move(w));

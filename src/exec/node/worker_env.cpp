@@ -2,6 +2,8 @@
 
 #include <pytorch_exec/version.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 #include <type_traits>
 
@@ -19,10 +21,21 @@ EnvMap environment_from(char** envp) {
 
 EnvMap worker_environment(const EnvMap& base,
                           const std::vector<std::pair<std::string, std::string>>& exports,
-                          const JobMap& map, int rank, const GenerationInfo& gen,
-                          const RankLocality& where) {
+                          const std::string& prefix, const JobMap& map, int rank,
+                          const GenerationInfo& gen, const RankLocality& where) {
   EnvMap env = base;
   for (const auto& [k, v] : exports) env[k] = v;
+  if (!prefix.empty()) {
+    auto first = [&env](const char* k, const std::string& dir) {
+      auto it = env.find(k);
+      env[k] = it == env.end() || it->second.empty() ? dir : dir + ":" + it->second;
+    };
+    first("PATH", prefix + "/bin");
+    first("LD_LIBRARY_PATH", prefix + "/lib");
+    struct stat st;
+    if (::stat((prefix + "/lib64").c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      first("LD_LIBRARY_PATH", prefix + "/lib64");
+  }
   const RankLocation& loc = map.ranks.at(static_cast<size_t>(rank));
   const NodeMap& node = map.nodes.at(static_cast<size_t>(loc.node));
   auto set = [&env](const char* k, const std::string& v) { env[k] = v; };

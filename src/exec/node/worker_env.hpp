@@ -40,11 +40,13 @@ struct RankLocality {
 EnvMap environment_from(char** envp);
 
 // The environment of global rank `rank`: `base` (the launching environment), then `exports`
-// (-x), then the variables pytorch_exec owns.  OMP_NUM_THREADS is set to 1 unless `base` or
-// `exports` set it.
+// (-x), then `prefix` (--prefix: PREFIX/bin first in PATH, PREFIX/lib first in LD_LIBRARY_PATH,
+// PREFIX/lib64 before it where this machine has that directory; "": nothing), then the variables
+// pytorch_exec owns.  OMP_NUM_THREADS is set to 1 unless `base` or `exports` set it.
 EnvMap worker_environment(const EnvMap& base,
                           const std::vector<std::pair<std::string, std::string>>& exports,
-                          const JobMap& map, int rank, const GenerationInfo& gen,
+                          const std::string& prefix, const JobMap& map, int rank,
+                          const GenerationInfo& gen,
                           const RankLocality& where = RankLocality{});
 
 // torchrun's macro: "${local_rank}" in the program's arguments (argv[1...]) is the rank's local
