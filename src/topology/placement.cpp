@@ -226,15 +226,76 @@ void bind(const Topology& t, const Analysis& a, BindTo how, bool overload, bool 
   }
 }
 
-// The second way (see placement.hpp): places among processor objects, then GPUs near them,
-// then binding.
+// A digit string below 2^20, else nothing.
+std::optional<int> slot_number(const std::string& s) {
+  if (s.empty() || s.size() > 7 || s.find_first_not_of("0123456789") != std::string::npos)
+    return std::nullopt;
+  int v = std::atoi(s.c_str());
+  if (v >= (1 << 20)) return std::nullopt;
+  return v;
+}
+
+std::vector<std::string> split_at(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t from = 0;
+  for (size_t at = s.find(sep); at != std::string::npos; at = s.find(sep, from)) {
+    out.push_back(s.substr(from, at - from));
+    from = at + 1;
+  }
+  out.push_back(s.substr(from));
+  return out;
+}
+
+// The processors of a rankfile's slot list here, added to `out` (TopologyError naming a socket,
+// core or hardware thread this machine lacks).
+void slot_place(const Topology& t, const std::string& spec, bool hwthreads, hwloc_bitmap_t out) {
+  hwloc_topology_t topo = t.raw();
+  hwloc_const_bitmap_t all = hwloc_topology_get_topology_cpuset(topo);
+  auto sockets = objects_inside(topo, MapBy::Socket, all);
+  const std::string unit = hwthreads ? "hardware thread" : "core";
+  for (const SlotItem& it : parse_slot_list(spec)) {
+    std::vector<std::pair<hwloc_const_bitmap_t, std::string>> within;  // where units are counted
+    if (it.socket == -1) within.emplace_back(all, t.source());
+    if (it.socket == -2)
+      for (size_t k = 0; k < sockets.size(); ++k)
+        within.emplace_back(sockets[k]->cpuset,
+                            "socket " + std::to_string(k) + " of " + t.source());
+    if (it.socket >= 0) {
+      if (static_cast<size_t>(it.socket) >= sockets.size())
+        throw TopologyError("slot=" + spec + ": " + t.source() + " has " +
+                            std::to_string(sockets.size()) +
+                            " socket(s), numbered from 0; no socket " + std::to_string(it.socket));
+      within.emplace_back(sockets[static_cast<size_t>(it.socket)]->cpuset,
+                          "socket " + std::to_string(it.socket) + " of " + t.source());
+    }
+    for (const auto& [set, name] : within) {
+      if (it.cores.empty()) {
+        hwloc_bitmap_or(out, out, set);
+        continue;
+      }
+      auto units = objects_inside(topo, hwthreads ? MapBy::HwThread : MapBy::Core, set);
+      for (const auto& [lo, hi] : it.cores) {
+        if (static_cast<size_t>(hi) >= units.size())
+          throw TopologyError("slot=" + spec + ": " + name + " has " +
+                              std::to_string(units.size()) + " " + unit +
+                              "s, numbered from 0; no " + unit + " " + std::to_string(hi));
+        for (int c = lo; c <= hi; ++c)
+          hwloc_bitmap_or(out, out, units[static_cast<size_t>(c)]->cpuset);
+      }
+    }
+  }
+}
+
+// The second way (see placement.hpp): places among processor objects (or a rankfile's), then
+// GPUs near them, then binding.
 void place_on_processors(const Topology& t, const Analysis& a, const PlacementOptions& o,
                          std::vector<RankPlacement>& ranks) {
   hwloc_topology_t topo = t.raw();
   const MapSpec spec{o.map_by, o.ppr, o.ppr_object, o.pe, std::nullopt};
+  const bool rankfile = !o.places.empty();
   const MapBy kind =
       o.map_by == MapBy::Ppr ? o.ppr_object
-      : o.map_by == MapBy::Slot || o.map_by == MapBy::Node || o.map_by == MapBy::Default
+      : rankfile || o.map_by == MapBy::Slot || o.map_by == MapBy::Node || o.map_by == MapBy::Default
           ? MapBy::Node
           : o.map_by;
   auto objs = kind == MapBy::Node
@@ -242,9 +303,12 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
                   : objects_inside(topo, kind, hwloc_topology_get_topology_cpuset(topo));
   if (objs.empty()) objs.push_back(hwloc_get_root_obj(topo));  // (no such objects: the machine)
   const size_t n = ranks.size(), m = objs.size();
-  // Each rank's object and its turn there.
+  if (rankfile && o.places.size() != n)
+    throw TopologyError("the rankfile places " + std::to_string(o.places.size()) +
+                        " rank(s) here, not " + std::to_string(n));
+  // Each rank's object and its turn there (with a rankfile: the machine, the rank's own place).
   std::vector<size_t> at(n), turn(n), on(m, 0);
-  for (size_t i = 0; i < n; ++i) {
+  for (size_t i = 0; i < n && !rankfile; ++i) {
     if (o.map_by == MapBy::Ppr) {
       at[i] = i / static_cast<size_t>(o.ppr);
       turn[i] = i % static_cast<size_t>(o.ppr);
@@ -265,7 +329,17 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
   for (size_t i = 0; i < n; ++i) {
     hwloc_obj_t obj = objs[at[i]];
     hwloc_bitmap_t p = place[i].get();
-    if (o.pe > 0) {
+    if (rankfile) {
+      if (o.places[i].empty())
+        hwloc_bitmap_copy(p, obj->cpuset);  // anywhere (unbound)
+      else
+        try {
+          slot_place(t, o.places[i], o.hwthread_cpus, p);
+        } catch (const TopologyError& e) {
+          throw TopologyError("--rankfile, local rank " + std::to_string(i) +
+                              " of this node: " + e.what());
+        }
+    } else if (o.pe > 0) {
       auto cores =
           objects_inside(topo, o.hwthread_cpus ? MapBy::HwThread : MapBy::Core, obj->cpuset);
       if (cores.empty()) cores.push_back(obj);
@@ -342,7 +416,7 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
                         std::to_string(o.pe) + " " + unit + "(s): --bind-to " + to_string(level) +
                         " contradicts it (core, hwthread or none go with it)");
   if (!chosen)
-    level = o.pe > 0                  ? BindTo::Default
+    level = o.pe > 0 || rankfile      ? BindTo::Default
             : crowded                 ? BindTo::None
             : kind == MapBy::Core     ? BindTo::Core
             : kind == MapBy::HwThread ? BindTo::HwThread
@@ -352,6 +426,7 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
                                       : BindTo::None;
   std::map<std::string, int> used;
   for (size_t i = 0; i < n && level != BindTo::None; ++i) {
+    if (rankfile && o.places[i].empty()) continue;  // no slot= given: unbound
     hwloc_bitmap_t p = place[i].get();
     if (level == BindTo::Gpu) {
       near_gpus(t, ranks[i].gpus, p);
@@ -607,6 +682,42 @@ std::string to_string(const MapSpec& m) {
   return s;
 }
 
+SlotList parse_slot_list(const std::string& s) {
+  auto bad = [&s](const std::string& why) {
+    return TopologyError("slot=" + s + ": " + why +
+                         " (Open MPI's form: SOCKET:CORES or CORES, CORES as * or N,N-M, items "
+                         "separated by ';')");
+  };
+  if (s.empty()) throw bad("the list is empty");
+  SlotList out;
+  for (const auto& item : split_at(s, ';')) {
+    SlotItem it;
+    std::string cores = item;
+    auto colon = item.find(':');
+    if (colon != std::string::npos) {
+      std::string socket = item.substr(0, colon);
+      cores = item.substr(colon + 1);
+      if (socket == "*")
+        it.socket = -2;
+      else if (auto k = slot_number(socket))
+        it.socket = *k;
+      else
+        throw bad("'" + socket + "' is not a socket number");
+      if (cores.find(':') != std::string::npos) throw bad("'" + item + "' has more than one ':'");
+    }
+    if (cores != "*")
+      for (const auto& r : split_at(cores, ',')) {
+        auto dash = r.find('-');
+        auto lo = slot_number(r.substr(0, dash));
+        auto hi = dash == std::string::npos ? lo : slot_number(r.substr(dash + 1));
+        if (!lo || !hi || *hi < *lo) throw bad("'" + r + "' is not a number or a range N-M");
+        it.cores.emplace_back(*lo, *hi);
+      }
+    out.push_back(std::move(it));
+  }
+  return out;
+}
+
 bool maps_on_processors(MapBy by, int pe) {
   return pe > 0 || by == MapBy::Core || by == MapBy::HwThread || by == MapBy::L3Cache ||
          by == MapBy::Socket || by == MapBy::Ppr;
@@ -635,7 +746,7 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
   if (o.map_by == MapBy::Ppr && o.ppr < 1)
     throw TopologyError("--map-by ppr: N must be at least 1");
   std::vector<RankPlacement> ranks(static_cast<size_t>(std::max(o.nranks, 0)));
-  if (maps_on_processors(o.map_by, o.pe)) {
+  if (!o.places.empty() || maps_on_processors(o.map_by, o.pe)) {
     place_on_processors(t, a, o, ranks);
     for (size_t i = 0; i < ranks.size(); ++i) ranks[i].local_rank = static_cast<int>(i);
     assign_nics(t, a, ranks);

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "topology/domains.hpp"
@@ -38,6 +39,18 @@ namespace pe::topo {
 // naming the option, what was wrong and what may be written.
 MapSpec parse_map_spec(const std::string& s);
 BindSpec parse_bind_spec(const std::string& s);
+// A rankfile's slot=LIST (Open MPI's logical form): items separated by ';', each
+// SOCKET:CORES (cores of that socket, counted inside it) or CORES (of the machine); CORES is '*'
+// (all) or N and N-M ranges separated by ','; SOCKET is N or '*'.  Hardware threads instead of
+// cores with --use-hwthread-cpus.
+struct SlotItem {
+  int socket = -1;                         // -1: none given (machine-wide), -2: '*'
+  std::vector<std::pair<int, int>> cores;  // inclusive ranges; empty: '*'
+};
+using SlotList = std::vector<SlotItem>;
+// Throws TopologyError naming what is wrong in `s`.
+SlotList parse_slot_list(const std::string& s);
+
 // PE=n only with an object wider than a core (what: how the message names the request).
 void check_map_spec(const MapSpec& m, const std::string& what);
 // "socket", "ppr:2:socket:PE=4": a MapSpec as a user would write it (for messages).
@@ -61,6 +74,10 @@ struct PlacementOptions {
   int pe = 0;                      // --map-by ...:PE=n, --cpus-per-rank n
   bool overload = false;           // --bind-to LEVEL:overload-allowed
   bool hwthread_cpus = false;      // --use-hwthread-cpus: PE=n counts hardware threads
+  // --rankfile: each rank's slot=LIST (parse_slot_list), by local rank; the rank's place is
+  // those processors, its binding too unless --bind-to none ("": anywhere, unbound).  Empty:
+  // no rankfile.
+  std::vector<std::string> places{};
 };
 
 struct RankPlacement {

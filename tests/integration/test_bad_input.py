@@ -15,6 +15,8 @@ CASES = [
     (["--prefix", "opt", "true"], 2, "--prefix: 'opt' is not an absolute path"),
     (["--nolocal", "true"], 2, "--nolocal: no node is given but this machine"),
     (["--gmca", "x"], 2, "--gmca needs two values"),
+    (["--rankfile", "/no/such/rankfile", "true"], 2, "--rankfile: cannot read '/no/such/rankfile'"),
+    (["-rf", "/etc/hostname", "true"], 2, "is not a rankfile line"),
     (["-n", "0", "true"], 2, "-n: expected a positive integer, got '0'"),
     (["-n", "-3", "true"], 2, "got '-3'"),
     (["-np", "abc", "true"], 2, "got 'abc'"),

@@ -325,6 +325,53 @@ TEST_F(TwoSockets, PprFillsEachObjectWithItsRanksCores) {
             std::string::npos);
 }
 
+TEST_F(TwoSockets, RankfileSlotListsAreLogicalSocketsAndCores) {
+  PlacementOptions o = opts(5, "slot");
+  // Socket 1's cores 0-2; socket 0's cores 0 and 1; the machine's cores 1 and 2; every core of
+  // either socket, then socket 1 whole and socket 0's core 3; anywhere.
+  o.places = {"1:0-2", "0:0,1", "1-2", "*:0;1:*", ""};
+  auto p = place_ranks(*t, a, o);
+  EXPECT_EQ(cpusets(p), (std::vector<std::string>{"8-13", "0-3", "2-5", "0-1,8-15", ""}));
+  EXPECT_EQ(p[4].os_cpus, std::vector<int>{});  // no slot=: unbound
+  o.hwthread_cpus = true;  // --use-hwthread-cpus: hardware threads for cores
+  EXPECT_EQ(cpusets(place_ranks(*t, a, o)),
+            (std::vector<std::string>{"8-10", "0-1", "1-2", "0,8-15", ""}));
+  // --bind-to none: placed (GPUs near the place), unbound.
+  o.bind_to = BindTo::None;
+  EXPECT_EQ(cpusets(place_ranks(*t, a, o)), (std::vector<std::string>{"", "", "", "", ""}));
+  PlacementOptions bad = opts(1, "slot");
+  bad.places = {"2:0"};
+  EXPECT_NE(error_of(*t, a, bad).find("--rankfile, local rank 0 of this node: slot=2:0: " +
+                                      t->source() + " has 2 socket(s), numbered from 0; no socket 2"),
+            std::string::npos);
+  bad.places = {"0:4"};
+  EXPECT_NE(error_of(*t, a, bad).find("socket 0 of " + t->source() +
+                                      " has 4 cores, numbered from 0; no core 4"),
+            std::string::npos);
+  bad.places = {"0", "1"};  // two places for one rank
+  EXPECT_NE(error_of(*t, a, bad).find("places 2 rank(s) here, not 1"), std::string::npos);
+}
+
+TEST(SlotListTest, ParsesOpenMpisLogicalForm) {
+  auto l = parse_slot_list("1:0-2;*:3;4,6-7;0:*");
+  ASSERT_EQ(l.size(), 4u);
+  EXPECT_EQ(l[0].socket, 1);
+  EXPECT_EQ(l[0].cores, (std::vector<std::pair<int, int>>{{0, 2}}));
+  EXPECT_EQ(l[1].socket, -2);
+  EXPECT_EQ(l[2].socket, -1);
+  EXPECT_EQ(l[2].cores, (std::vector<std::pair<int, int>>{{4, 4}, {6, 7}}));
+  EXPECT_TRUE(l[3].cores.empty());
+  for (const char* bad : {"", "x", "1:", "1:2:3", "3-1", "-1", "a:1", "1;;2", "99999999"}) {
+    try {
+      parse_slot_list(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const TopologyError& e) {
+      EXPECT_NE(std::string(e.what()).find("slot=" + std::string(bad) + ": "), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
 TEST_F(TwoSockets, PeCountsHardwareThreadsWhenAsked) {
   PlacementOptions o = opts(3, "slot:PE=3");
   o.hwthread_cpus = true;  // --use-hwthread-cpus

@@ -326,6 +326,70 @@ TEST(MapJobTest, NperNode) {
   EXPECT_NE(error_of([&] { pe::map_job(a, r); }).find("node a has 4 slot(s)"), std::string::npos);
 }
 
+TEST(RankfileTest, ReadsOpenMpisLinesInAnyOrder) {
+  std::istringstream in(
+      "# a rankfile\nrank 2=cc slot=1-2\n\n  rank 0 = aa  slot = 1:0-2 # first\n"
+      "rank 1=+n1 slots=0:0,1\nrank 3=dd\n");
+  auto v = pe::parse_rankfile(in, "rf");
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[0].host, "aa");
+  EXPECT_EQ(v[0].slots, "1:0-2");
+  EXPECT_EQ(v[0].line, 4);
+  EXPECT_EQ(v[1].host, "+n1");
+  EXPECT_EQ(v[1].slots, "0:0,1");
+  EXPECT_EQ(v[2].host, "cc");
+  EXPECT_EQ(v[3].slots, "");
+}
+
+TEST(RankfileTest, NamesTheLineOfAMistake) {
+  auto err = [](const std::string& text) {
+    std::istringstream in(text);
+    return error_of([&] { pe::parse_rankfile(in, "rf"); });
+  };
+  EXPECT_NE(err("rank 0=a\nrnk 1=b\n").find("rf:2: 'rnk 1=b' is not a rankfile line"),
+            std::string::npos);
+  EXPECT_NE(err("rank x=a\n").find("rf:1: 'x' is not a rank number"), std::string::npos);
+  EXPECT_NE(err("rank 0=a cpu=1\n").find("'cpu=1' is not slot=LIST"), std::string::npos);
+  EXPECT_NE(err("rank 0=a slot=\n").find("slot= is empty"), std::string::npos);
+  EXPECT_NE(err("rank 0=a;b\n").find("bad host name"), std::string::npos);
+  EXPECT_NE(err("rank 0=a\nrank 0=b\n").find("rf:2: rank 0 is given twice (also on line 1)"),
+            std::string::npos);
+  EXPECT_NE(err("rank 0=a\nrank 2=b\n").find("rank 1 has no line"), std::string::npos);
+  EXPECT_NE(err("# none\n").find("no rank lines"), std::string::npos);
+}
+
+TEST(RankfileTest, MapsRanksToTheNodesTheyName) {
+  std::istringstream in("rank 0=b\nrank 1=a\nrank 2=+n1\nrank 3=localhost\n");
+  auto lines = pe::parse_rankfile(in, "rf");
+  auto a = alloc({{"a", 2}, {"b", 2}, {"me", 1}});
+  auto m = pe::map_rankfile(a, lines, "rf", "me.cluster");
+  EXPECT_EQ(ranks_per_node(m), (std::vector<std::vector<int>>{{1}, {0, 2}, {3}}));
+  EXPECT_EQ(m.nodes[1].host, "b");
+  EXPECT_EQ(m.ranks[2].node, 1);
+  EXPECT_EQ(m.ranks[2].local_rank, 1);
+  EXPECT_EQ(m.nodes[0].slots, 2);
+  EXPECT_NE(error_of([&] { pe::map_rankfile(alloc({{"a", 2}, {"b", 2}}), lines, "rf", "x"); })
+                .find("rf:4: host localhost is not in test"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] { pe::map_rankfile(alloc({{"b", 1}}), lines, "rf", "x"); })
+                .find("rf:2: host a is not in test"),
+            std::string::npos);
+  std::istringstream far("rank 0=+n5\n");
+  EXPECT_NE(error_of([&] { pe::map_rankfile(a, pe::parse_rankfile(far, "rf"), "rf", "me"); })
+                .find("rf:1: +n5: test has 3 node(s), +n0 to +n2"),
+            std::string::npos);
+  // Without a host list: the rankfile's hosts are the nodes, this machine under any name one.
+  pe::Allocation here;
+  here.source = "this machine";
+  here.nodes = {{"me", 0}};
+  std::istringstream own("rank 0=c\nrank 1=localhost\nrank 2=me\nrank 3=c\n");
+  auto m2 = pe::map_rankfile(here, pe::parse_rankfile(own, "rf"), "rf", "me");
+  EXPECT_EQ(ranks_per_node(m2), (std::vector<std::vector<int>>{{1, 2}, {0, 3}}));
+  EXPECT_EQ(m2.nodes[0].host, "me");
+  EXPECT_EQ(m2.nodes[1].host, "c");
+  EXPECT_EQ(m2.nodes[1].slots, 0);
+}
+
 TEST(LocalHostTest, RecognisesThisMachine) {
   EXPECT_TRUE(pe::is_local_host("localhost", "node7.cluster"));
   EXPECT_TRUE(pe::is_local_host("node7", "node7.cluster"));

@@ -162,6 +162,42 @@ TEST(CliTest, MpirunsAllocationOptions) {
             std::string::npos);
 }
 
+TEST(CliTest, MpirunsRankfile) {
+  char tmpl[] = "/tmp/pe_rankfile_XXXXXX";
+  int fd = ::mkstemp(tmpl);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  std::ofstream(tmpl) << "rank 1=b slot=0:1\nrank 0=a slot=1\nrank 2=a\n";
+  auto c = config({"-rf", tmpl, "prog"});
+  EXPECT_EQ(c.np, 3);  // its ranks
+  ASSERT_EQ(c.rankfile.size(), 3u);
+  EXPECT_EQ(c.rankfile[1].slots, "0:1");
+  EXPECT_EQ(c.rankfile_name, tmpl);
+  EXPECT_EQ(config({"--rankfile", tmpl, "-n", "2", "prog"}).rankfile.size(), 2u);
+  EXPECT_EQ(config({"--rankfile", tmpl, "--bind-to", "none", "prog"}).bind_to,
+            pe::topo::BindTo::None);
+  EXPECT_NE(usage_error({"--rankfile", tmpl, "-n", "4", "prog"})
+                .find("-n 4: --rankfile " + std::string(tmpl) + " places 3 rank(s)"),
+            std::string::npos);
+  for (std::vector<const char*> other :
+       {std::vector<const char*>{"--map-by", "core"}, {"--bind-to", "core"}, {"-N", "1"},
+        {"--rank-by", "core"}, {"--cpus-per-rank", "2"}, {"--nnodes", "1:2"}})
+    {
+      other.insert(other.begin(), {"--rankfile", tmpl});
+      other.push_back("prog");
+      EXPECT_NE(usage_error(other).find("--rankfile places and binds every rank: "),
+                std::string::npos)
+          << other[2];
+    }
+  std::ofstream(tmpl) << "rank 0=a slot=1:x\n";
+  EXPECT_NE(usage_error({"--rankfile", tmpl, "prog"})
+                .find(std::string(tmpl) + ":1: slot=1:x: 'x' is not a number"),
+            std::string::npos);
+  std::remove(tmpl);
+  EXPECT_NE(usage_error({"--rankfile", tmpl, "prog"}).find("--rankfile: cannot read"),
+            std::string::npos);
+}
+
 TEST(CliTest, ExportsTakeValuesOrCopyThem) {
   pe::ValidationContext ctx;
   ctx.env["HOMEISH"] = "/h";

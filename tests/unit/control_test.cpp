@@ -115,8 +115,12 @@ TEST(ControlTest, MappingChoicesTravelAsCheckedBytes) {
   j.placement.bind_to = topo::BindTo::HwThread;
   j.placement.bind_overload = true;
   j.placement.hwthread_cpus = true;
+  j.placement.places = {"1:0-2", "", "0,3"};  // --rankfile
+  j.prefix = "/opt/ompi";                      // --prefix
   k = decode_job(encode_job(j));
   EXPECT_TRUE(k.placement.hwthread_cpus);
+  EXPECT_EQ(k.placement.places, j.placement.places);
+  EXPECT_EQ(k.prefix, "/opt/ompi");
   EXPECT_EQ(k.placement.map_by, topo::MapBy::Ppr);
   EXPECT_EQ(k.placement.ppr, 4);
   EXPECT_EQ(k.placement.ppr_object, topo::MapBy::Socket);
@@ -278,7 +282,7 @@ TEST(ControlTest, EveryMessageRoundTrips) {
   // builds cannot talk; the handshake says so only if the version changed too.
   uint64_t h = 1469598103934665603ull;  // FNV-1a
   for (char c : g_encodings) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
-  const std::pair<uint32_t, uint64_t> pinned = {4, 0xba675d5f30fc2c5cull};
+  const std::pair<uint32_t, uint64_t> pinned = {5, 0x5cdc86bd17b87018ull};
   EXPECT_EQ(std::make_pair(kProtocolVersion, h), pinned)
       << "the control messages changed: add 1 to ctrl::kProtocolVersion (messages.hpp) and pin "
          "the new version with this digest, 0x"

@@ -156,19 +156,85 @@ bool bounded_line(std::istream& in, std::string& line, const std::string& where)
   return !line.empty();
 }
 
-}  // namespace
-
-std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name) {
-  std::vector<HostSlots> out;
+// Calls f(line, where, number) for each line of a hostfile or rankfile, its '#' comment cut off;
+// `where` is "NAME:NUMBER", for messages.
+template <class F>
+void each_line(std::istream& in, const std::string& name, F&& f) {
   std::string line;
   int lineno = 0;
   while (bounded_line(in, line, name + ":" + std::to_string(lineno + 1))) {
     ++lineno;
-    std::string where = name + ":" + std::to_string(lineno);
-    line = line.substr(0, line.find('#'));
+    f(line.substr(0, line.find('#')), name + ":" + std::to_string(lineno), lineno);
+  }
+}
+
+}  // namespace
+
+std::vector<RankfileLine> parse_rankfile(std::istream& in, const std::string& name) {
+  std::vector<RankfileLine> out;
+  each_line(in, name, [&](const std::string& line, const std::string& where, int lineno) {
+    // "rank 0 = aa  slot = 1:0" as "rank 0=aa slot=1:0"
+    std::string tight;
+    for (char ch : line) {
+      bool space = std::isspace(static_cast<unsigned char>(ch));
+      if (ch == '=')
+        while (!tight.empty() && std::isspace(static_cast<unsigned char>(tight.back())))
+          tight.pop_back();
+      if (space && !tight.empty() && tight.back() == '=') continue;
+      tight += ch;
+    }
+    std::istringstream words(tight);
+    std::string kw, who, slot, extra;
+    if (!(words >> kw)) return;  // blank
+    words >> who >> slot >> extra;
+    auto eq = who.find('=');
+    auto form = [&](const std::string& why) {
+      return UsageError(where + ": " + why + " (expected: rank N=HOST slot=LIST)");
+    };
+    if (kw != "rank" || eq == std::string::npos || !extra.empty())
+      throw form("'" + printable(join(split_words(tight), " "), 80) + "' is not a rankfile line");
+    RankfileLine r;
+    r.line = lineno;
+    auto n = parse_int(who.substr(0, eq), 0, (1 << 22) - 1);
+    if (!n) throw form("'" + printable(who.substr(0, eq), 32) + "' is not a rank number");
+    r.rank = static_cast<int>(*n);
+    r.host = who.substr(eq + 1);
+    bool relative = r.host.size() > 2 && r.host.compare(0, 2, "+n") == 0 &&
+                    parse_int(r.host.substr(2), 0, INT_MAX);
+    if (!relative && !valid_host(r.host))
+      throw form("bad host name '" + printable(r.host, 64) + "'");
+    if (!slot.empty()) {
+      auto seq = slot.find('=');
+      std::string key = slot.substr(0, seq);
+      if (seq == std::string::npos || (key != "slot" && key != "slots"))
+        throw form("'" + printable(slot, 64) + "' is not slot=LIST");
+      r.slots = slot.substr(seq + 1);
+      if (r.slots.empty()) throw form("slot= is empty");
+    }
+    out.push_back(std::move(r));
+  });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.rank < b.rank; });
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (i > 0 && out[i].rank == out[i - 1].rank)
+      throw UsageError(name + ":" + std::to_string(out[i].line) + ": rank " +
+                       std::to_string(out[i].rank) + " is given twice (also on line " +
+                       std::to_string(out[i - 1].line) + ")");
+    if (out[i].rank != static_cast<int>(i))
+      throw UsageError(name + ": rank " + std::to_string(i) +
+                       " has no line (the ranks must be 0 to " + std::to_string(out.size() - 1) +
+                       ", each once)");
+  }
+  if (out.empty()) throw UsageError(name + ": no rank lines");
+  return out;
+}
+
+std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name) {
+  std::vector<HostSlots> out;
+  each_line(in, name, [&](const std::string& line, const std::string& where, int) {
     std::istringstream words(line);
     std::string host;
-    if (!(words >> host)) continue;
+    if (!(words >> host)) return;
     int slots = 1;
     auto colon = host.find(':');
     if (colon != std::string::npos) {
@@ -201,7 +267,7 @@ std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name)
                        ", more than max_slots=" + std::to_string(max_slots));
     if (max_slots >= 0 && !given) slots = max_slots;  // max_slots alone: that many, as mpirun
     add(out, host, slots);
-  }
+  });
   if (out.empty()) throw UsageError(name + ": no hosts");
   return out;
 }

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "exec/frontend/launch_config.hpp"
+
 namespace pe {
 
 struct HostSlots {
@@ -31,6 +33,10 @@ std::vector<int> expand_counts(const std::string& what, const std::string& spec)
 // Open MPI hostfile: "host", "host slots=N [max_slots=M]", "host:N"; '#' comments, blank lines;
 // a host listed twice adds up.  `name` is used in error messages.
 std::vector<HostSlots> parse_hostfile(std::istream& in, const std::string& name);
+// Its lines, '#' comments and blank lines skipped, sorted by rank, which must be 0 ... N-1 each
+// once (N: the lines).  `name` in error messages; slot lists are checked by the caller.
+std::vector<RankfileLine> parse_rankfile(std::istream& in, const std::string& name);
+
 // -H "a,b:3,a" (one slot per mention unless :N is given; duplicates add up).
 std::vector<HostSlots> parse_host_list(const std::string& spec);
 // Whether SLURM_STEP_ID names a step srun started with tasks (0, 1, ...).  SLURM 22.05 gives its

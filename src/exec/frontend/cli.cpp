@@ -6,11 +6,14 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstring>
+#include <fstream>
 #include <sstream>
 #include <tuple>
 
 #include "common/error.hpp"
 #include "common/strings.hpp"
+#include "exec/frontend/allocation.hpp"
 #include "exec/frontend/option_table.hpp"
 #include "exec/frontend/rdzv_options.hpp"
 #include "exec/frontend/stdio.hpp"
@@ -123,6 +126,12 @@ const OptionDef<RawOptions> kOptions[] = {
      "as mpirun's: start no ranks on this machine, only on the other nodes of -H, --hostfile or "
      "the SLURM allocation",
      &RawOptions::nolocal},
+    {"rankfile", 0, "Mapping and binding", "FILE",
+     "as mpirun's (also -rf): each rank's node and processors from an Open MPI rankfile, lines "
+     "\"rank N=HOST slot=LIST\" (HOST also +nK, the K-th node; LIST as SOCKET:CORES or CORES, "
+     "logical, e.g. 1:0-2 or 0,2); -n defaults to its ranks",
+     &RawOptions::rankfile},
+    {"rf", 0, "Mapping and binding", "FILE", "the same as --rankfile", &RawOptions::rankfile},
     {"dry-run", 0, "Mapping and binding", nullptr, "print the map and start nothing",
      &RawOptions::dry_run},
     {"wdir", 0, "Environment", "DIR", "working directory of every process", &RawOptions::wdir},
@@ -430,6 +439,54 @@ int validate_verbosity(const RawOptions& raw) {
                      " (more logging) disagree: give one");
   if (raw.quiet) return -1;
   return raw.debug_devel ? std::max(raw.verbosity, 2) : raw.verbosity;
+}
+
+// mpirun's --rankfile FILE: read here, slot lists checked for their form (each node checks them
+// against its own processors); it places every rank, so the other placement options contradict
+// it (--bind-to none aside: placed, unbound).
+void validate_rankfile(const RawOptions& raw, LaunchConfig& c) {
+  if (!raw.rankfile) return;
+  const std::string& f = *raw.rankfile;
+  if (f.empty()) throw UsageError("--rankfile: the file name is empty");
+  std::vector<std::pair<bool, const char*>> others = {
+      {raw.map_by.has_value(), "--map-by"},
+      {raw.rank_by.has_value(), "--rank-by"},
+      {raw.bind_to.has_value() && c.bind_to != topo::BindTo::None, "--bind-to"},
+      {raw.npernode.has_value() || raw.pernode, "-N"},
+      {raw.nproc_per_node.has_value(), "--nproc-per-node"},
+      {raw.npersocket.has_value(), "--npersocket"},
+      {raw.cpus_per_rank.has_value() || raw.cpus_per_proc.has_value(), "--cpus-per-rank"},
+      {raw.bynode || raw.byslot, "--bynode/--byslot"},
+      {raw.bind_to_core || raw.bind_to_socket, "--bind-to-core/--bind-to-socket"},
+      {raw.nnodes.has_value(), "--nnodes"},
+      {raw.rdzv_endpoint.has_value() || raw.master_addr.has_value(), "join mode"}};
+  for (const auto& [given, name] : others)
+    if (given)
+      throw UsageError("--rankfile places and binds every rank: " + std::string(name) +
+                       " contradicts it" +
+                       (std::string(name) == "--bind-to" ? " (--bind-to none: unbound)" : ""));
+  std::ifstream in(f);
+  struct stat st;
+  if (!in || (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
+    throw UsageError("--rankfile: cannot read '" + f + "'" +
+                     (in ? std::string(": it is a directory") : ": " + std::string(std::strerror(errno))));
+  c.rankfile = parse_rankfile(in, f);
+  for (const auto& l : c.rankfile) {
+    if (l.slots.empty()) continue;
+    try {
+      topo::parse_slot_list(l.slots);
+    } catch (const topo::TopologyError& e) {
+      throw UsageError(f + ":" + std::to_string(l.line) + ": " + e.what());
+    }
+  }
+  const int lines = static_cast<int>(c.rankfile.size());
+  if (c.np_given && c.np > lines)
+    throw UsageError("-n " + std::to_string(c.np) + ": --rankfile " + f + " places " +
+                     std::to_string(lines) + " rank(s)");
+  if (!c.np_given) c.np = lines;
+  c.np_given = true;
+  c.rankfile.resize(static_cast<size_t>(c.np));
+  c.rankfile_name = f;
 }
 
 // mpirun's --prefix DIR (--noprefix: none).  Each node reads DIR by its name: absolute.
@@ -883,6 +940,7 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   c.display_allocation = raw.display_allocation;
   validate_counts(raw, ctx, c);
   validate_mapping(raw, ctx, c);
+  validate_rankfile(raw, c);
   if (raw.command.empty() && raw.display_topology && !raw.dry_run && !raw.display_map) {
     c.display_only = true;  // pytorch_exec --display-topology: print and exit
     return c;

@@ -41,6 +41,7 @@ struct RawOptions {
   bool debug_devel = false;  // mpirun's -d
   bool display_allocation = false;
   bool nolocal = false;
+  std::optional<std::string> rankfile;  // --rankfile, -rf
   bool after_dashdash = false;   // the program came after "--"
   bool allow_run_as_root = false;
   bool oversubscribe = false;

@@ -33,6 +33,8 @@ JobMap map_single_node(const std::string& host, int np) {
 }
 
 
+JobMap map_of(const Allocation& alloc, const std::vector<std::vector<int>>& ranks, int np);
+
 JobMap map_job(const Allocation& alloc, const MapRequest& req) {
   const size_t n = alloc.nodes.size();
   const std::string per_node = req.npernode_option.empty()
@@ -97,6 +99,13 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
     for (auto& v : ranks)
       for (int& x : v) x = r++;
   }
+  return map_of(alloc, ranks, np);
+}
+
+// The map of `np` ranks, ranks[i] (in local-rank order) on node i of `alloc`; nodes without
+// ranks are left out.
+JobMap map_of(const Allocation& alloc, const std::vector<std::vector<int>>& ranks, int np) {
+  const size_t n = alloc.nodes.size();
   JobMap m;
   m.world_size = np;
   m.slurm = alloc.slurm;
@@ -114,6 +123,42 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req) {
     m.nodes.push_back(std::move(node));
   }
   return m;
+}
+
+JobMap map_rankfile(Allocation alloc, const std::vector<RankfileLine>& lines,
+                    const std::string& name, const std::string& hostname) {
+  // Without -H, --hostfile or an allocation, the rankfile's hosts are the job's nodes (this
+  // machine under any of its names being one).
+  if (!alloc.limited) {
+    for (const auto& l : lines) {
+      bool known = false;
+      for (const auto& n : alloc.nodes)
+        known = known || n.host == l.host || (is_local_host(l.host, hostname) &&
+                                              is_local_host(n.host, hostname));
+      if (!known && l.host.compare(0, 2, "+n") != 0) alloc.nodes.push_back(HostSlots{l.host, 0});
+    }
+    alloc.source = name;
+  }
+  std::vector<std::vector<int>> ranks(alloc.nodes.size());
+  for (const auto& l : lines) {
+    size_t at = alloc.nodes.size();
+    if (l.host.compare(0, 2, "+n") == 0) {
+      at = static_cast<size_t>(std::stoll(l.host.substr(2)));
+      if (at >= alloc.nodes.size())
+        throw UsageError(name + ":" + std::to_string(l.line) + ": " + l.host + ": " +
+                         alloc.source + " has " + std::to_string(alloc.nodes.size()) +
+                         " node(s), +n0 to +n" + std::to_string(alloc.nodes.size() - 1));
+    }
+    for (size_t i = 0; i < alloc.nodes.size() && at == alloc.nodes.size(); ++i)
+      if (alloc.nodes[i].host == l.host ||
+          (is_local_host(l.host, hostname) && is_local_host(alloc.nodes[i].host, hostname)))
+        at = i;
+    if (at == alloc.nodes.size())
+      throw UsageError(name + ":" + std::to_string(l.line) + ": host " + l.host + " is not in " +
+                       alloc.source);
+    ranks[at].push_back(l.rank);  // lines come in rank order: local ranks by rank
+  }
+  return map_of(alloc, ranks, static_cast<int>(lines.size()));
 }
 
 JobMap reform_map(const JobMap& base, const std::vector<bool>& alive) {

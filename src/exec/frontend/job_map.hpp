@@ -60,6 +60,12 @@ struct MapRequest {
 // Ranks onto the allocation's nodes; only nodes that get ranks are in the map.  Throws
 // UsageError when the request does not fit (naming the counts and --oversubscribe).
 JobMap map_job(const Allocation& alloc, const MapRequest& req);
+// An Open MPI rankfile's map (`name` in errors): each line's rank on its host, which must be one
+// of the allocation's (+nK: its K-th node); without a host list (this machine alone) the
+// rankfile's hosts are the nodes.  A node's local ranks in rank order.  No slot limits.
+struct RankfileLine;
+JobMap map_rankfile(Allocation alloc, const std::vector<RankfileLine>& lines,
+                    const std::string& name, const std::string& hostname);
 // The hosts of `alloc` that `map` gives no ranks, in order, with their slots (JobMap::spawn_hosts).
 std::vector<NodeMap> hosts_without_ranks(const Allocation& alloc, const JobMap& map);
 

@@ -12,6 +12,15 @@
 
 namespace pe {
 
+// A line of an Open MPI rankfile: "rank N=HOST slot=LIST" (HOST may be +nK, the allocation's
+// K-th node; slot= may be left out: anywhere on HOST, unbound; "slots=" is the same).
+struct RankfileLine {
+  int rank = 0;
+  std::string host;
+  std::string slots;
+  int line = 0;
+};
+
 enum class StdinMode { None, OneRank, All };
 
 // torchrun's --redirects / --tee value: the streams of each local rank, 1 stdout, 2 stderr,
@@ -89,6 +98,9 @@ struct LaunchConfig {
   std::string prefix;
   bool display_allocation = false;  // print the nodes and their slots before mapping
   bool nolocal = false;             // no ranks on this machine (mpirun's --nolocal)
+  // --rankfile FILE: one line per rank, by rank (empty: none).
+  std::vector<RankfileLine> rankfile;
+  std::string rankfile_name;
 
   // Output.
   bool tag_output = false;

@@ -76,6 +76,11 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
     size_t most = static_cast<size_t>(cfg.nnodes_max) + static_cast<size_t>(cfg.spares);
     if (alloc.nodes.size() > most) alloc.nodes.resize(most);
   }
+  if (!cfg.rankfile.empty()) {
+    pe::JobMap map = pe::map_rankfile(alloc, cfg.rankfile, cfg.rankfile_name, host);
+    map.spawn_hosts = pe::hosts_without_ranks(listed, map);
+    return map;
+  }
   if (!alloc.limited) {
     if (cfg.npernode > 0 && cfg.np_given && cfg.np > cfg.npernode)
       throw pe::UsageError("-n " + std::to_string(cfg.np) + " with -N " +
@@ -100,11 +105,12 @@ pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const st
 int print_dry_run(const pe::LaunchConfig& cfg, const pe::JobMap& map, const std::string& host) {
   std::vector<pe::NodePlan> plans;
   std::vector<const pe::NodePlan*> ptrs;
-  for (const auto& node : map.nodes) {
+  for (size_t i = 0; i < map.nodes.size(); ++i) {
+    const auto& node = map.nodes[i];
     bool known = !cfg.topology_file.empty() || pe::is_local_host(node.host, host);
-    plans.push_back(known
-                        ? pe::plan_node(pe::placement_of(cfg), static_cast<int>(node.ranks.size()))
-                        : pe::NodePlan{});
+    plans.push_back(known ? pe::plan_node(pe::placement_for(cfg, map, static_cast<int>(i)),
+                                          static_cast<int>(node.ranks.size()))
+                          : pe::NodePlan{});
   }
   for (auto& p : plans) ptrs.push_back(p.topology ? &p : nullptr);
   std::cout << pe::format_job_map(map, ptrs);

@@ -27,9 +27,10 @@ struct PlacementRequest {
   std::string topology_file;  // "" = this machine
   int ppr = 0;                // --map-by ppr:N:OBJECT
   topo::MapBy ppr_object = topo::MapBy::Node;
-  int pe = 0;                  // --map-by ...:PE=n, --cpus-per-rank n
-  bool bind_overload = false;  // --bind-to LEVEL:overload-allowed
-  bool hwthread_cpus = false;  // --use-hwthread-cpus
+  int pe = 0;                         // --map-by ...:PE=n, --cpus-per-rank n
+  bool bind_overload = false;         // --bind-to LEVEL:overload-allowed
+  bool hwthread_cpus = false;         // --use-hwthread-cpus
+  std::vector<std::string> places{};  // --rankfile: slot=LIST by local rank (empty: none)
 };
 
 struct NodeJob {

@@ -76,6 +76,14 @@ PlacementRequest placement_of(const LaunchConfig& cfg) {
                           cfg.bind_overload, cfg.hwthread_cpus};
 }
 
+PlacementRequest placement_for(const LaunchConfig& cfg, const JobMap& map, int node) {
+  PlacementRequest r = placement_of(cfg);
+  if (!cfg.rankfile.empty())
+    for (int rank : map.nodes.at(static_cast<size_t>(node)).ranks)
+      r.places.push_back(cfg.rankfile.at(static_cast<size_t>(rank)).slots);
+  return r;
+}
+
 NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
   NodePlan p;
   try {
@@ -100,6 +108,7 @@ void place_again(NodePlan& p, const PlacementRequest& cfg, int nlocal) {
     o.pe = cfg.pe;
     o.overload = cfg.bind_overload;
     o.hwthread_cpus = cfg.hwthread_cpus;
+    o.places = cfg.places;
     p.ranks = topo::place_ranks(*p.topology, p.analysis, o);
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());

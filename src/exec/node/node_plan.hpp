@@ -16,6 +16,8 @@
 namespace pe {
 
 PlacementRequest placement_of(const LaunchConfig& cfg);
+// The same for node `node` of `map`, with its ranks' --rankfile places.
+PlacementRequest placement_for(const LaunchConfig& cfg, const JobMap& map, int node);
 
 struct NodePlan {
   std::unique_ptr<topo::Topology> topology;

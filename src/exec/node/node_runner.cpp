@@ -27,7 +27,7 @@ NodeJob node_job_for(const LaunchConfig& cfg, const JobMap& map, const std::stri
   j.prefix = cfg.prefix;
   j.env = std::move(env);
   j.replace_env = replace_env;
-  j.placement = placement_of(cfg);
+  j.placement = placement_for(cfg, map, node);
   j.report_bindings = cfg.report_bindings;
   j.oversubscribe = cfg.oversubscribe;
   j.stdin_mode = cfg.stdin_mode;
