@@ -248,12 +248,13 @@ std::vector<std::string> split_at(const std::string& s, char sep) {
 
 // The processors of a rankfile's slot list here, added to `out` (TopologyError naming a socket,
 // core or hardware thread this machine lacks).
-void slot_place(const Topology& t, const std::string& spec, bool hwthreads, hwloc_bitmap_t out) {
+void slot_place(const Topology& t, const std::string& spec, bool hwthreads, hwloc_bitmap_t out,
+                const std::string& what) {
   hwloc_topology_t topo = t.raw();
   hwloc_const_bitmap_t all = hwloc_topology_get_topology_cpuset(topo);
   auto sockets = objects_inside(topo, MapBy::Socket, all);
   const std::string unit = hwthreads ? "hardware thread" : "core";
-  for (const SlotItem& it : parse_slot_list(spec)) {
+  for (const SlotItem& it : parse_slot_list(spec, what)) {
     std::vector<std::pair<hwloc_const_bitmap_t, std::string>> within;  // where units are counted
     if (it.socket == -1) within.emplace_back(all, t.source());
     if (it.socket == -2)
@@ -262,7 +263,7 @@ void slot_place(const Topology& t, const std::string& spec, bool hwthreads, hwlo
                             "socket " + std::to_string(k) + " of " + t.source());
     if (it.socket >= 0) {
       if (static_cast<size_t>(it.socket) >= sockets.size())
-        throw TopologyError("slot=" + spec + ": " + t.source() + " has " +
+        throw TopologyError(what + spec + ": " + t.source() + " has " +
                             std::to_string(sockets.size()) +
                             " socket(s), numbered from 0; no socket " + std::to_string(it.socket));
       within.emplace_back(sockets[static_cast<size_t>(it.socket)]->cpuset,
@@ -276,9 +277,9 @@ void slot_place(const Topology& t, const std::string& spec, bool hwthreads, hwlo
       auto units = objects_inside(topo, hwthreads ? MapBy::HwThread : MapBy::Core, set);
       for (const auto& [lo, hi] : it.cores) {
         if (static_cast<size_t>(hi) >= units.size())
-          throw TopologyError("slot=" + spec + ": " + name + " has " +
-                              std::to_string(units.size()) + " " + unit +
-                              "s, numbered from 0; no " + unit + " " + std::to_string(hi));
+          throw TopologyError(what + spec + ": " + name + " has " + std::to_string(units.size()) +
+                              " " + unit + "s, numbered from 0; no " + unit + " " +
+                              std::to_string(hi));
         for (int c = lo; c <= hi; ++c)
           hwloc_bitmap_or(out, out, units[static_cast<size_t>(c)]->cpuset);
       }
@@ -334,8 +335,10 @@ void place_on_processors(const Topology& t, const Analysis& a, const PlacementOp
         hwloc_bitmap_copy(p, obj->cpuset);  // anywhere (unbound)
       else
         try {
-          slot_place(t, o.places[i], o.hwthread_cpus, p);
+          slot_place(t, o.places[i], o.hwthread_cpus, p,
+                     o.places_from == "--rankfile" ? "slot=" : o.places_from + " ");
         } catch (const TopologyError& e) {
+          if (o.places_from != "--rankfile") throw;  // the same list for every rank
           throw TopologyError("--rankfile, local rank " + std::to_string(i) +
                               " of this node: " + e.what());
         }
@@ -682,9 +685,28 @@ std::string to_string(const MapSpec& m) {
   return s;
 }
 
-SlotList parse_slot_list(const std::string& s) {
-  auto bad = [&s](const std::string& why) {
-    return TopologyError("slot=" + s + ": " + why +
+std::vector<std::string> expand_slot_list(const std::string& s) {
+  std::vector<std::string> out;
+  for (const SlotItem& it : parse_slot_list(s)) {
+    std::string socket = it.socket == -1   ? ""
+                         : it.socket == -2 ? "*:"
+                                           : std::to_string(it.socket) + ":";
+    if (it.cores.empty()) out.push_back(socket + "*");
+    for (const auto& [lo, hi] : it.cores)
+      for (int c = lo; c <= hi; ++c) out.push_back(socket + std::to_string(c));
+  }
+  return out;
+}
+
+void restrict_to(Topology& t, const std::string& list, bool hwthreads) {
+  Bitmap set;
+  slot_place(t, list, hwthreads, set.get(), "--cpu-set ");
+  t.restrict_cpus(set.get());
+}
+
+SlotList parse_slot_list(const std::string& s, const std::string& what) {
+  auto bad = [&](const std::string& why) {
+    return TopologyError(what + s + ": " + why +
                          " (Open MPI's form: SOCKET:CORES or CORES, CORES as * or N,N-M, items "
                          "separated by ';')");
   };
@@ -731,6 +753,18 @@ int count_objects(const Topology& t, MapBy kind) {
 
 std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
                                        const PlacementOptions& o) {
+  if (o.confine) {
+    PlacementOptions inside = o;
+    inside.confine = false;
+    auto ranks = place_ranks(t, a, inside);
+    hwloc_const_bitmap_t all = hwloc_topology_get_topology_cpuset(t.raw());
+    for (auto& r : ranks)
+      if (r.os_cpus.empty() && o.bind_to != BindTo::None) {
+        r.cpuset = cpuset_list(all);
+        r.os_cpus = cpuset_os_cpus(all);
+      }
+    return ranks;
+  }
   const int ngpus = static_cast<int>(t.gpus().size());
   if (o.gpus_per_rank < 1) throw TopologyError("--gpus-per-rank must be at least 1");
   if (ngpus > 0 && o.gpus_per_rank > ngpus)
@@ -745,6 +779,21 @@ std::vector<RankPlacement> place_ranks(const Topology& t, const Analysis& a,
                         " has no GPUs");
   if (o.map_by == MapBy::Ppr && o.ppr < 1)
     throw TopologyError("--map-by ppr: N must be at least 1");
+  if (!o.cpu_list.empty()) {  // --cpu-list: places, as a rankfile's
+    PlacementOptions p = o;
+    p.cpu_list.clear();
+    p.places_from = "--cpu-list";
+    std::vector<std::string> each =
+        o.cpu_list_ordered ? expand_slot_list(o.cpu_list) : std::vector<std::string>{o.cpu_list};
+    for (int k = 0; k < o.nranks; ++k) {
+      if (o.cpu_list_ordered && static_cast<size_t>(k) >= each.size())
+        throw TopologyError("--cpu-list " + o.cpu_list + " with --bind-to cpu-list:ordered: " +
+                            std::to_string(o.nranks) + " ranks here, " +
+                            std::to_string(each.size()) + " processors in the list");
+      p.places.push_back(each[o.cpu_list_ordered ? static_cast<size_t>(k) : 0]);
+    }
+    return place_ranks(t, a, p);
+  }
   std::vector<RankPlacement> ranks(static_cast<size_t>(std::max(o.nranks, 0)));
   if (!o.places.empty() || maps_on_processors(o.map_by, o.pe)) {
     place_on_processors(t, a, o, ranks);

@@ -48,8 +48,14 @@ struct SlotItem {
   std::vector<std::pair<int, int>> cores;  // inclusive ranges; empty: '*'
 };
 using SlotList = std::vector<SlotItem>;
-// Throws TopologyError naming what is wrong in `s`.
-SlotList parse_slot_list(const std::string& s);
+// Throws TopologyError naming what is wrong in `s`, after `what` and `s` ("slot=1:x: ...").
+SlotList parse_slot_list(const std::string& s, const std::string& what = "slot=");
+// Its processors one by one, in order, each as a slot list of its own ("1:0-1,3" -> "1:0",
+// "1:1", "1:3"); '*' stays whole.
+std::vector<std::string> expand_slot_list(const std::string& s);
+// mpirun's --cpu-set LIST (a slot list): `t` keeps those processors only.  TopologyError naming a
+// socket or core it lacks.
+void restrict_to(Topology& t, const std::string& list, bool hwthreads);
 
 // PE=n only with an object wider than a core (what: how the message names the request).
 void check_map_spec(const MapSpec& m, const std::string& what);
@@ -78,6 +84,13 @@ struct PlacementOptions {
   // those processors, its binding too unless --bind-to none ("": anywhere, unbound).  Empty:
   // no rankfile.
   std::vector<std::string> places{};
+  std::string places_from = "--rankfile";  // how errors name them
+  // mpirun's --cpu-list LIST (a slot list): every rank bound to LIST, or with `ordered`
+  // (--bind-to cpu-list:ordered) local rank k to its k-th processor.  "": none.
+  std::string cpu_list{};
+  bool cpu_list_ordered = false;
+  // --cpu-set (the topology restricted to it): a rank left unbound is bound to the whole set.
+  bool confine = false;
 };
 
 struct RankPlacement {

@@ -102,6 +102,19 @@ void Topology::locate(hwloc_obj_t pci, PciDevice& where) const {
   where.obj = pci;
 }
 
+void Topology::restrict_cpus(hwloc_const_bitmap_t set) {
+  if (!hwloc_bitmap_intersects(set, hwloc_topology_get_topology_cpuset(topo_)))
+    throw TopologyError("none of the processors " + cpuset_list(set) + " is on " + source_);
+  if (hwloc_topology_restrict(topo_, set,
+                              HWLOC_RESTRICT_FLAG_ADAPT_IO | HWLOC_RESTRICT_FLAG_ADAPT_MISC) != 0)
+    throw TopologyError("cannot restrict " + source_ + " to processors " + cpuset_list(set) + ": " +
+                        std::strerror(errno));
+  gpus_.clear();
+  nics_.clear();
+  rcs_.clear();
+  discover();
+}
+
 void Topology::discover() {
   for (hwloc_obj_t b = nullptr; (b = hwloc_get_next_bridge(topo_, b));) {
     if (b->attr->bridge.upstream_type != HWLOC_OBJ_BRIDGE_HOST) continue;

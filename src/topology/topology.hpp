@@ -72,6 +72,9 @@ class Topology {
   // Where the topology came from: an XML path or "this machine".
   const std::string& source() const { return source_; }
   hwloc_topology_t raw() const { return topo_; }
+  // Keeps the processors of `set` only (mpirun's --cpu-set): objects left without processors go,
+  // GPUs and NICs move up to what is left around them.  TopologyError when none of `set` is here.
+  void restrict_cpus(hwloc_const_bitmap_t set);
 
  private:
   friend std::unique_ptr<Topology> load_topology(const LoadOptions&);

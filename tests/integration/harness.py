@@ -228,6 +228,15 @@ def script(body, suffix=".sh"):
     return path
 
 
+def cpu_list(text):
+    """The set of CPUs in a kernel/hwloc list such as "0-3,8" (Cpus_allowed_list)."""
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
 def control_port(p):
     """Reads pytorch_exec -v's stderr until the control-plane line; returns (port, lines read)."""
     seen = []

@@ -12,7 +12,7 @@ import struct
 import subprocess
 import time
 
-from harness import (SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, control_port, control_protocol, main,
+from harness import (SRCDIR, TORCH_PYTHON, assert_no_leftovers, check, control_port, control_protocol, cpu_list, main,
                      marker_env, processes_with_marker, run, script, start, tmpdir, torch_missing,
                      wait_until)
 
@@ -83,6 +83,56 @@ def test_mpiruns_nolocal_prefix_and_allocation():
     assert_no_leftovers(env["PE_TEST_MARKER"])
 
 
+def hwloc_calc(*args):
+    """hwloc-calc's output (hwloc-nox, which the quick start installs)."""
+    tool = shutil.which("hwloc-calc")
+    check(tool, "hwloc-calc is not installed (hwloc-nox)")
+    return subprocess.run([tool, *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def cores_here():
+    return int(hwloc_calc("--number-of", "core", "machine:0"))
+
+
+def pus(obj):
+    """The OS numbers of the processors of an hwloc object (logical: core:1, socket:0.core:1)."""
+    return {int(x) for x in hwloc_calc("-I", "pu", "--physical-output", obj).split(",")}
+
+
+SHOW_CPUS = ("#!/bin/sh\necho \"rank $RANK local $LOCAL_RANK node $PE_NODE cpus "
+             "$(grep Cpus_allowed_list /proc/self/status | cut -f2)\"\n")
+
+
+def test_cpu_set_and_cpu_list_on_every_node():
+    """mpirun's --cpu-set: the ranks of every node (the daemons get the list over the control
+    plane) stay on those processors, bound to them where the mapping binds none; -n defaults to
+    them on one machine.  --cpu-list with --bind-to cpu-list:ordered: local rank k on the kth."""
+    if cores_here() < 2:
+        print(f"skip test_cpu_set_and_cpu_list_on_every_node: this machine has {cores_here()} "
+              "core(s)")
+        return
+    env = job_env()
+    show = script(SHOW_CPUS)
+    r = run(["-H", "a:2,b:1", "--cpu-set", "1", "--launch-agent", agent(env["PE_TEST_MARKER"]),
+             show], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    rows = sorted(line.split() for line in r.stdout.splitlines() if line.startswith("rank "))
+    check([(row[1], row[5], cpu_list(row[7])) for row in rows] ==
+          [("0", "a", pus("core:1")), ("1", "a", pus("core:1")), ("2", "b", pus("core:1"))],
+          f"ranks: {rows}")
+    r = run(["-H", "a:2,b:2", "--cpu-list", "0-1", "--bind-to", "cpu-list:ordered",
+             "--launch-agent", agent(env["PE_TEST_MARKER"]), show], env=env, timeout=60)
+    check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
+    rows = sorted(line.split() for line in r.stdout.splitlines() if line.startswith("rank "))
+    check([(row[3], cpu_list(row[7])) for row in rows] ==
+          [("0", pus("core:0")), ("1", pus("core:1"))] * 2, f"ranks: {rows}")
+    # One machine: -n is the set's processors.
+    r = run(["--cpu-set", "0", "sh", "-c", "echo $WORLD_SIZE"], env=env, timeout=60)
+    check(r.returncode == 0 and r.stdout.split() == [str(len(pus("core:0")))] * len(pus("core:0")),
+          f"exit {r.returncode}: {r.stdout!r} {r.stderr}")
+    assert_no_leftovers(env["PE_TEST_MARKER"])
+
+
 def test_rankfile_places_and_binds_every_rank():
     """mpirun's --rankfile on two nodes: each rank on the node its line names (by name or +nK,
     in any line order), bound to its slot list's cores there (the daemons on other nodes get
@@ -92,35 +142,17 @@ def test_rankfile_places_and_binds_every_rank():
     with open(rf, "w") as f:
         f.write("# rank 3 first\nrank 3=+n1 slot=0:1\nrank 0 = b slot = 0\n"
                 "rank 1=a slot=1\nrank 2=a\n")
-    show = script("#!/bin/sh\necho \"rank $RANK local $LOCAL_RANK node $PE_NODE cpus "
-                  "$(grep Cpus_allowed_list /proc/self/status | cut -f2)\"\n")
-    hwloc_calc = shutil.which("hwloc-calc")
-    check(hwloc_calc, "hwloc-calc is not installed (hwloc-nox, which the quick start installs)")
-    cores = int(subprocess.run([hwloc_calc, "--number-of", "core", "machine:0"], check=True,
-                               capture_output=True, text=True).stdout)
-    if cores < 2:
-        print(f"skip test_rankfile_places_and_binds_every_rank: this machine has {cores} core(s); "
-              "the rankfile names cores 0 and 1")
+    show = script(SHOW_CPUS)
+    if cores_here() < 2:
+        print(f"skip test_rankfile_places_and_binds_every_rank: this machine has {cores_here()} "
+              "core(s); the rankfile names cores 0 and 1")
         return
-
-    def pus(obj):  # the OS numbers of an object's processors, as hwloc counts it (logical)
-        out = subprocess.run([hwloc_calc, "-I", "pu", "--physical-output", obj], check=True,
-                             capture_output=True, text=True).stdout
-        return {int(x) for x in out.strip().split(",")}
-
-    def cpus(listed):  # a Cpus_allowed_list as a set
-        got = set()
-        for part in listed.split(","):
-            lo, _, hi = part.partition("-")
-            got.update(range(int(lo), int(hi or lo) + 1))
-        return got
-
-    allcpus = cpus(open("/proc/self/status").read().split("Cpus_allowed_list:")[1].split()[0])
+    allcpus = cpu_list(open("/proc/self/status").read().split("Cpus_allowed_list:")[1].split()[0])
     r = run(["-H", "a:2,b:2", "-rf", rf, "--launch-agent", agent(env["PE_TEST_MARKER"]), show],
             env=env, timeout=60)
     check(r.returncode == 0, f"exit {r.returncode}: {r.stderr}")
     rows = sorted(line.split() for line in r.stdout.splitlines() if line.startswith("rank "))
-    got = [(row[1], row[3], row[5], cpus(row[7])) for row in rows]
+    got = [(row[1], row[3], row[5], cpu_list(row[7])) for row in rows]
     want = [("0", "0", "b", pus("core:0")), ("1", "0", "a", pus("core:1")),
             ("2", "1", "a", allcpus), ("3", "1", "b", pus("socket:0.core:1"))]
     check(got == want, f"ranks: {got}, want {want}")
@@ -522,7 +554,7 @@ def test_a_daemon_that_cannot_start_is_named():
 
 if __name__ == "__main__":
     main([test_environment_on_unequal_nodes, test_mpiruns_nolocal_prefix_and_allocation,
-          test_rankfile_places_and_binds_every_rank, test_map_by_node_places_ranks_round_robin,
+          test_rankfile_places_and_binds_every_rank, test_cpu_set_and_cpu_list_on_every_node, test_map_by_node_places_ranks_round_robin,
           test_torch_gloo_allreduce_across_nodes,
           test_mpi_programs_wire_up_across_nodes, test_control_plane_tree, test_failure_names_rank_and_node,
           test_group_restart_across_nodes, test_output_volume_and_line_integrity_across_nodes, test_stdin_reaches_a_rank_on_another_node,

@@ -6,20 +6,11 @@ import re
 import shutil
 import subprocess
 
-from harness import SRCDIR, check, main, run, skip, tmpdir
+from harness import SRCDIR, check, cpu_list, main, run, skip, tmpdir
 
 FIX = os.path.join(SRCDIR, "tests", "fixtures", "hwloc")
 DUMP = ["sh", "-c", 'echo "$RANK|$PYTORCH_EXEC_DOMAIN|${PYTORCH_EXEC_CPUS-unset}|'
         '$(grep Cpus_allowed_list /proc/self/status | cut -f2)|${PYTORCH_EXEC_GPU-unset}"']
-
-
-def cpu_list(text):
-    """The set of CPUs in a kernel/hwloc list such as "0-3,8"."""
-    cpus = set()
-    for part in text.split(","):
-        lo, _, hi = part.partition("-")
-        cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
 
 
 def fixture(name):

@@ -352,6 +352,48 @@ TEST_F(TwoSockets, RankfileSlotListsAreLogicalSocketsAndCores) {
   EXPECT_NE(error_of(*t, a, bad).find("places 2 rank(s) here, not 1"), std::string::npos);
 }
 
+TEST_F(TwoSockets, CpuSetKeepsItsProcessorsOnly) {
+  // --cpu-set 1:1-2;0:3: socket 1's cores 1 and 2, socket 0's core 3.
+  restrict_to(*t, "1:1-2;0:3", false);
+  a = analyse(*t);
+  EXPECT_EQ(t->pu_count(), 6);
+  EXPECT_EQ(count_objects(*t, MapBy::Core), 3);
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(3, "core"))),
+            (std::vector<std::string>{"6-7", "10-11", "12-13"}));
+  // A rank the mapping leaves unbound is bound to the set.
+  PlacementOptions o = opts(2, "slot");
+  o.confine = true;
+  EXPECT_EQ(cpusets(place_ranks(*t, a, o)), (std::vector<std::string>{"6-7,10-13", "6-7,10-13"}));
+  o.bind_to = BindTo::None;  // unless --bind-to none
+  EXPECT_EQ(cpusets(place_ranks(*t, a, o)), (std::vector<std::string>{"", ""}));
+}
+
+TEST_F(TwoSockets, CpuSetNamesWhatTheMachineLacks) {
+  try {
+    restrict_to(*t, "0:4", false);
+    ADD_FAILURE() << "accepted core 4 of socket 0";
+  } catch (const TopologyError& e) {
+    EXPECT_NE(std::string(e.what()).find("--cpu-set 0:4: socket 0 of "), std::string::npos)
+        << e.what();
+  }
+  restrict_to(*t, "15", true);  // hardware thread 15 alone
+  EXPECT_EQ(t->pu_count(), 1);
+}
+
+TEST_F(TwoSockets, CpuListBindsEveryRankOrOneEach) {
+  PlacementOptions o = opts(3, "slot");
+  o.cpu_list = "0,4";
+  EXPECT_EQ(cpusets(place_ranks(*t, a, o)),
+            (std::vector<std::string>{"0-1,8-9", "0-1,8-9", "0-1,8-9"}));
+  o.cpu_list_ordered = true;  // --bind-to cpu-list:ordered
+  o.nranks = 2;
+  EXPECT_EQ(cpusets(place_ranks(*t, a, o)), (std::vector<std::string>{"0-1", "8-9"}));
+  o.nranks = 3;
+  EXPECT_NE(error_of(*t, a, o).find("3 ranks here, 2 processors in the list"), std::string::npos);
+  EXPECT_EQ(expand_slot_list("1:0-1,3;2;*:0;0:*"),
+            (std::vector<std::string>{"1:0", "1:1", "1:3", "2", "*:0", "0:*"}));
+}
+
 TEST(SlotListTest, ParsesOpenMpisLogicalForm) {
   auto l = parse_slot_list("1:0-2;*:3;4,6-7;0:*");
   ASSERT_EQ(l.size(), 4u);

@@ -198,6 +198,37 @@ TEST(CliTest, MpirunsRankfile) {
             std::string::npos);
 }
 
+TEST(CliTest, MpirunsCpuSetAndCpuList) {
+  pe::ValidationContext ctx;
+  ctx.count_cpu_set = [](const std::string& list, bool hwthreads) {
+    return list == "0-3" ? (hwthreads ? 4 : 8) : 1;
+  };
+  auto c = config({"--cpu-set", "0-3", "prog"}, ctx);
+  EXPECT_EQ(c.cpu_set, "0-3");
+  EXPECT_EQ(c.np, 8);  // -n: the processors left
+  EXPECT_EQ(config({"--cpu-set", "0-3", "-n", "2", "prog"}, ctx).np, 2);
+  c = config({"--cpu-list", "1:0-3", "prog"});
+  EXPECT_EQ(c.cpu_list, "1:0-3");
+  EXPECT_FALSE(c.cpu_list_ordered);
+  c = config({"--cpu-list", "0,2", "--bind-to", "cpu-list:ordered", "prog"});
+  EXPECT_TRUE(c.cpu_list_ordered);
+  EXPECT_EQ(c.bind_to, pe::topo::BindTo::Default);
+  EXPECT_NE(usage_error({"--bind-to", "cpu-list", "prog"}).find("give it"), std::string::npos);
+  EXPECT_NE(usage_error({"--cpu-list", "0", "--bind-to", "cpu-list:sorted", "prog"})
+                .find("unknown qualifier 'sorted'"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--cpu-list", "0", "--bind-to", "core", "prog"})
+                .find("--bind-to core contradicts it"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--cpu-list", "0", "--map-by", "slot:PE=2", "prog"})
+                .find("PE=2 (or --cpus-per-rank) contradicts it"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--cpu-set", "0-", "prog"}).find("--cpu-set 0-: '0-' is not a number"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--cpu-list", "", "prog"}).find("--cpu-list: the list is empty"),
+            std::string::npos);
+}
+
 TEST(CliTest, ExportsTakeValuesOrCopyThem) {
   pe::ValidationContext ctx;
   ctx.env["HOMEISH"] = "/h";

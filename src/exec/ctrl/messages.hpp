@@ -109,7 +109,7 @@ inline constexpr uint32_t kMaxName = 1024;  // host and node names
 // a message's fields (control_test pins the messages' encodings to it).  1: the builds before
 // the field.
 inline constexpr uint32_t kProtocolMagic = 0x50430000u;  // "CP" in the high half
-inline constexpr uint32_t kProtocolVersion = 5;
+inline constexpr uint32_t kProtocolVersion = 6;
 inline constexpr uint32_t kProtocol = kProtocolMagic | kProtocolVersion;
 
 // Of a Challenge or Hello payload: "" when it speaks this protocol, else what it speaks
@@ -623,6 +623,7 @@ void Job::io(IO& f) {
   f.count(job.placement.ppr, 4096), f.choice(job.placement.ppr_object, topo::MapBy::Ppr);
   f.count(job.placement.pe, 4096), f(job.placement.bind_overload);
   f(job.placement.hwthread_cpus), f(job.placement.places, 1u << 20, 4096);
+  f(job.placement.cpu_set), f(job.placement.cpu_list), f(job.placement.cpu_list_ordered);
   f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
   f.choice(job.stdin_how, StdinHow::Direct), f(job.map), f(job.oversubscribe);
   f(job.stdout_tty), f.count(job.tty_rows, 65535), f.count(job.tty_cols, 65535);

@@ -85,7 +85,8 @@ const OptionDef<RawOptions> kOptions[] = {
     {"bind-to", 0, "Mapping and binding", "LEVEL[:overload-allowed][:if-supported]",
      "bind each rank to none, core, hwthread, l3cache, socket, numa or gpu (the cores near its "
      "GPUs); default: as the --map-by object (the PE cores with PE=n), else the cores near its "
-     "GPU when there are GPUs, none otherwise; :overload-allowed lets ranks share a core",
+     "GPU when there are GPUs, none otherwise; :overload-allowed lets ranks share a core; "
+     "cpu-list[:ordered] with --cpu-list",
      &RawOptions::bind_to},
     {"cpus-per-rank", 0, "Mapping and binding", "N",
      "as mpirun's: N cores per rank, --map-by numa:PE=N (or the --map-by object's PE=N)",
@@ -126,6 +127,15 @@ const OptionDef<RawOptions> kOptions[] = {
      "as mpirun's: start no ranks on this machine, only on the other nodes of -H, --hostfile or "
      "the SLURM allocation",
      &RawOptions::nolocal},
+    {"cpu-set", 0, "Mapping and binding", "LIST",
+     "as mpirun's: ranks are placed and bound on these processors of each node only: logical "
+     "cores (hardware threads with --use-hwthread-cpus), N and N-M ranges, or SOCKET:CORES; -n "
+     "defaults to their hardware threads",
+     &RawOptions::cpu_set},
+    {"cpu-list", 0, "Mapping and binding", "LIST",
+     "as mpirun's: bind every rank to these processors (as --cpu-set's LIST); with --bind-to "
+     "cpu-list:ordered, local rank k to the kth of them",
+     &RawOptions::cpu_list},
     {"rankfile", 0, "Mapping and binding", "FILE",
      "as mpirun's (also -rf): each rank's node and processors from an Open MPI rankfile, lines "
      "\"rank N=HOST slot=LIST\" (HOST also +nK, the K-th node; LIST as SOCKET:CORES or CORES, "
@@ -489,6 +499,48 @@ void validate_rankfile(const RawOptions& raw, LaunchConfig& c) {
   c.rankfile_name = f;
 }
 
+int cpu_list_binding(const std::string& v);
+
+// mpirun's --cpu-set LIST and --cpu-list LIST (with --bind-to cpu-list[:ordered]): slot lists
+// checked for their form here, against each node's processors there.
+void validate_cpu_lists(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
+  auto list = [](const char* option, const std::string& v) {
+    if (v.empty()) throw UsageError(std::string(option) + ": the list is empty");
+    try {
+      topo::parse_slot_list(v, std::string(option) + " ");
+    } catch (const topo::TopologyError& e) {
+      throw UsageError(e.what());
+    }
+    return v;
+  };
+  bool bind_list = raw.bind_to && cpu_list_binding(*raw.bind_to);
+  if (bind_list && !raw.cpu_list)
+    throw UsageError("--bind-to " + *raw.bind_to + " binds to the processors of --cpu-list: give it");
+  if (raw.cpu_list) {
+    if (raw.rankfile)
+      throw UsageError("--cpu-list and --rankfile both bind every rank: give one");
+    if ((raw.bind_to && !bind_list) || raw.bind_to_core || raw.bind_to_socket)
+      throw UsageError("--cpu-list binds every rank to its processors: --bind-to " +
+                       raw.bind_to.value_or(raw.bind_to_core ? "core" : "socket") +
+                       " contradicts it (--bind-to cpu-list:ordered: one of them each)");
+    if (c.pe > 0)
+      throw UsageError("--cpu-list binds every rank to its processors: PE=" +
+                       std::to_string(c.pe) + " (or --cpus-per-rank) contradicts it");
+    c.cpu_list = list("--cpu-list", *raw.cpu_list);
+  }
+  if (raw.cpu_set) {
+    c.cpu_set = list("--cpu-set", *raw.cpu_set);
+    // -n defaults to the processors left, as to this machine's without --cpu-set.
+    if (!c.np_given && !several_nodes(raw, ctx) && c.rankfile.empty() && ctx.count_cpu_set) {
+      try {
+        c.np = ctx.count_cpu_set(c.cpu_set, c.hwthread_cpus);
+      } catch (const topo::TopologyError& e) {
+        throw UsageError(e.what());
+      }
+    }
+  }
+}
+
 // mpirun's --prefix DIR (--noprefix: none).  Each node reads DIR by its name: absolute.
 void validate_prefix(const RawOptions& raw, LaunchConfig& c) {
   if (!raw.prefix) return;
@@ -717,6 +769,25 @@ E one_of(const std::string& opt, const std::string& v, const E (&choices)[N]) {
   throw UsageError(opt + ": expected one of " + list + ", got '" + v + "'");
 }
 
+// --bind-to cpu-list[:ordered] (Open MPI 4's binding to --cpu-list): 1, 2 with :ordered; 0 for
+// other levels.  Its other qualifiers (overload-allowed, if-supported) are accepted.
+int cpu_list_binding(const std::string& v) {
+  auto parts = split(v, ':');
+  std::string level = parts[0];
+  std::transform(level.begin(), level.end(), level.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (level != "cpu-list") return 0;
+  bool ordered = false;
+  for (size_t i = 1; i < parts.size(); ++i) {
+    if (parts[i] == "ordered")
+      ordered = true;
+    else if (parts[i] != "overload-allowed" && parts[i] != "if-supported")
+      throw UsageError("--bind-to cpu-list: unknown qualifier '" + printable(parts[i], 64) +
+                       "' (ordered, overload-allowed and if-supported are known)");
+  }
+  return ordered ? 2 : 1;
+}
+
 // Open MPI's spellings: --map-by OBJECT:MODIFIERS, ppr:N:OBJECT, -c, --npersocket, --pernode,
 // --bind-to LEVEL:QUALIFIERS, --oversubscribe and --nooversubscribe.  ppr sets the ranks per
 // node: N times the objects of this machine (or the --topology-file), the nodes taken to be alike.
@@ -726,7 +797,9 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   topo::MapSpec spec;
   try {
     if (raw.map_by) spec = topo::parse_map_spec(*raw.map_by);
-    if (raw.bind_to) {
+    if (raw.bind_to && cpu_list_binding(*raw.bind_to)) {
+      c.cpu_list_ordered = cpu_list_binding(*raw.bind_to) == 2;
+    } else if (raw.bind_to) {
       topo::BindSpec b = topo::parse_bind_spec(*raw.bind_to);
       c.bind_to = b.to, c.bind_overload = b.overload;
     }
@@ -941,6 +1014,7 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   validate_counts(raw, ctx, c);
   validate_mapping(raw, ctx, c);
   validate_rankfile(raw, c);
+  validate_cpu_lists(raw, ctx, c);
   if (raw.command.empty() && raw.display_topology && !raw.dry_run && !raw.display_map) {
     c.display_only = true;  // pytorch_exec --display-topology: print and exit
     return c;

@@ -42,6 +42,8 @@ struct RawOptions {
   bool display_allocation = false;
   bool nolocal = false;
   std::optional<std::string> rankfile;  // --rankfile, -rf
+  std::optional<std::string> cpu_set;   // mpirun's --cpu-set
+  std::optional<std::string> cpu_list;  // mpirun's --cpu-list
   bool after_dashdash = false;   // the program came after "--"
   bool allow_run_as_root = false;
   bool oversubscribe = false;
@@ -148,6 +150,9 @@ struct ValidationContext {
   // How many objects of a kind (socket, numa, l3cache, core, hwthread) this machine (or a dry
   // run's --topology-file) has, for --map-by ppr:N:OBJECT; unset: 1.
   std::function<int(topo::MapBy)> count_objects;
+  // How many processors (hardware threads) --cpu-set LIST leaves on this machine (or the dry
+  // run's --topology-file); unset: not counted (-n keeps default_np).
+  std::function<int(const std::string& list, bool hwthreads)> count_cpu_set;
   // Whether a host name or address is this machine (a rendezvous endpoint); unset: only
   // localhost and 127.x are.
   std::function<bool(const std::string&)> is_here;

@@ -78,6 +78,9 @@ struct LaunchConfig {
   int pe = 0;                                  // --map-by ...:PE=n, --cpus-per-rank: cores per rank
   bool bind_overload = false;                  // --bind-to LEVEL:overload-allowed
   bool hwthread_cpus = false;                  // --use-hwthread-cpus
+  std::string cpu_set;                         // --cpu-set LIST: the processors ranks may use
+  std::string cpu_list;                        // --cpu-list LIST: each rank bound to LIST
+  bool cpu_list_ordered = false;               // --bind-to cpu-list:ordered: one each
   std::string mapping_option;   // the option that chose map_by: "--map-by", "--cpus-per-rank", ...
   std::string per_node_option;  // how ranks per node were given other than -N ("--pernode",
                                 // "--map-by ppr:2:socket (2 per socket)"); for messages

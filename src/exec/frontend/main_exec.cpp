@@ -258,6 +258,12 @@ int real_main(int argc, char** argv) {
       throw pe::UsageError(e.what());  // (the topology is needed to count the objects)
     }
   };
+  ctx.count_cpu_set = [file = raw.topology_file.value_or("")](const std::string& list,
+                                                              bool hwthreads) {
+    auto t = pe::topo::load_topology(pe::topo::LoadOptions{file});
+    pe::topo::restrict_to(*t, list, hwthreads);
+    return t->pu_count();
+  };
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
   g_usage_note = pe::environment_note(cfg.from_environment);
   // The ranks' standard output is a pipe to pytorch_exec, so Python would hold their prints back

@@ -31,6 +31,9 @@ struct PlacementRequest {
   bool bind_overload = false;         // --bind-to LEVEL:overload-allowed
   bool hwthread_cpus = false;         // --use-hwthread-cpus
   std::vector<std::string> places{};  // --rankfile: slot=LIST by local rank (empty: none)
+  std::string cpu_set{};              // --cpu-set LIST ("": the whole node)
+  std::string cpu_list{};             // --cpu-list LIST ("": none)
+  bool cpu_list_ordered = false;      // --bind-to cpu-list:ordered
 };
 
 struct NodeJob {

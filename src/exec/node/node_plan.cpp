@@ -78,6 +78,9 @@ PlacementRequest placement_of(const LaunchConfig& cfg) {
 
 PlacementRequest placement_for(const LaunchConfig& cfg, const JobMap& map, int node) {
   PlacementRequest r = placement_of(cfg);
+  r.cpu_set = cfg.cpu_set;
+  r.cpu_list = cfg.cpu_list;
+  r.cpu_list_ordered = cfg.cpu_list_ordered;
   if (!cfg.rankfile.empty())
     for (int rank : map.nodes.at(static_cast<size_t>(node)).ranks)
       r.places.push_back(cfg.rankfile.at(static_cast<size_t>(rank)).slots);
@@ -88,6 +91,7 @@ NodePlan plan_node(const PlacementRequest& cfg, int nlocal) {
   NodePlan p;
   try {
     p.topology = topo::load_topology(topo::LoadOptions{cfg.topology_file});
+    if (!cfg.cpu_set.empty()) topo::restrict_to(*p.topology, cfg.cpu_set, cfg.hwthread_cpus);
     p.analysis = topo::analyse(*p.topology);
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());
@@ -109,6 +113,9 @@ void place_again(NodePlan& p, const PlacementRequest& cfg, int nlocal) {
     o.overload = cfg.bind_overload;
     o.hwthread_cpus = cfg.hwthread_cpus;
     o.places = cfg.places;
+    o.cpu_list = cfg.cpu_list;
+    o.cpu_list_ordered = cfg.cpu_list_ordered;
+    o.confine = !cfg.cpu_set.empty();
     p.ranks = topo::place_ranks(*p.topology, p.analysis, o);
   } catch (const topo::TopologyError& e) {
     throw UsageError(e.what());
