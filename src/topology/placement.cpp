@@ -608,6 +608,9 @@ MapSpec parse_map_spec(const std::string& s) {
   if (lower(parts[0]) == "ppr") {
     auto n = parts.size() > 1 ? small_count(parts[1]) : std::nullopt;
     auto obj = parts.size() > 2 ? find_choice(kPprObjects, parts[2]) : std::nullopt;
+    if (!n && obj && !parts[1].empty() &&
+        parts[1].find_first_not_of("0123456789") == std::string::npos)
+      throw TopologyError("--map-by " + s + ": N is 1 to 4096 ranks per " + parts[2]);
     if (!n || !obj)
       throw TopologyError(
           "--map-by: expected ppr:N:OBJECT, N ranks per node, socket, numa, "
@@ -625,9 +628,12 @@ MapSpec parse_map_spec(const std::string& s) {
     if (mod.rfind("pe=", 0) == 0) {
       auto pe = small_count(mod.substr(3));
       if (!pe)
-        throw TopologyError("--map-by: PE= takes a positive number of cores, got '" + s + "'");
+        throw TopologyError("--map-by: PE= takes a number of cores from 1 to 4096, got '" + s +
+                            "'");
       if (m.pe > 0) throw TopologyError("--map-by: PE= is given twice in '" + s + "'");
       m.pe = *pe;
+    } else if (mod == "nolocal") {
+      m.nolocal = true;
     } else if (mod == "oversubscribe" || mod == "nooversubscribe") {
       if (m.oversubscribe && *m.oversubscribe != (mod == "oversubscribe"))
         throw TopologyError(
@@ -637,7 +643,7 @@ MapSpec parse_map_spec(const std::string& s) {
       m.oversubscribe = mod == "oversubscribe";
     } else {
       throw TopologyError("--map-by: unknown modifier '" + given + "' in '" + s +
-                          "' (PE=n, oversubscribe and nooversubscribe are known)");
+                          "' (PE=n, oversubscribe, nooversubscribe and nolocal are known)");
     }
   }
   check_map_spec(m, "--map-by " + s);

@@ -48,6 +48,7 @@ struct MapSpec {
   MapBy ppr_object = MapBy::Node;     // and OBJECT (one of kPprObjects)
   int pe = 0;                         // PE=n: processors (cores) per rank; 0: not given
   std::optional<bool> oversubscribe;  // :oversubscribe / :nooversubscribe
+  bool nolocal = false;               // :nolocal (--nolocal)
 };
 
 // --bind-to in full: LEVEL[:overload-allowed][:if-supported].

@@ -240,6 +240,14 @@ TEST(MapSpecTest, ParsesOpenMpisSyntax) {
   EXPECT_EQ(parse_map_spec("package").by, MapBy::Socket);
   EXPECT_EQ(parse_map_spec("NUMA:nooversubscribe").oversubscribe, std::optional<bool>(false));
   EXPECT_EQ(parse_map_spec("ppr:1:node").ppr_object, MapBy::Node);
+  EXPECT_TRUE(parse_map_spec("slot:NOLOCAL").nolocal);  // --nolocal
+  EXPECT_FALSE(parse_map_spec("slot").nolocal);
+  try {
+    parse_map_spec("ppr:100000:node");
+    ADD_FAILURE() << "accepted ppr:100000:node";
+  } catch (const TopologyError& e) {
+    EXPECT_EQ(std::string(e.what()), "--map-by ppr:100000:node: N is 1 to 4096 ranks per node");
+  }
   // Open MPI 4's comma-separated modifiers; PE=1 on a core is the core.
   MapSpec c = parse_map_spec("socket:PE=2,OVERSUBSCRIBE");
   EXPECT_EQ(c.pe, 2);

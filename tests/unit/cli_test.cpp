@@ -157,6 +157,7 @@ TEST(CliTest, MpirunsAllocationOptions) {
   EXPECT_TRUE(c.display_allocation);
   EXPECT_TRUE(c.nolocal);
   EXPECT_FALSE(config({"prog"}).nolocal);
+  EXPECT_TRUE(config({"--map-by", "node:nolocal", "-H", "a,b", "prog"}).nolocal);
   EXPECT_NE(usage_error({"--nolocal", "--rdzv-endpoint", "h:1", "--rdzv-insecure", "prog"})
                 .find("--nolocal: in join mode"),
             std::string::npos);
@@ -396,16 +397,15 @@ TEST(CliTest, RejectsBadMappingChoices) {
             "--bind-to: expected one of none, core, numa, gpu, hwthread, l3cache, socket or "
             "package, got ''");
   EXPECT_EQ(usage_error({"--map-by", "ppr:0:socket", "prog"}),
-            "--map-by: expected ppr:N:OBJECT, N ranks per node, socket, numa, l3cache, core or "
-            "hwthread, got 'ppr:0:socket'");
+            "--map-by ppr:0:socket: N is 1 to 4096 ranks per socket");
   EXPECT_EQ(usage_error({"--map-by", "ppr:2:gpu", "prog"}),
             "--map-by: expected ppr:N:OBJECT, N ranks per node, socket, numa, l3cache, core or "
             "hwthread, got 'ppr:2:gpu'");
   EXPECT_EQ(usage_error({"--map-by", "socket:span", "prog"}),
-            "--map-by: unknown modifier 'span' in 'socket:span' (PE=n, oversubscribe and "
-            "nooversubscribe are known)");
+            "--map-by: unknown modifier 'span' in 'socket:span' (PE=n, oversubscribe, "
+            "nooversubscribe and nolocal are known)");
   EXPECT_EQ(usage_error({"--map-by", "socket:PE=0", "prog"}),
-            "--map-by: PE= takes a positive number of cores, got 'socket:PE=0'");
+            "--map-by: PE= takes a number of cores from 1 to 4096, got 'socket:PE=0'");
   EXPECT_EQ(usage_error({"--map-by", "core:PE=2", "prog"}),
             "--map-by core:PE=2: PE=n gives each rank n cores of a wider object: slot, node, "
             "numa, l3cache, socket or ppr:N:node|socket|numa|l3cache");
@@ -470,6 +470,10 @@ TEST(CliTest, MpirunsMappingForms) {
   EXPECT_EQ(cfg({"--pernode", "prog"}).np, 1);
   EXPECT_EQ(cfg({"-c", "3", "prog"}).np, 3);  // mpirun's -c is -n
   EXPECT_EQ(parse({"-machinefile", "hosts", "prog"}).hostfile, "hosts");
+  EXPECT_EQ(config({"-machinefile", "hosts", "prog"}).hostfile_option, "--machinefile");
+  EXPECT_EQ(config({"--hostfile", "hosts", "prog"}).hostfile_option, "--hostfile");
+  EXPECT_NE(usage_error({"--machinefile=", "prog"}).find("--machinefile: the file name is empty"),
+            std::string::npos);
   auto m = cfg({"--cpus-per-rank", "4", "prog"});
   EXPECT_EQ(m.map_by, MapBy::Numa);
   EXPECT_EQ(m.pe, 4);

@@ -380,7 +380,8 @@ std::vector<HostSlots> one_node_here(std::vector<HostSlots> nodes, const std::st
 }  // namespace
 
 Allocation find_allocation(const std::string& hosts, const std::string& hostfile,
-                           const std::map<std::string, std::string>& env, const std::string& host) {
+                           const std::map<std::string, std::string>& env, const std::string& host,
+                           const std::string& hostfile_option) {
   Allocation a;
   a.limited = true;
   if (!hosts.empty()) {
@@ -391,10 +392,11 @@ Allocation find_allocation(const std::string& hosts, const std::string& hostfile
   if (!hostfile.empty()) {
     std::ifstream in(hostfile);
     if (!in)
-      throw UsageError("--hostfile: cannot open '" + hostfile + "': " + std::strerror(errno));
+      throw UsageError(hostfile_option + ": cannot open '" + hostfile +
+                       "': " + std::strerror(errno));
     struct stat st;
     if (::stat(hostfile.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-      throw UsageError("--hostfile: '" + hostfile + "' is a directory");
+      throw UsageError(hostfile_option + ": '" + hostfile + "' is a directory");
     a.source = "hostfile " + hostfile;
     a.nodes = one_node_here(parse_hostfile(in, hostfile), host);
     return within_slurm(std::move(a), env);

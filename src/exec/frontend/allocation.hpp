@@ -53,9 +53,11 @@ std::optional<Allocation> slurm_allocation(const std::map<std::string, std::stri
 std::vector<std::string> slurm_nodes(const std::map<std::string, std::string>& env);
 
 // The allocation of a launch: -H, else --hostfile, else SLURM, else this machine (`host`,
-// unlimited).  Throws UsageError (unreadable hostfile, malformed lists).
+// unlimited).  Throws UsageError (unreadable hostfile, malformed lists; `hostfile_option`: how
+// the hostfile was given).
 Allocation find_allocation(const std::string& hosts, const std::string& hostfile,
-                           const std::map<std::string, std::string>& env, const std::string& host);
+                           const std::map<std::string, std::string>& env, const std::string& host,
+                           const std::string& hostfile_option = "--hostfile");
 
 // Whether `name` is this machine (localhost, 127.0.0.1, its host name or short host name).
 bool is_local_host(const std::string& name, const std::string& hostname);

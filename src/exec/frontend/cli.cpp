@@ -76,7 +76,7 @@ const OptionDef<RawOptions> kOptions[] = {
      "order), numa (NUMA nodes round-robin), slot or node (slots in order); as mpirun, core, "
      "hwthread, l3cache, socket (round-robin over those) or ppr:N:OBJECT (N per node, socket, "
      "numa, l3cache, core or hwthread); :PE=n gives each rank n cores, "
-     ":oversubscribe/:nooversubscribe as the options",
+     ":oversubscribe/:nooversubscribe/:nolocal as the options",
      &RawOptions::map_by},
     {"rank-by", 0, "Mapping and binding", "OBJECT",
      "how placed ranks are numbered: in placement order (slot, default), grouped by gpu or "
@@ -378,7 +378,8 @@ void validate_counts(const RawOptions& raw, const ValidationContext& ctx, Launch
     c.hosts = *raw.hosts;
   }
   if (raw.hostfile) {
-    if (raw.hostfile->empty()) throw UsageError("--hostfile: the file name is empty");
+    if (raw.hostfile_is_machinefile) c.hostfile_option = "--machinefile";
+    if (raw.hostfile->empty()) throw UsageError(c.hostfile_option + ": the file name is empty");
     c.hostfile = *raw.hostfile;
   }
   if (raw.npernode) c.npernode = parse_count("-N", *raw.npernode, 1);
@@ -797,6 +798,7 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   topo::MapSpec spec;
   try {
     if (raw.map_by) spec = topo::parse_map_spec(*raw.map_by);
+    c.nolocal = spec.nolocal;  // --map-by ...:nolocal, as --nolocal
     if (raw.bind_to && cpu_list_binding(*raw.bind_to)) {
       c.cpu_list_ordered = cpu_list_binding(*raw.bind_to) == 2;
     } else if (raw.bind_to) {
@@ -966,6 +968,7 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
   if (r.machinefile) {
     if (r.hostfile) throw UsageError("give either --hostfile or --machinefile, not both");
     r.hostfile = std::move(r.machinefile);
+    r.hostfile_is_machinefile = true;
   }
   return r;
 }
@@ -1053,10 +1056,10 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
     c.run_id = *raw.run_id;
   }
   validate_join(raw, ctx, c);
-  if (raw.nolocal && c.join_mode())
+  c.nolocal = c.nolocal || raw.nolocal;
+  if (c.nolocal && c.join_mode())
     throw UsageError("--nolocal: in join mode each node's pytorch_exec runs that node's ranks; "
                      "start none on this machine");
-  c.nolocal = raw.nolocal;
   // Last: the other mistakes are usage errors.  A job whose launcher starts the ranks looks for
   // the program here (join mode under srun too); a direct launch's task does, as it execs.
   ValidationContext look = ctx;

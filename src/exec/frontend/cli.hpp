@@ -26,6 +26,7 @@ struct RawOptions {
   std::vector<std::string> host_args;  // each -H (given more than once, they add up, as mpirun's)
   std::optional<std::string> hostfile;
   std::optional<std::string> machinefile;  // mpirun's name for --hostfile
+  bool hostfile_is_machinefile = false;    // it was given as --machinefile
   std::optional<std::string> npernode;  // -N
   std::optional<std::string> launch_agent;
   std::optional<std::string> tree_radix;

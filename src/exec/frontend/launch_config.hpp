@@ -78,6 +78,7 @@ struct LaunchConfig {
   int pe = 0;                                  // --map-by ...:PE=n, --cpus-per-rank: cores per rank
   bool bind_overload = false;                  // --bind-to LEVEL:overload-allowed
   bool hwthread_cpus = false;                  // --use-hwthread-cpus
+  std::string hostfile_option = "--hostfile";  // or mpirun's --machinefile, for messages
   std::string cpu_set;                         // --cpu-set LIST: the processors ranks may use
   std::string cpu_list;                        // --cpu-list LIST: each rank bound to LIST
   bool cpu_list_ordered = false;               // --bind-to cpu-list:ordered: one each

@@ -49,7 +49,7 @@ int fail(const std::string& msg, int status) {
 pe::Allocation first_nodes(const pe::LaunchConfig& cfg, const pe::EnvMap& env,
                            const std::string& host) {
   if (cfg.host_discovery.empty() || !cfg.hosts.empty() || !cfg.hostfile.empty())
-    return pe::find_allocation(cfg.hosts, cfg.hostfile, env, host);
+    return pe::find_allocation(cfg.hosts, cfg.hostfile, env, host, cfg.hostfile_option);
   pe::Allocation a;
   a.source = "--host-discovery";
   a.limited = true;
