@@ -712,11 +712,16 @@ void restrict_to(Topology& t, const std::string& list, bool hwthreads) {
 
 SlotList parse_slot_list(const std::string& s, const std::string& what) {
   auto bad = [&](const std::string& why) {
-    return TopologyError(what + s + ": " + why +
+    std::string shown = s.substr(0, 200);  // one line: control characters as '?'
+    for (char& ch : shown)
+      if (static_cast<unsigned char>(ch) < 0x20 || static_cast<unsigned char>(ch) >= 0x7f) ch = '?';
+    return TopologyError(what + shown + (s.size() > 200 ? "..." : "") + ": " + why +
                          " (Open MPI's form: SOCKET:CORES or CORES, CORES as * or N,N-M, items "
                          "separated by ';')");
   };
   if (s.empty()) throw bad("the list is empty");
+  if (s.find_first_not_of("0123456789,-:;*") != std::string::npos)
+    throw bad("only digits, ',', '-', ':', ';' and '*' may appear");
   SlotList out;
   for (const auto& item : split_at(s, ';')) {
     SlotItem it;

@@ -106,7 +106,8 @@ void Topology::restrict_cpus(hwloc_const_bitmap_t set) {
   if (!hwloc_bitmap_intersects(set, hwloc_topology_get_topology_cpuset(topo_)))
     throw TopologyError("none of the processors " + cpuset_list(set) + " is on " + source_);
   if (hwloc_topology_restrict(topo_, set,
-                              HWLOC_RESTRICT_FLAG_ADAPT_IO | HWLOC_RESTRICT_FLAG_ADAPT_MISC) != 0)
+                              HWLOC_RESTRICT_FLAG_REMOVE_CPULESS | HWLOC_RESTRICT_FLAG_ADAPT_IO |
+                                  HWLOC_RESTRICT_FLAG_ADAPT_MISC) != 0)
     throw TopologyError("cannot restrict " + source_ + " to processors " + cpuset_list(set) + ": " +
                         std::strerror(errno));
   gpus_.clear();

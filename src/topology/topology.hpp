@@ -1,7 +1,8 @@
 // A thin C++ layer over hwloc: load the live machine or an XML export (I/O objects kept), and
 // find the GPUs, NICs, PCIe root complexes (host bridges) and NUMA nodes, with their cpusets.
 //
-// Threading: a Topology is immutable after load_topology() and may be read from any thread.
+// Threading: a Topology is immutable after load_topology() (and restrict_cpus(), which a node's
+// plan calls once, before anything reads it) and may be read from any thread.
 #pragma once
 
 #include <hwloc.h>

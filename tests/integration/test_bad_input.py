@@ -5,6 +5,7 @@ import re
 from harness import check, main, run, script, tmpdir
 
 NOT_EXEC = script("#!/bin/sh\necho hi\n")
+NOT_RANKFILE = script("host1 slots=2\n")  # a hostfile
 os.chmod(NOT_EXEC, 0o644)
 
 CASES = [
@@ -16,7 +17,7 @@ CASES = [
     (["--nolocal", "true"], 2, "--nolocal: no node is given but this machine"),
     (["--gmca", "x"], 2, "--gmca needs two values"),
     (["--rankfile", "/no/such/rankfile", "true"], 2, "--rankfile: cannot read '/no/such/rankfile'"),
-    (["-rf", "/etc/hostname", "true"], 2, "is not a rankfile line"),
+    (["-rf", NOT_RANKFILE, "true"], 2, "is not a rankfile line"),
     (["-n", "0", "true"], 2, "-n: expected a positive integer, got '0'"),
     (["-n", "-3", "true"], 2, "got '-3'"),
     (["-np", "abc", "true"], 2, "got 'abc'"),

@@ -16,6 +16,7 @@ from harness import (BUILDDIR, EXEC, comm, SRCDIR, TORCH_PYTHON, TestFailure, as
 
 TESTBED = os.path.join(SRCDIR, "contrib", "slurm", "testbed.sh")
 WORK = os.path.join(os.getcwd(), "slurm-work")
+RANKFILE = os.path.join(WORK, "rankfile")
 ENV = {}
 OMPI_TCP = {"OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "lo"}
 # What Open MPI's TCP transport prints when it loses its connect race (see test_srun_direct_launch).
@@ -237,10 +238,17 @@ def test_srun_direct_launch():
     check(r.returncode != 0 and "--tag-output (srun --label) does not apply under srun" in r.stderr,
           r.stderr)
     # mpirun's mapping options are srun's to do, named as the user gave them.
+    with open(RANKFILE, "w") as f:
+        f.write("rank 0=n1 slot=0\nrank 1=n1 slot=1\n")
     for args, text in [(["--map-by", "ppr:1:socket"], "--map-by ppr:1:socket (1 per node) does not apply"),
                        (["--pernode"], "--pernode does not apply under srun"),
                        (["--cpus-per-rank", "2"], "--cpus-per-rank (srun --distribution, --cpus-per-task) does not apply"),
-                       (["--map-by", "core"], "--map-by (srun --distribution, --cpus-per-task) does")]:
+                       (["--map-by", "core"], "--map-by (srun --distribution, --cpus-per-task) does"),
+                       # and so are its placement options
+                       (["--cpu-list", "0"], "--cpu-list (srun --cpu-bind=map_cpu) does not apply"),
+                       (["--cpu-set", "0"], "--cpu-set (srun --cpu-bind=mask_cpu) does not apply"),
+                       (["--nolocal"], "--nolocal (srun --exclude) does not apply"),
+                       (["--rankfile", RANKFILE], "--rankfile does not apply under srun")]:
         r = sh(["srun", "-N", "1", "-n", "1", EXEC] + args + ["true"], env)
         check(r.returncode != 0 and text in r.stderr and
               sum(l.startswith("pytorch_exec:") for l in r.stderr.splitlines()) == 1,

@@ -376,6 +376,16 @@ TEST_F(TwoSockets, CpuSetKeepsItsProcessorsOnly) {
   EXPECT_EQ(cpusets(place_ranks(*t, a, o)), (std::vector<std::string>{"", ""}));
 }
 
+TEST_F(TwoSockets, CpuSetLeavesNoEmptyNumaNodesOrSockets) {
+  // Socket 0 alone: socket 1's NUMA node, with memory but no processor left, is no domain.
+  restrict_to(*t, "0:*", false);
+  a = analyse(*t);
+  EXPECT_EQ(t->numa_count(), 1);
+  EXPECT_EQ(a.domains.size(), 1u);
+  EXPECT_EQ(count_objects(*t, MapBy::Socket), 1);
+  EXPECT_EQ(cpusets(place_ranks(*t, a, opts(2, "numa"))), (std::vector<std::string>{"0-7", "0-7"}));
+}
+
 TEST_F(TwoSockets, CpuSetNamesWhatTheMachineLacks) {
   try {
     restrict_to(*t, "0:4", false);

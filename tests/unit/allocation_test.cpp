@@ -420,6 +420,15 @@ TEST(LocalHostTest, NolocalLeavesThisMachineOut) {
             std::string::npos);
   EXPECT_EQ(pe::format_allocation(here), "allocation (this machine): 1 node(s)\n"
                                          "  node7 slots=unlimited\n");
+  // A rankfile's hosts, without a host list: the nodes to leave this machine out of.
+  std::istringstream rf("rank 0=c\nrank 1=localhost\n");
+  auto from_rankfile =
+      pe::rankfile_allocation(here, pe::parse_rankfile(rf, "rf"), "rf", "node7.cluster");
+  EXPECT_EQ(pe::format_allocation(from_rankfile), "allocation (--rankfile rf): 2 node(s)\n"
+                                                  "  node7 slots=unlimited\n  c slots=unlimited\n");
+  auto left = pe::without_local_host(from_rankfile, "node7.cluster", false);
+  ASSERT_EQ(left.nodes.size(), 1u);
+  EXPECT_EQ(left.nodes[0].host, "c");
 }
 
 TEST(LocalHostTest, OffersBridgeAndLoopbackAddressesLast) {

@@ -190,9 +190,15 @@ TEST(CliTest, MpirunsRankfile) {
                 std::string::npos)
           << other[2];
     }
+  EXPECT_NE(usage_error({"--rankfile", tmpl, "-rf", tmpl, "prog"})
+                .find("give either --rankfile or -rf, not both"),
+            std::string::npos);
+  EXPECT_NE(usage_error({"--rankfile", tmpl, "--cpu-set", "0", "prog"})
+                .find("--cpu-set and --rankfile both choose"),
+            std::string::npos);
   std::ofstream(tmpl) << "rank 0=a slot=1:x\n";
   EXPECT_NE(usage_error({"--rankfile", tmpl, "prog"})
-                .find(std::string(tmpl) + ":1: slot=1:x: 'x' is not a number"),
+                .find(std::string(tmpl) + ":1: slot=1:x: only digits"),
             std::string::npos);
   std::remove(tmpl);
   EXPECT_NE(usage_error({"--rankfile", tmpl, "prog"}).find("--rankfile: cannot read"),
@@ -228,6 +234,18 @@ TEST(CliTest, MpirunsCpuSetAndCpuList) {
             std::string::npos);
   EXPECT_NE(usage_error({"--cpu-list", "", "prog"}).find("--cpu-list: the list is empty"),
             std::string::npos);
+  // The numbers are the whole node's: not within a --cpu-set.
+  EXPECT_NE(usage_error({"--cpu-set", "0-3", "--cpu-list", "1", "prog"})
+                .find("--cpu-set and --cpu-list both choose the ranks' processors: give one"),
+            std::string::npos);
+  std::string longer(5000, '1');
+  EXPECT_NE(usage_error({"--cpu-list", longer.c_str(), "prog"})
+                .find("--cpu-list: a processor list longer than 4096 characters"),
+            std::string::npos);
+  // One line, whatever was typed.
+  std::string err = usage_error({"--cpu-set", "0\n1", "prog"});
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  EXPECT_NE(err.find("--cpu-set 0?1: only digits"), std::string::npos) << err;
 }
 
 TEST(CliTest, ExportsTakeValuesOrCopyThem) {

@@ -422,10 +422,10 @@ std::vector<HostSlots> without_local_host(std::vector<HostSlots> hosts,
 }
 
 Allocation without_local_host(Allocation a, const std::string& hostname, bool may_wait) {
-  if (a.limited) a.nodes = without_local_host(std::move(a.nodes), hostname);
-  if (!a.limited)
+  if (!a.limited && a.nodes.size() <= 1)  // this machine alone
     throw UsageError("--nolocal: no node is given but this machine (" + hostname +
-                     "): name the others with -H, --hostfile or a SLURM allocation");
+                     "): name the others with -H, --hostfile, a rankfile or a SLURM allocation");
+  a.nodes = without_local_host(std::move(a.nodes), hostname);
   if (a.nodes.empty() && !may_wait)
     throw UsageError("--nolocal: " + a.source + " lists no node but this machine (" + hostname +
                      ")");

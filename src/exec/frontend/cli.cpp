@@ -124,13 +124,13 @@ const OptionDef<RawOptions> kOptions[] = {
      "print the nodes the job may use and their slots, before mapping",
      &RawOptions::display_allocation},
     {"nolocal", 0, "Mapping and binding", nullptr,
-     "as mpirun's: start no ranks on this machine, only on the other nodes of -H, --hostfile or "
-     "the SLURM allocation",
+     "as mpirun's: start no ranks on this machine, only on the other nodes of -H, --hostfile, the "
+     "SLURM allocation or a rankfile",
      &RawOptions::nolocal},
     {"cpu-set", 0, "Mapping and binding", "LIST",
      "as mpirun's: ranks are placed and bound on these processors of each node only: logical "
-     "cores (hardware threads with --use-hwthread-cpus), N and N-M ranges, or SOCKET:CORES; -n "
-     "defaults to their hardware threads",
+     "cores (hardware threads with --use-hwthread-cpus), N and N-M ranges, or SOCKET:CORES; on "
+     "one machine -n defaults to their hardware threads",
      &RawOptions::cpu_set},
     {"cpu-list", 0, "Mapping and binding", "LIST",
      "as mpirun's: bind every rank to these processors (as --cpu-set's LIST); with --bind-to "
@@ -141,7 +141,7 @@ const OptionDef<RawOptions> kOptions[] = {
      "\"rank N=HOST slot=LIST\" (HOST also +nK, the K-th node; LIST as SOCKET:CORES or CORES, "
      "logical, e.g. 1:0-2 or 0,2); -n defaults to its ranks",
      &RawOptions::rankfile},
-    {"rf", 0, "Mapping and binding", "FILE", "the same as --rankfile", &RawOptions::rankfile},
+    {"rf", 0, "Mapping and binding", "FILE", "the same as --rankfile", &RawOptions::rankfile_rf},
     {"dry-run", 0, "Mapping and binding", nullptr, "print the map and start nothing",
      &RawOptions::dry_run},
     {"wdir", 0, "Environment", "DIR", "working directory of every process", &RawOptions::wdir},
@@ -452,6 +452,14 @@ int validate_verbosity(const RawOptions& raw) {
   return raw.debug_devel ? std::max(raw.verbosity, 2) : raw.verbosity;
 }
 
+// A slot list travels to every node in the Job message (at most kMaxSlotList bytes each).
+constexpr size_t kMaxSlotList = 4096;
+void check_slot_list_length(const std::string& what, const std::string& v) {
+  if (v.size() > kMaxSlotList)
+    throw UsageError(what + ": a processor list longer than " + std::to_string(kMaxSlotList) +
+                     " characters");
+}
+
 // mpirun's --rankfile FILE: read here, slot lists checked for their form (each node checks them
 // against its own processors); it places every rank, so the other placement options contradict
 // it (--bind-to none aside: placed, unbound).
@@ -479,20 +487,21 @@ void validate_rankfile(const RawOptions& raw, LaunchConfig& c) {
   std::ifstream in(f);
   struct stat st;
   if (!in || (::stat(f.c_str(), &st) == 0 && S_ISDIR(st.st_mode)))
-    throw UsageError("--rankfile: cannot read '" + f + "'" +
+    throw UsageError("--rankfile: cannot read '" + printable(f) + "'" +
                      (in ? std::string(": it is a directory") : ": " + std::string(std::strerror(errno))));
-  c.rankfile = parse_rankfile(in, f);
+  c.rankfile = parse_rankfile(in, printable(f));
   for (const auto& l : c.rankfile) {
     if (l.slots.empty()) continue;
+    check_slot_list_length(printable(f) + ":" + std::to_string(l.line), l.slots);
     try {
       topo::parse_slot_list(l.slots);
     } catch (const topo::TopologyError& e) {
-      throw UsageError(f + ":" + std::to_string(l.line) + ": " + e.what());
+      throw UsageError(printable(f) + ":" + std::to_string(l.line) + ": " + e.what());
     }
   }
   const int lines = static_cast<int>(c.rankfile.size());
   if (c.np_given && c.np > lines)
-    throw UsageError("-n " + std::to_string(c.np) + ": --rankfile " + f + " places " +
+    throw UsageError("-n " + std::to_string(c.np) + ": --rankfile " + printable(f) + " places " +
                      std::to_string(lines) + " rank(s)");
   if (!c.np_given) c.np = lines;
   c.np_given = true;
@@ -507,6 +516,7 @@ int cpu_list_binding(const std::string& v);
 void validate_cpu_lists(const RawOptions& raw, const ValidationContext& ctx, LaunchConfig& c) {
   auto list = [](const char* option, const std::string& v) {
     if (v.empty()) throw UsageError(std::string(option) + ": the list is empty");
+    check_slot_list_length(option, v);
     try {
       topo::parse_slot_list(v, std::string(option) + " ");
     } catch (const topo::TopologyError& e) {
@@ -530,6 +540,10 @@ void validate_cpu_lists(const RawOptions& raw, const ValidationContext& ctx, Lau
     c.cpu_list = list("--cpu-list", *raw.cpu_list);
   }
   if (raw.cpu_set) {
+    // Their numbers are the whole node's: within a restricted one they would name others.
+    if (raw.cpu_list || raw.rankfile)
+      throw UsageError(std::string("--cpu-set and ") + (raw.cpu_list ? "--cpu-list" : "--rankfile") +
+                       " both choose the ranks' processors: give one");
     c.cpu_set = list("--cpu-set", *raw.cpu_set);
     // -n defaults to the processors left, as to this machine's without --cpu-set.
     if (!c.np_given && !several_nodes(raw, ctx) && c.rankfile.empty() && ctx.count_cpu_set) {
@@ -969,6 +983,10 @@ RawOptions parse_command_line(int argc, const char* const* argv) {
     if (r.hostfile) throw UsageError("give either --hostfile or --machinefile, not both");
     r.hostfile = std::move(r.machinefile);
     r.hostfile_is_machinefile = true;
+  }
+  if (r.rankfile_rf) {
+    if (r.rankfile) throw UsageError("give either --rankfile or -rf, not both");
+    r.rankfile = std::move(r.rankfile_rf);
   }
   return r;
 }

@@ -42,7 +42,8 @@ struct RawOptions {
   bool debug_devel = false;  // mpirun's -d
   bool display_allocation = false;
   bool nolocal = false;
-  std::optional<std::string> rankfile;  // --rankfile, -rf
+  std::optional<std::string> rankfile;     // --rankfile
+  std::optional<std::string> rankfile_rf;  // -rf (mpirun's short name), merged into rankfile
   std::optional<std::string> cpu_set;   // mpirun's --cpu-set
   std::optional<std::string> cpu_list;  // mpirun's --cpu-list
   bool after_dashdash = false;   // the program came after "--"

@@ -246,6 +246,9 @@ int step_master_port(const std::string& job_id, const std::string& step_id) {
 }
 
 void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity& id) {
+  if (!cfg.rankfile.empty())
+    throw UsageError("--rankfile does not apply under srun (srun decides the ranks and their "
+                     "processors: --distribution=arbitrary, --cpu-bind=map_cpu)");
   if (cfg.np_given && cfg.np != id.size)
     throw UsageError("-n " + std::to_string(cfg.np) + " does not match the SLURM step's " +
                      std::to_string(id.size) + " tasks (under srun, srun decides the ranks)");
@@ -287,6 +290,10 @@ void direct_exec(const LaunchConfig& cfg, const EnvMap& env, const StepIdentity&
       {cfg.timeout > 0 && cfg.timeout_from == "--timeout", "--timeout (srun --time)"},
       {cfg.stdin_mode != StdinMode::OneRank || cfg.stdin_rank != 0, "--stdin (srun --input)"},
       {cfg.bind_to != topo::BindTo::Default, "--bind-to (srun --cpu-bind)"},
+      {!cfg.cpu_set.empty(), "--cpu-set (srun --cpu-bind=mask_cpu)"},
+      {!cfg.cpu_list.empty(), "--cpu-list (srun --cpu-bind=map_cpu)"},
+      {cfg.nolocal, "--nolocal (srun --exclude)"},
+      {cfg.display_allocation, "--display-allocation"},
       {cfg.report_bindings, "--report-bindings (srun --cpu-bind=verbose)"},
       {cfg.map_by != topo::MapBy::Default, "(srun --distribution, --cpus-per-task)"}};
   for (const auto& [given, option] : not_here)

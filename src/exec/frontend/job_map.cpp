@@ -125,20 +125,23 @@ JobMap map_of(const Allocation& alloc, const std::vector<std::vector<int>>& rank
   return m;
 }
 
+Allocation rankfile_allocation(Allocation alloc, const std::vector<RankfileLine>& lines,
+                               const std::string& name, const std::string& hostname) {
+  if (alloc.limited) return alloc;
+  for (const auto& l : lines) {
+    bool known = false;
+    for (const auto& n : alloc.nodes)
+      known = known || n.host == l.host ||
+              (is_local_host(l.host, hostname) && is_local_host(n.host, hostname));
+    if (!known && l.host.compare(0, 2, "+n") != 0) alloc.nodes.push_back(HostSlots{l.host, 0});
+  }
+  alloc.source = "--rankfile " + name;
+  return alloc;
+}
+
 JobMap map_rankfile(Allocation alloc, const std::vector<RankfileLine>& lines,
                     const std::string& name, const std::string& hostname) {
-  // Without -H, --hostfile or an allocation, the rankfile's hosts are the job's nodes (this
-  // machine under any of its names being one).
-  if (!alloc.limited) {
-    for (const auto& l : lines) {
-      bool known = false;
-      for (const auto& n : alloc.nodes)
-        known = known || n.host == l.host || (is_local_host(l.host, hostname) &&
-                                              is_local_host(n.host, hostname));
-      if (!known && l.host.compare(0, 2, "+n") != 0) alloc.nodes.push_back(HostSlots{l.host, 0});
-    }
-    alloc.source = name;
-  }
+  alloc = rankfile_allocation(std::move(alloc), lines, name, hostname);
   std::vector<std::vector<int>> ranks(alloc.nodes.size());
   for (const auto& l : lines) {
     size_t at = alloc.nodes.size();

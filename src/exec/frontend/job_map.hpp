@@ -64,6 +64,10 @@ JobMap map_job(const Allocation& alloc, const MapRequest& req);
 // of the allocation's (+nK: its K-th node); without a host list (this machine alone) the
 // rankfile's hosts are the nodes.  A node's local ranks in rank order.  No slot limits.
 struct RankfileLine;
+// Without -H, --hostfile or an allocation (this machine alone): the rankfile's hosts, this
+// machine under any of its names being one; else `alloc` as it is.
+Allocation rankfile_allocation(Allocation alloc, const std::vector<RankfileLine>& lines,
+                               const std::string& name, const std::string& hostname);
 JobMap map_rankfile(Allocation alloc, const std::vector<RankfileLine>& lines,
                     const std::string& name, const std::string& hostname);
 // The hosts of `alloc` that `map` gives no ranks, in order, with their slots (JobMap::spawn_hosts).

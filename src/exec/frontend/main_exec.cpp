@@ -59,6 +59,8 @@ pe::Allocation first_nodes(const pe::LaunchConfig& cfg, const pe::EnvMap& env,
 
 pe::JobMap make_map(const pe::LaunchConfig& cfg, const pe::EnvMap& env, const std::string& host) {
   pe::Allocation alloc = first_nodes(cfg, env, host);
+  if (!cfg.rankfile.empty())  // its hosts are the nodes where no list gives them
+    alloc = pe::rankfile_allocation(std::move(alloc), cfg.rankfile, cfg.rankfile_name, host);
   bool sources = cfg.nnodes_min > 0 && cfg.hosts.empty() && pe::NodeSources::wanted(cfg);
   if (cfg.nolocal) alloc = pe::without_local_host(std::move(alloc), host, sources);
   // An elastic job's hostfile or discovery command may list more later: it waits for them, as
@@ -251,9 +253,13 @@ int real_main(int argc, char** argv) {
       else break;
     return std::min(n, listed);
   };
-  ctx.count_objects = [file = raw.topology_file.value_or("")](pe::topo::MapBy kind) {
+  // (with --cpu-set: what it leaves, as the nodes will see it)
+  ctx.count_objects = [file = raw.topology_file.value_or(""), set = raw.cpu_set.value_or(""),
+                       hw = raw.use_hwthread_cpus](pe::topo::MapBy kind) {
     try {
-      return pe::topo::count_objects(*pe::topo::load_topology(pe::topo::LoadOptions{file}), kind);
+      auto t = pe::topo::load_topology(pe::topo::LoadOptions{file});
+      if (!set.empty()) pe::topo::restrict_to(*t, set, hw);
+      return pe::topo::count_objects(*t, kind);
     } catch (const pe::topo::TopologyError& e) {
       throw pe::UsageError(e.what());  // (the topology is needed to count the objects)
     }
