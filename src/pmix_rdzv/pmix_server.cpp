@@ -387,6 +387,34 @@ void register_clients(const NamespaceInfo& info, const std::vector<int>& local) 
   check(failed, "PMIx_server_register_client " + info.nspace + ":" + std::to_string(failed_rank));
 }
 
+// Deregisters every local client of a namespace some client connected to, then waits for all:
+// PMIx runs the cleanup each connected one asked for (PMIX_REGISTER_CLEANUP) at once, also for a
+// rank whose lost connection it has not seen yet (one killed at the end of the job: where the
+// process ends without PMIx_server_finalize, nothing else would run it).  False when PMIx did not
+// answer.
+bool deregister_clients(const std::string& nspace, const std::vector<int>& local) {
+  std::vector<OpWait*> waits;
+  for (int r : local) {
+    pmix_proc_t proc;
+    PMIX_LOAD_PROCID(&proc, nspace.c_str(), static_cast<pmix_rank_t>(r));
+    auto* w = new OpWait;
+    PMIx_server_deregister_client(&proc, OpWait::cb, w);
+    waits.push_back(w);
+  }
+  for (size_t i = 0; i < waits.size(); ++i) {
+    try {
+      waits[i]->wait_and_release("PMIx_server_deregister_client " + nspace + ":" +
+                                 std::to_string(local[i]));
+    } catch (const TimeoutError& e) {
+      logger("pmix")->warn("{}", e.what());
+      return false;  // (the rest are left to PMIx, which is stuck)
+    } catch (const Error& e) {
+      logger("pmix")->warn("{}", e.what());
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void PmixServer::register_namespace(const NamespaceInfo& info) {
@@ -414,6 +442,7 @@ void PmixServer::register_namespace(const NamespaceInfo& info) {
   w->wait_and_release("PMIx_server_register_nspace " + info.nspace);
   PMIX_DATA_ARRAY_DESTRUCT(&all);
   register_clients(info, local);
+  impl_->local_ranks[info.nspace] = local;
   logger("pmix")->info("namespace {} registered: {} ranks, {} here", info.nspace, info.world_size,
                        local.size());
 }
@@ -443,16 +472,23 @@ void PmixServer::dmodex_request(const std::string& nspace, int rank, ModexDone d
 }
 
 bool PmixServer::deregister_namespace(const std::string& nspace) {
-  auto* w = new OpWait;
-  PMIx_server_deregister_nspace(nspace.c_str(), OpWait::cb, w);
   bool answered = true;
-  try {
-    w->wait_and_release("PMIx_server_deregister_nspace " + nspace);
-  } catch (const TimeoutError& e) {
-    logger("pmix")->warn("{}", e.what());
-    answered = false;
-  } catch (const Error& e) {
-    logger("pmix")->warn("{}", e.what());
+  auto local = impl_->local_ranks.find(nspace);
+  if (local != impl_->local_ranks.end()) {
+    if (had_clients(nspace)) answered = deregister_clients(nspace, local->second);
+    impl_->local_ranks.erase(local);
+  }
+  if (answered) {
+    auto* w = new OpWait;
+    PMIx_server_deregister_nspace(nspace.c_str(), OpWait::cb, w);
+    try {
+      w->wait_and_release("PMIx_server_deregister_nspace " + nspace);
+    } catch (const TimeoutError& e) {
+      logger("pmix")->warn("{}", e.what());
+      answered = false;
+    } catch (const Error& e) {
+      logger("pmix")->warn("{}", e.what());
+    }
   }
   std::error_code ec;
   std::filesystem::remove_all(impl_->tmpdir + "/" + nspace, ec);

@@ -105,8 +105,9 @@ class PmixServer {
   // Registers the namespace and every local client of a generation (waits for PMIx, 10 s at
   // most).  Throws PmixError or TimeoutError.
   void register_namespace(const NamespaceInfo& info);
-  // PMIx runs the namespace's clients' cleanup requests then.  False when PMIx did not answer
-  // (10 s): it is stuck.
+  // Its local clients first, when one connected: PMIx runs their cleanup requests then, also
+  // for one whose death it has not noticed yet.  False when PMIx did not answer (10 s): it is
+  // stuck.
   bool deregister_namespace(const std::string& nspace);
   // Whether a client of the namespace has connected (a namespace no client joined has no
   // cleanup requests).

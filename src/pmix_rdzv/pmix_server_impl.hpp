@@ -95,6 +95,8 @@ struct PmixServer::Impl {
   ModexRouter& router;
   std::string tmpdir;
   std::string shm_dir;  // in /dev/shm; "" when there is none
+  // Each registered namespace's ranks on this node (for their deregistration); main thread.
+  std::map<std::string, std::vector<int>> local_ranks;
   // Removes the directories of servers that died with their orphan guard (stale_dirs.hpp), off
   // the start-up path (milliseconds where many are left); joined when this goes, also when the
   // server's constructor throws.
