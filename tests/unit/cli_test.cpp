@@ -147,6 +147,12 @@ TEST(CliTest, MpirunsPrefix) {
   ctx.env["PATH"] = "/usr/bin:/bin";
   EXPECT_EQ(config({"--prefix", tmpl, "only_here"}, ctx).program, prog);
   EXPECT_THROW(config({"only_here"}, ctx), pe::ProgramError);
+  // mpirun's --path: these directories before PATH (the workers' PATH unchanged).
+  auto byp = config({"--path", ("/nonexistent:" + bin).c_str(), "only_here"}, ctx);
+  EXPECT_EQ(byp.program, prog);
+  EXPECT_EQ(byp.prefix, "");
+  EXPECT_NE(usage_error({"--path=", "prog"}).find("--path: the directory list is empty"),
+            std::string::npos);
   std::remove(prog.c_str());
   ::rmdir(bin.c_str());
   ::rmdir(tmpl);
@@ -158,6 +164,7 @@ TEST(CliTest, MpirunsAllocationOptions) {
   EXPECT_TRUE(c.nolocal);
   EXPECT_FALSE(config({"prog"}).nolocal);
   EXPECT_TRUE(config({"--map-by", "node:nolocal", "-H", "a,b", "prog"}).nolocal);
+  EXPECT_TRUE(config({"--display-devel-map", "prog"}).display_map);
   EXPECT_NE(usage_error({"--nolocal", "--rdzv-endpoint", "h:1", "--rdzv-insecure", "prog"})
                 .find("--nolocal: in join mode"),
             std::string::npos);

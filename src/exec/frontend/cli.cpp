@@ -118,6 +118,9 @@ const OptionDef<RawOptions> kOptions[] = {
     {"display-map", 0, "Mapping and binding", nullptr,
      "print each rank's node, GPU, domain, NIC and processors, and the GPU levels, before starting",
      &RawOptions::display_map},
+    {"display-devel-map", 0, "Mapping and binding", nullptr,
+     "as mpirun's: the same as --display-map (which shows all pytorch_exec knows)",
+     &RawOptions::display_devel_map},
     {"report-bindings", 0, "Mapping and binding", nullptr,
      "print each rank's binding when it is started", &RawOptions::report_bindings},
     {"display-allocation", 0, "Mapping and binding", nullptr,
@@ -157,6 +160,10 @@ const OptionDef<RawOptions> kOptions[] = {
      "node has it) first in its LD_LIBRARY_PATH, on each node (an MPI installed in DIR); the "
      "program is looked for in DIR/bin first",
      &RawOptions::prefix},
+    {"path", 0, "Environment", "DIR[:DIR...]",
+     "as mpirun's: look for the program in these directories before PATH (the workers' PATH "
+     "stays as it is)",
+     &RawOptions::program_path},
     {"noprefix", 0, "Environment", nullptr,
      "as mpirun's: no --prefix (pytorch_exec adds none by itself)", &RawOptions::noprefix},
     {"allow-run-as-root", 0, "Environment", nullptr,
@@ -684,6 +691,7 @@ std::string program_path(const LaunchConfig& c, const ValidationContext& ctx) {
   auto path = ctx.env.find("PATH");
   std::string dirs = path != ctx.env.end() ? path->second : "/usr/bin:/bin";
   if (!c.prefix.empty()) dirs = c.prefix + "/bin:" + dirs;  // as the workers' PATH
+  if (!c.program_path.empty()) dirs = c.program_path + ":" + dirs;  // --path, before PATH
   return resolve_program(c.program_arg0, c.wdir, dirs, true);
 }
 
@@ -777,6 +785,10 @@ LaunchConfig validate_raw(const RawOptions& raw, const ValidationContext& ctx) {
   // Before the program's check: an option that took the program for its value says so.
   validate_exports(raw, ctx, c);
   validate_prefix(raw, c);
+  if (raw.program_path) {
+    if (raw.program_path->empty()) throw UsageError("--path: the directory list is empty");
+    c.program_path = *raw.program_path;
+  }
   validate_stdin(raw, c);
   if (raw.command.empty())
     throw UsageError("no program given (usage: pytorch_exec [options] PROGRAM [ARGS...])");

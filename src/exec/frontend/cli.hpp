@@ -51,6 +51,8 @@ struct RawOptions {
   bool oversubscribe = false;
   bool display_topology = false;
   bool display_map = false;
+  bool display_devel_map = false;          // mpirun's: --display-map
+  std::optional<std::string> program_path;  // mpirun's --path
   bool report_bindings = false;
   bool dry_run = false;
   std::optional<std::string> map_by;

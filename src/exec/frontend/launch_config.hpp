@@ -100,6 +100,7 @@ struct LaunchConfig {
   // --prefix DIR: DIR/bin first in every worker's PATH and DIR/lib (and DIR/lib64, where that
   // node has it) first in LD_LIBRARY_PATH, on the worker's node; empty: none.
   std::string prefix;
+  std::string program_path;  // mpirun's --path: looked in for the program before PATH
   bool display_allocation = false;  // print the nodes and their slots before mapping
   bool nolocal = false;             // no ranks on this machine (mpirun's --nolocal)
   // --rankfile FILE: one line per rank, by rank (empty: none).

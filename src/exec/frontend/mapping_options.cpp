@@ -263,7 +263,7 @@ void validate_mapping(const RawOptions& raw, const ValidationContext& ctx, Launc
   if (raw.rank_by) c.rank_by = one_of("--rank-by", *raw.rank_by, topo::kRankByChoices);
   if (raw.gpus_per_rank) c.gpus_per_rank = parse_count("--gpus-per-rank", *raw.gpus_per_rank, 1);
   c.display_topology = raw.display_topology;
-  c.display_map = raw.display_map || raw.dry_run;
+  c.display_map = raw.display_map || raw.display_devel_map || raw.dry_run;
   c.report_bindings = raw.report_bindings;
   c.dry_run = raw.dry_run;
   if (raw.topology_file) {
