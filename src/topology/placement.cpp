@@ -6,6 +6,8 @@
 #include <optional>
 #include <sstream>
 
+#include "common/strings.hpp"
+
 namespace pe::topo {
 namespace {
 
@@ -226,24 +228,10 @@ void bind(const Topology& t, const Analysis& a, BindTo how, bool overload, bool 
   }
 }
 
-// A digit string below 2^20, else nothing.
+// A number below 2^20 (the slot list holds digits and separators only), else nothing.
 std::optional<int> slot_number(const std::string& s) {
-  if (s.empty() || s.size() > 7 || s.find_first_not_of("0123456789") != std::string::npos)
-    return std::nullopt;
-  int v = std::atoi(s.c_str());
-  if (v >= (1 << 20)) return std::nullopt;
-  return v;
-}
-
-std::vector<std::string> split_at(const std::string& s, char sep) {
-  std::vector<std::string> out;
-  size_t from = 0;
-  for (size_t at = s.find(sep); at != std::string::npos; at = s.find(sep, from)) {
-    out.push_back(s.substr(from, at - from));
-    from = at + 1;
-  }
-  out.push_back(s.substr(from));
-  return out;
+  auto v = parse_int(s, 0, (1 << 20) - 1);
+  return v ? std::optional<int>(static_cast<int>(*v)) : std::nullopt;
 }
 
 // The processors of a rankfile's slot list here, added to `out` (TopologyError naming a socket,
@@ -562,16 +550,6 @@ std::string lower(std::string s) {
   return s;
 }
 
-std::vector<std::string> split_colons(const std::string& s) {
-  std::vector<std::string> v(1);
-  for (char c : s)
-    if (c == ':')
-      v.emplace_back();
-    else
-      v.back() += c;
-  return v;
-}
-
 // The modifiers of --map-by: the parts from `from` on, each split at ',' too (Open MPI 4's
 // socket:PE=2,oversubscribe).
 std::vector<std::string> split_modifiers(const std::vector<std::string>& parts, size_t from) {
@@ -599,7 +577,7 @@ std::optional<int> small_count(const std::string& s) {
 }  // namespace
 
 MapSpec parse_map_spec(const std::string& s) {
-  auto parts = split_colons(s);
+  auto parts = split(s, ':');
   MapSpec m;
   size_t mods = 1;
   const std::string objects =
@@ -662,7 +640,7 @@ void check_map_spec(const MapSpec& m, const std::string& what) {
 }
 
 BindSpec parse_bind_spec(const std::string& s) {
-  auto parts = split_colons(s);
+  auto parts = split(s, ':');
   BindSpec b;
   auto to = find_choice(kBindToChoices, parts[0]);
   if (!to) {
@@ -723,7 +701,7 @@ SlotList parse_slot_list(const std::string& s, const std::string& what) {
   if (s.find_first_not_of("0123456789,-:;*") != std::string::npos)
     throw bad("only digits, ',', '-', ':', ';' and '*' may appear");
   SlotList out;
-  for (const auto& item : split_at(s, ';')) {
+  for (const auto& item : split(s, ';')) {
     SlotItem it;
     std::string cores = item;
     auto colon = item.find(':');
@@ -739,7 +717,7 @@ SlotList parse_slot_list(const std::string& s, const std::string& what) {
       if (cores.find(':') != std::string::npos) throw bad("'" + item + "' has more than one ':'");
     }
     if (cores != "*")
-      for (const auto& r : split_at(cores, ',')) {
+      for (const auto& r : split(cores, ',')) {
         auto dash = r.find('-');
         auto lo = slot_number(r.substr(0, dash));
         auto hi = dash == std::string::npos ? lo : slot_number(r.substr(dash + 1));

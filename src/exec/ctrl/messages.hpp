@@ -622,7 +622,7 @@ void Job::io(IO& f) {
   f.count(job.placement.gpus_per_rank, 4096), f(job.placement.topology_file);
   f.count(job.placement.ppr, 4096), f.choice(job.placement.ppr_object, topo::MapBy::Ppr);
   f.count(job.placement.pe, 4096), f(job.placement.bind_overload);
-  f(job.placement.hwthread_cpus), f(job.placement.places, 1u << 20, 4096);
+  f(job.placement.hwthread_cpus), f(job.placement.places, 1u << 20, PlacementRequest::kMaxPlace);
   f(job.placement.cpu_set), f(job.placement.cpu_list), f(job.placement.cpu_list_ordered);
   f(job.report_bindings), f.choice(job.stdin_mode, StdinMode::All), f(job.stdin_rank);
   f.choice(job.stdin_how, StdinHow::Direct), f(job.map), f(job.oversubscribe);

@@ -253,22 +253,22 @@ int real_main(int argc, char** argv) {
       else break;
     return std::min(n, listed);
   };
-  // (with --cpu-set: what it leaves, as the nodes will see it)
-  ctx.count_objects = [file = raw.topology_file.value_or(""), set = raw.cpu_set.value_or(""),
+  // This machine (or the dry run's --topology-file) as the ranks will see it: within --cpu-set.
+  auto counted = [file = raw.topology_file.value_or("")](const std::string& set, bool hw) {
+    auto t = pe::topo::load_topology(pe::topo::LoadOptions{file});
+    if (!set.empty()) pe::topo::restrict_to(*t, set, hw);
+    return t;
+  };
+  ctx.count_objects = [counted, set = raw.cpu_set.value_or(""),
                        hw = raw.use_hwthread_cpus](pe::topo::MapBy kind) {
     try {
-      auto t = pe::topo::load_topology(pe::topo::LoadOptions{file});
-      if (!set.empty()) pe::topo::restrict_to(*t, set, hw);
-      return pe::topo::count_objects(*t, kind);
+      return pe::topo::count_objects(*counted(set, hw), kind);
     } catch (const pe::topo::TopologyError& e) {
       throw pe::UsageError(e.what());  // (the topology is needed to count the objects)
     }
   };
-  ctx.count_cpu_set = [file = raw.topology_file.value_or("")](const std::string& list,
-                                                              bool hwthreads) {
-    auto t = pe::topo::load_topology(pe::topo::LoadOptions{file});
-    pe::topo::restrict_to(*t, list, hwthreads);
-    return t->pu_count();
+  ctx.count_cpu_set = [counted](const std::string& list, bool hwthreads) {
+    return counted(list, hwthreads)->pu_count();
   };
   pe::LaunchConfig cfg = pe::validate_options(raw, ctx);
   g_usage_note = pe::environment_note(cfg.from_environment);

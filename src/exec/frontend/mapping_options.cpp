@@ -11,17 +11,17 @@
 #include "common/strings.hpp"
 #include "exec/frontend/allocation.hpp"
 #include "exec/frontend/cli_detail.hpp"
+#include "exec/node/node_job.hpp"
 #include "topology/placement.hpp"
 
 namespace pe::cli_detail {
 namespace {
 
-// A slot list travels to every node in the Job message (at most kMaxSlotList bytes each).
-constexpr size_t kMaxSlotList = 4096;
+// A slot list travels to every node in the Job message (PlacementRequest::kMaxPlace bytes each).
 void check_slot_list_length(const std::string& what, const std::string& v) {
-  if (v.size() > kMaxSlotList)
-    throw UsageError(what + ": a processor list longer than " + std::to_string(kMaxSlotList) +
-                     " characters");
+  if (v.size() > PlacementRequest::kMaxPlace)
+    throw UsageError(what + ": a processor list longer than " +
+                     std::to_string(PlacementRequest::kMaxPlace) + " characters");
 }
 
 // --bind-to cpu-list[:ordered] (Open MPI 4's binding to --cpu-list): 1, 2 with :ordered; 0 for
@@ -52,8 +52,8 @@ void validate_mpirun_mapping(const RawOptions& raw, const ValidationContext& ctx
   try {
     if (raw.map_by) spec = topo::parse_map_spec(*raw.map_by);
     c.nolocal = spec.nolocal;  // --map-by ...:nolocal, as --nolocal
-    if (raw.bind_to && cpu_list_binding(*raw.bind_to)) {
-      c.cpu_list_ordered = cpu_list_binding(*raw.bind_to) == 2;
+    if (int list = raw.bind_to ? cpu_list_binding(*raw.bind_to) : 0) {
+      c.cpu_list_ordered = list == 2;
     } else if (raw.bind_to) {
       topo::BindSpec b = topo::parse_bind_spec(*raw.bind_to);
       c.bind_to = b.to, c.bind_overload = b.overload;

@@ -27,13 +27,14 @@ struct PlacementRequest {
   std::string topology_file;  // "" = this machine
   int ppr = 0;                // --map-by ppr:N:OBJECT
   topo::MapBy ppr_object = topo::MapBy::Node;
-  int pe = 0;                         // --map-by ...:PE=n, --cpus-per-rank n
-  bool bind_overload = false;         // --bind-to LEVEL:overload-allowed
-  bool hwthread_cpus = false;         // --use-hwthread-cpus
-  std::vector<std::string> places{};  // --rankfile: slot=LIST by local rank (empty: none)
-  std::string cpu_set{};              // --cpu-set LIST ("": the whole node)
-  std::string cpu_list{};             // --cpu-list LIST ("": none)
-  bool cpu_list_ordered = false;      // --bind-to cpu-list:ordered
+  int pe = 0;                                // --map-by ...:PE=n, --cpus-per-rank n
+  bool bind_overload = false;                // --bind-to LEVEL:overload-allowed
+  bool hwthread_cpus = false;                // --use-hwthread-cpus
+  std::vector<std::string> places{};         // --rankfile: slot=LIST by local rank (empty: none)
+  static constexpr size_t kMaxPlace = 4096;  // bytes of one slot list in the Job message
+  std::string cpu_set{};                     // --cpu-set LIST ("": the whole node)
+  std::string cpu_list{};                    // --cpu-list LIST ("": none)
+  bool cpu_list_ordered = false;             // --bind-to cpu-list:ordered
 };
 
 struct NodeJob {
